@@ -1,0 +1,206 @@
+package bucket
+
+import (
+	"math"
+	"time"
+)
+
+// State is a GCRA bucket's stored state: the theoretical arrival time (TAT)
+// of the next request, the instant at which the bucket would be full again.
+// TAT is integer microseconds since the Unix epoch plus Rem/Den of a
+// microsecond, so the state never accumulates rounding over long runs.
+// Num and Den record the emission interval the state was written under, so a
+// change of limit can carry over what was spent. The zero State is a full
+// bucket.
+type State struct {
+	TAT int64 // µs since the Unix epoch
+	Rem int64 // in [0, Den): fraction of a µs, in units of 1/Den
+	Num int64 // interval numerator (µs) the state was written with; 0 if fresh
+	Den int64 // interval denominator the state was written with
+}
+
+// Decision is the outcome of a request against a bucket.
+type Decision struct {
+	Allowed bool
+	// Remaining is the whole tokens left after this decision, rounded down.
+	Remaining Tokens
+	// RetryAfter is how long until a request of the same cost could pass;
+	// 0 when allowed.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the bucket is full again.
+	ResetAfter time.Duration
+	// Limit is the limit the decision was made under.
+	Limit Limit
+}
+
+// RetryAfterSeconds rounds RetryAfter up to whole seconds, as HTTP's
+// Retry-After needs; a denied decision never says 0.
+func (d Decision) RetryAfterSeconds() int64 {
+	if d.Allowed {
+		return 0
+	}
+	return max(ceilSeconds(d.RetryAfter), 1)
+}
+
+// ResetSeconds rounds ResetAfter up to whole seconds.
+func (d Decision) ResetSeconds() int64 { return ceilSeconds(d.ResetAfter) }
+
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// gcra is a bucket's position relative to now, in scaled units of 1/den µs:
+// used is how much of the burst tolerance τ = burst×num is spent.
+type gcra struct {
+	now  int64 // µs
+	used int64 // (TAT − now)×den + rem, in [0, burst×num]
+	l    Limit
+}
+
+// load brings a stored state to now under limit l. It enforces the clock
+// rules: time that runs backwards grants nothing (an absolute TAT only moves
+// further away), and a TAT beyond now+τ — a clock stepped back, or a shrunk
+// limit — is capped at an empty bucket rather than locking the caller out for
+// the length of the jump. A changed limit keeps the tokens spent.
+func load(s State, now int64, l Limit) gcra {
+	g := gcra{now: now, l: l}
+	tau := int64(l.burst) * l.num
+	if s.Den == 0 || s.TAT < now || (s.TAT == now && s.Rem == 0) {
+		return g // fresh or full
+	}
+	if s.Num != l.num || s.Den != l.den {
+		// Re-express the spent tokens under the new interval, rounding the
+		// time up so that a change never refills.
+		spent := (float64(s.TAT-now) + float64(s.Rem)/float64(s.Den)) * float64(s.Den) / float64(s.Num)
+		scaled := math.Ceil(spent * float64(l.num))
+		if scaled >= float64(tau) {
+			g.used = tau
+		} else {
+			g.used = int64(scaled)
+		}
+		return g
+	}
+	if s.TAT-now > tau/l.den+1 {
+		g.used = tau
+		return g
+	}
+	g.used = min((s.TAT-now)*l.den+s.Rem, tau)
+	return g
+}
+
+// state stores the position back as an absolute TAT.
+func (g gcra) state() State {
+	return State{TAT: g.now + g.used/g.l.den, Rem: g.used % g.l.den, Num: g.l.num, Den: g.l.den}
+}
+
+func (g gcra) tau() int64 { return int64(g.l.burst) * g.l.num }
+
+// available is the whole tokens that could be spent now.
+func (g gcra) available() Tokens { return Tokens((g.tau() - g.used) / g.l.num) }
+
+func (g gcra) decision(allowed bool, cost Tokens) Decision {
+	d := Decision{
+		Allowed:    allowed,
+		Remaining:  g.available(),
+		ResetAfter: scaledDuration(g.used, g.l.den),
+		Limit:      g.l,
+	}
+	if !allowed {
+		d.RetryAfter = scaledDuration(g.used+int64(cost)*g.l.num-g.tau(), g.l.den)
+	}
+	return d
+}
+
+// scaledDuration converts scaled units to a duration, rounding up to the µs.
+func scaledDuration(v, den int64) time.Duration {
+	if v <= 0 {
+		return 0
+	}
+	return time.Duration(ceilDiv(v, den)) * time.Microsecond
+}
+
+// Decide admits cost tokens from the bucket in state s at now under l, or
+// denies them and debits nothing. It returns the decision and the state to
+// store. The error is non-nil only for an invalid limit or cost, or
+// ErrNeverFits; s is then returned unchanged.
+func Decide(s State, now time.Time, l Limit, cost Tokens) (Decision, State, error) {
+	if err := Check(l, cost); err != nil {
+		return Decision{Limit: l}, s, err
+	}
+	d, ns := decide(s, now.UnixMicro(), l, cost)
+	return d, ns, nil
+}
+
+// decide is Decide on a checked limit and cost at now µs.
+func decide(s State, now int64, l Limit, cost Tokens) (Decision, State) {
+	g := load(s, now, l)
+	inc := int64(cost) * l.num
+	if g.used+inc > g.tau() {
+		return g.decision(false, cost), s
+	}
+	g.used += inc
+	return g.decision(true, cost), g.state()
+}
+
+// TakeUpTo takes as many of n tokens as the bucket holds now, possibly none,
+// and returns how many it took. Agents use it to fetch a batch for a hot key:
+// tokens are debited here, before they are spent locally.
+func TakeUpTo(s State, now time.Time, l Limit, n Tokens) (Tokens, Decision, State, error) {
+	if err := Check(l, 1); err != nil {
+		return 0, Decision{Limit: l}, s, err
+	}
+	if n <= 0 {
+		return 0, Decision{Limit: l}, s, errCost(n)
+	}
+	got, d, ns := takeUpTo(s, now.UnixMicro(), l, n)
+	return got, d, ns, nil
+}
+
+func takeUpTo(s State, now int64, l Limit, n Tokens) (Tokens, Decision, State) {
+	g := load(s, now, l)
+	got := min(n, g.available())
+	if got <= 0 {
+		return 0, g.decision(false, 1), s
+	}
+	g.used += int64(got) * l.num
+	return got, g.decision(true, got), g.state()
+}
+
+// Return gives n unused tokens back to the bucket; the bucket never holds
+// more than its burst afterwards.
+func Return(s State, now time.Time, l Limit, n Tokens) (Decision, State, error) {
+	if err := Check(l, 1); err != nil {
+		return Decision{Limit: l}, s, err
+	}
+	if n <= 0 {
+		return Decision{Limit: l}, s, errCost(n)
+	}
+	d, ns := giveBack(s, now.UnixMicro(), l, n)
+	return d, ns, nil
+}
+
+func giveBack(s State, now int64, l Limit, n Tokens) (Decision, State) {
+	g := load(s, now, l)
+	n = min(n, l.burst)
+	g.used = max(g.used-int64(n)*l.num, 0)
+	return g.decision(true, 0), g.state()
+}
+
+// Peek reports what the bucket holds at now without changing it. Its
+// Allowed says whether one token is available.
+func Peek(s State, now time.Time, l Limit) (Decision, error) {
+	if err := Check(l, 1); err != nil {
+		return Decision{Limit: l}, err
+	}
+	return peek(s, now.UnixMicro(), l), nil
+}
+
+func peek(s State, now int64, l Limit) Decision {
+	g := load(s, now, l)
+	return g.decision(g.used+l.num <= g.tau(), 1)
+}
+
+func errCost(n Tokens) error { return Check(PerSecond(1), n) }

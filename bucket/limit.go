@@ -1,0 +1,170 @@
+package bucket
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+)
+
+// Tokens counts units of a budget. A request's cost is a whole number of
+// tokens; "/report costs 5" debits 5.
+type Tokens int64
+
+// maxScaled bounds burst×interval in the bucket's scaled integer units so that
+// every intermediate value stays below 2^53: exact in Go's int64 and in the
+// IEEE doubles that Redis's Lua uses for numbers.
+const maxScaled = 1 << 52
+
+// Limit is a sustained rate of Count tokens per Period plus a burst: the most
+// tokens that may be spent at once from a full bucket. The zero Limit is
+// invalid; build one with Per, PerSecond, PerMinute or PerHour.
+//
+// Internally the emission interval Period/Count is kept as an exact reduced
+// fraction num/den of microseconds, so "10 per minute" is exactly one token
+// every 6 s and "3 per second" does not drift by rounding 333333.3 µs.
+// Limits are comparable with ==.
+type Limit struct {
+	count  Tokens
+	period time.Duration
+	burst  Tokens
+	num    int64 // emission interval numerator, µs
+	den    int64 // emission interval denominator
+}
+
+// Per returns a limit of count tokens per period with a burst of count.
+// Invalid values give a Limit that Validate rejects, naming the value.
+func Per(count Tokens, period time.Duration) Limit {
+	l := Limit{count: count, period: period, burst: count}
+	us := period.Microseconds()
+	if count > 0 && us > 0 && period%time.Microsecond == 0 {
+		g := gcd(us, int64(count))
+		l.num, l.den = us/g, int64(count)/g
+	}
+	return l
+}
+
+// PerSecond returns a limit of n tokens a second with a burst of n.
+func PerSecond(n Tokens) Limit { return Per(n, time.Second) }
+
+// PerMinute returns a limit of n tokens a minute with a burst of n:
+// PerMinute(10) admits 10 at once, then one every 6 s.
+func PerMinute(n Tokens) Limit { return Per(n, time.Minute) }
+
+// PerHour returns a limit of n tokens an hour with a burst of n.
+func PerHour(n Tokens) Limit { return Per(n, time.Hour) }
+
+// WithBurst returns l with its burst set to b.
+func (l Limit) WithBurst(b Tokens) Limit { l.burst = b; return l }
+
+// Count is the number of tokens the limit refills per Period.
+func (l Limit) Count() Tokens { return l.count }
+
+// Period is the window Count refers to.
+func (l Limit) Period() time.Duration { return l.period }
+
+// Burst is the bucket's capacity.
+func (l Limit) Burst() Tokens { return l.burst }
+
+// Rate is the sustained rate in tokens per second.
+func (l Limit) Rate() float64 {
+	if l.period <= 0 {
+		return 0
+	}
+	return float64(l.count) / l.period.Seconds()
+}
+
+// Interval is the emission interval, the time one token takes to refill,
+// rounded up to the microsecond.
+func (l Limit) Interval() time.Duration {
+	if l.den == 0 {
+		return 0
+	}
+	return time.Duration(ceilDiv(l.num, l.den)) * time.Microsecond
+}
+
+// IsZero reports whether l is the zero Limit.
+func (l Limit) IsZero() bool { return l == Limit{} }
+
+// String renders the limit as "10 per 1m0s, burst 10".
+func (l Limit) String() string {
+	return strconv.FormatInt(int64(l.count), 10) + " per " + l.period.String() +
+		", burst " + strconv.FormatInt(int64(l.burst), 10)
+}
+
+// Validate reports why l cannot be enforced, naming the offending value.
+func (l Limit) Validate() error {
+	switch {
+	case l.count <= 0:
+		return fmt.Errorf("%w: rate count=%d must be > 0", ErrInvalidLimit, l.count)
+	case l.period <= 0:
+		return fmt.Errorf("%w: period=%s must be > 0", ErrInvalidLimit, l.period)
+	case l.period%time.Microsecond != 0:
+		return fmt.Errorf("%w: period=%s must be a whole number of microseconds", ErrInvalidLimit, l.period)
+	case l.burst <= 0:
+		return fmt.Errorf("%w: burst=%d must be > 0", ErrInvalidLimit, l.burst)
+	case l.den == 0:
+		return fmt.Errorf("%w: %s was not built with Per", ErrInvalidLimit, l)
+	case int64(l.burst) > maxScaled/l.num:
+		return fmt.Errorf("%w: burst=%d with interval %d/%d µs exceeds the exact range (burst×interval < 2^52 µs)",
+			ErrInvalidLimit, l.burst, l.num, l.den)
+	}
+	return nil
+}
+
+// Check validates a request of cost tokens against l before any store is
+// touched: an invalid limit or cost is an error naming the value, and a cost
+// above the burst is ErrNeverFits, since no amount of waiting admits it.
+func Check(l Limit, cost Tokens) error {
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	if cost <= 0 {
+		return fmt.Errorf("%w: cost=%d must be > 0", ErrInvalidCost, cost)
+	}
+	if cost > l.burst {
+		return fmt.Errorf("%w: cost=%d exceeds burst=%d", ErrNeverFits, cost, l.burst)
+	}
+	return nil
+}
+
+// CostOf converts a cost given as a number (from a rules file, a header or
+// hits_addend) to Tokens, rejecting NaN, infinities, fractions and values ≤ 0.
+func CostOf(f float64) (Tokens, error) {
+	switch {
+	case math.IsNaN(f) || math.IsInf(f, 0):
+		return 0, fmt.Errorf("%w: cost=%v is not a finite number", ErrInvalidCost, f)
+	case f <= 0:
+		return 0, fmt.Errorf("%w: cost=%v must be > 0", ErrInvalidCost, f)
+	case f != math.Trunc(f):
+		return 0, fmt.Errorf("%w: cost=%v must be a whole number of tokens", ErrInvalidCost, f)
+	case f > maxScaled:
+		return 0, fmt.Errorf("%w: cost=%v is too large", ErrInvalidCost, f)
+	}
+	return Tokens(f), nil
+}
+
+// Errors callers branch on. Every returned error wraps one of these and
+// carries the values that caused it.
+var (
+	// ErrInvalidLimit: the limit cannot be enforced (rate ≤ 0, burst ≤ 0, …).
+	ErrInvalidLimit = errors.New("bucket: invalid limit")
+	// ErrInvalidCost: the cost is ≤ 0, NaN or not a whole number.
+	ErrInvalidCost = errors.New("bucket: invalid cost")
+	// ErrNeverFits: the cost exceeds the burst, so it can never be admitted.
+	ErrNeverFits = errors.New("bucket: cost can never fit")
+	// ErrUnavailable: the store could not decide in time (Redis down, slow,
+	// failing over). Callers apply the rule's failure policy.
+	ErrUnavailable = errors.New("bucket: store unavailable")
+)
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// ceilDiv returns ⌈a/b⌉ for a ≥ 0, b > 0.
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }

@@ -1,0 +1,40 @@
+package bucket
+
+import (
+	"context"
+	"time"
+)
+
+// Key names one bucket: the rule it belongs to and the subject (tenant, API
+// key, user…) it limits. Stores may hash the subject before storing it.
+type Key struct {
+	Rule    string
+	Subject string
+}
+
+// Store holds buckets and applies the GCRA operations to them atomically.
+// Every implementation has the same semantics as the pure functions in this
+// package (Decide, TakeUpTo, Return, Peek); the conformance suite in
+// storetest checks that. Implementations are safe for concurrent use.
+//
+// Every method checks the limit and cost before touching storage: a cost
+// above the burst returns ErrNeverFits without a round trip. A store that
+// cannot answer in time returns an error wrapping ErrUnavailable.
+type Store interface {
+	// Decide admits cost tokens or denies and debits nothing. A non-empty
+	// attemptID makes a retry idempotent: the same key and attemptID within
+	// the store's attempt window return the first decision without debiting
+	// again.
+	Decide(ctx context.Context, key Key, l Limit, cost Tokens, attemptID string) (Decision, error)
+	// TakeUpTo debits up to n tokens, as many as the bucket holds, and
+	// returns how many it took (possibly 0).
+	TakeUpTo(ctx context.Context, key Key, l Limit, n Tokens) (Tokens, error)
+	// Return gives back n unused tokens, never filling past the burst.
+	Return(ctx context.Context, key Key, l Limit, n Tokens) error
+	// Peek reports the bucket's state without changing it.
+	Peek(ctx context.Context, key Key, l Limit) (Decision, error)
+}
+
+// DefaultAttemptWindow is how long a store remembers an attempt id's
+// decision: long enough to cover a client's retries of one request.
+const DefaultAttemptWindow = 10 * time.Second
