@@ -58,6 +58,11 @@ type gcra struct {
 	now  int64 // µs
 	used int64 // (TAT − now)×den + rem, in [0, burst×num]
 	l    Limit
+	// moved is set when load re-expressed the stored state (capped it or
+	// carried it over to a new limit): the new form must be stored even when
+	// the request is denied, or a capped TAT would lock the caller out for
+	// the whole length of a clock jump.
+	moved bool
 }
 
 // load brings a stored state to now under limit l. It enforces the clock
@@ -81,22 +86,39 @@ func load(s State, now int64, l Limit) gcra {
 		} else {
 			g.used = int64(scaled)
 		}
+		g.moved = true
 		return g
 	}
 	if s.TAT-now > tau/l.den+1 {
-		g.used = tau
+		g.used, g.moved = tau, true
 		return g
 	}
-	g.used = min((s.TAT-now)*l.den+s.Rem, tau)
+	g.used = (s.TAT-now)*l.den + s.Rem
+	if g.used > tau {
+		g.used, g.moved = tau, true
+	}
 	return g
 }
 
-// state stores the position back as an absolute TAT.
+// state stores the position back as an absolute TAT. A full bucket is the
+// zero State, the same as a bucket never seen, so stores may delete it.
 func (g gcra) state() State {
+	if g.used == 0 {
+		return State{}
+	}
 	return State{TAT: g.now + g.used/g.l.den, Rem: g.used % g.l.den, Num: g.l.num, Den: g.l.den}
 }
 
 func (g gcra) tau() int64 { return int64(g.l.burst) * g.l.num }
+
+// keep returns the state to store after a request that spent nothing: s
+// itself unless load had to re-express it.
+func (g gcra) keep(s State) State {
+	if g.moved {
+		return g.state()
+	}
+	return s
+}
 
 // available is the whole tokens that could be spent now.
 func (g gcra) available() Tokens { return Tokens((g.tau() - g.used) / g.l.num) }
@@ -139,7 +161,7 @@ func decide(s State, now int64, l Limit, cost Tokens) (Decision, State) {
 	g := load(s, now, l)
 	inc := int64(cost) * l.num
 	if g.used+inc > g.tau() {
-		return g.decision(false, cost), s
+		return g.decision(false, cost), g.keep(s)
 	}
 	g.used += inc
 	return g.decision(true, cost), g.state()
@@ -163,7 +185,7 @@ func takeUpTo(s State, now int64, l Limit, n Tokens) (Tokens, Decision, State) {
 	g := load(s, now, l)
 	got := min(n, g.available())
 	if got <= 0 {
-		return 0, g.decision(false, 1), s
+		return 0, g.decision(false, 1), g.keep(s)
 	}
 	g.used += int64(got) * l.num
 	return got, g.decision(true, got), g.state()

@@ -1,0 +1,43 @@
+# allot — see README.md. `make run` is the one-machine demo, `make test` the
+# full suite (it installs and starts the servers the tests need).
+GO      ?= go
+PKGS    ?= ./...
+BENCH   ?= .
+PROTOS  := $(shell find api -name '*.proto' 2>/dev/null)
+
+.PHONY: all build test test-short bench lint run proto sim clean
+
+all: lint build
+
+build:
+	$(GO) build $(PKGS)
+
+## test: install redis-server/etcd when missing, start throwaway servers on
+## loopback, run `go test -race ./...` against them, stop them on exit.
+test:
+	bash scripts/test.sh
+
+## test-short: unit tests only, no servers.
+test-short:
+	$(GO) test -short $(PKGS)
+
+## bench: the side-by-side benchmarks named in the issues (needs a Redis;
+## scripts/test.sh starts one).
+bench:
+	BENCH_ONLY=1 BENCH='$(BENCH)' bash scripts/test.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+## proto: regenerate committed gRPC code with Debian's protoc and Go plugins.
+proto:
+	@command -v protoc >/dev/null || (apt-get update && apt-get install -y protobuf-compiler protoc-gen-go protoc-gen-go-grpc)
+	protoc -I api --go_out=api --go_opt=paths=source_relative \
+		--go-grpc_out=api --go-grpc_opt=paths=source_relative $(PROTOS)
+
+run:
+	$(GO) run ./cmd/demo
+
+clean:
+	rm -rf bin

@@ -1,0 +1,231 @@
+package bucket
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"github.com/allot-dev/allot/clock"
+)
+
+// MemoryOptions configures an in-process store.
+type MemoryOptions struct {
+	// Clock supplies now; the simulator and tests pass a clock.Manual.
+	Clock clock.Clock // default clock.Real{}
+	// Shards splits the buckets over independently locked maps so that
+	// concurrent callers on different keys rarely contend.
+	Shards int // default 64; rounded up to a power of two
+	// AttemptWindow is how long an attempt id's decision is remembered.
+	AttemptWindow time.Duration // default DefaultAttemptWindow
+}
+
+// DefaultMemoryOptions returns the options NewMemory uses for zero fields.
+func DefaultMemoryOptions() MemoryOptions {
+	return MemoryOptions{
+		Clock:         clock.Real{},
+		Shards:        64, // enough to spread 2–64 cores' worth of callers
+		AttemptWindow: DefaultAttemptWindow,
+	}
+}
+
+// Memory is an in-process Store with the same semantics as the Redis store:
+// one GCRA state per key, sharded for concurrency. A bucket whose TAT has
+// passed is full, which is the same as absent, so idle buckets are dropped by
+// a sweep that each shard runs every sweepEvery operations; memory follows
+// the keys in use, not every key ever seen. Memory is safe for concurrent use.
+type Memory struct {
+	clock  clock.Clock
+	seed   maphash.Seed
+	mask   uint64
+	window int64 // µs
+	shards []memShard
+}
+
+const sweepEvery = 4096
+
+type memShard struct {
+	mu        sync.Mutex
+	buckets   map[Key]State
+	attempts  map[attemptKey]attemptRecord
+	ops       uint32
+	lastSweep int64
+	_         [40]byte // keep shards on separate cache lines
+}
+
+type attemptKey struct {
+	key Key
+	id  string
+}
+
+type attemptRecord struct {
+	d       Decision
+	expires int64 // µs
+}
+
+var _ Store = (*Memory)(nil)
+
+// NewMemory returns an in-process store.
+func NewMemory(opts MemoryOptions) *Memory {
+	def := DefaultMemoryOptions()
+	if opts.Clock == nil {
+		opts.Clock = def.Clock
+	}
+	if opts.Shards <= 0 {
+		opts.Shards = def.Shards
+	}
+	if opts.AttemptWindow <= 0 {
+		opts.AttemptWindow = def.AttemptWindow
+	}
+	n := 1
+	for n < opts.Shards {
+		n <<= 1
+	}
+	m := &Memory{
+		clock:  opts.Clock,
+		seed:   maphash.MakeSeed(),
+		mask:   uint64(n - 1),
+		window: opts.AttemptWindow.Microseconds(),
+		shards: make([]memShard, n),
+	}
+	for i := range m.shards {
+		m.shards[i].buckets = make(map[Key]State)
+		m.shards[i].attempts = make(map[attemptKey]attemptRecord)
+	}
+	return m
+}
+
+func (m *Memory) shard(k Key) *memShard {
+	return &m.shards[maphash.Comparable(m.seed, k)&m.mask]
+}
+
+// Decide implements Store.
+func (m *Memory) Decide(_ context.Context, key Key, l Limit, cost Tokens, attemptID string) (Decision, error) {
+	if err := Check(l, cost); err != nil {
+		return Decision{Limit: l}, err
+	}
+	now := m.clock.Now().UnixMicro()
+	s := m.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tick(now)
+	var ak attemptKey
+	if attemptID != "" {
+		ak = attemptKey{key, attemptID}
+		if r, ok := s.attempts[ak]; ok && r.expires > now {
+			return r.d, nil
+		}
+	}
+	st := s.buckets[key]
+	d, ns := decide(st, now, l, cost)
+	if ns != st {
+		s.buckets[key] = ns
+	}
+	if attemptID != "" {
+		s.attempts[ak] = attemptRecord{d: d, expires: now + m.window}
+	}
+	return d, nil
+}
+
+// TakeUpTo implements Store.
+func (m *Memory) TakeUpTo(_ context.Context, key Key, l Limit, n Tokens) (Tokens, error) {
+	if err := Check(l, 1); err != nil {
+		return 0, err
+	}
+	if n <= 0 {
+		return 0, errCost(n)
+	}
+	now := m.clock.Now().UnixMicro()
+	s := m.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tick(now)
+	st := s.buckets[key]
+	got, _, ns := takeUpTo(st, now, l, n)
+	if ns != st {
+		s.buckets[key] = ns
+	}
+	return got, nil
+}
+
+// Return implements Store.
+func (m *Memory) Return(_ context.Context, key Key, l Limit, n Tokens) error {
+	if err := Check(l, 1); err != nil {
+		return err
+	}
+	if n <= 0 {
+		return errCost(n)
+	}
+	now := m.clock.Now().UnixMicro()
+	s := m.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ns := giveBack(s.buckets[key], now, l, n)
+	if ns == (State{}) {
+		delete(s.buckets, key) // full is the same as absent
+	} else {
+		s.buckets[key] = ns
+	}
+	return nil
+}
+
+// Peek implements Store.
+func (m *Memory) Peek(_ context.Context, key Key, l Limit) (Decision, error) {
+	if err := Check(l, 1); err != nil {
+		return Decision{Limit: l}, err
+	}
+	now := m.clock.Now().UnixMicro()
+	s := m.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return peek(s.buckets[key], now, l), nil
+}
+
+// Len returns the number of buckets and attempt records held, for tests and
+// metrics.
+func (m *Memory) Len() (buckets, attempts int) {
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		buckets += len(s.buckets)
+		attempts += len(s.attempts)
+		s.mu.Unlock()
+	}
+	return buckets, attempts
+}
+
+// Sweep drops every full bucket and expired attempt record now.
+func (m *Memory) Sweep() {
+	now := m.clock.Now().UnixMicro()
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		s.sweep(now)
+		s.mu.Unlock()
+	}
+}
+
+// tick counts an operation and sweeps the shard every sweepEvery of them.
+// Requires that s.mu is held.
+func (s *memShard) tick(now int64) {
+	s.ops++
+	if s.ops%sweepEvery == 0 && now > s.lastSweep {
+		s.sweep(now)
+	}
+}
+
+// sweep requires that s.mu is held. Deleting a full bucket changes no
+// decision, so the map's random iteration order cannot change outcomes.
+func (s *memShard) sweep(now int64) {
+	s.lastSweep = now
+	for k, st := range s.buckets {
+		if st.TAT < now || (st.TAT == now && st.Rem == 0) {
+			delete(s.buckets, k)
+		}
+	}
+	for k, r := range s.attempts {
+		if r.expires <= now {
+			delete(s.attempts, k)
+		}
+	}
+}

@@ -1,0 +1,268 @@
+package bucket
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed script.lua
+var scriptSource string
+
+var script = redis.NewScript(scriptSource)
+
+// RedisOptions configures a Redis store.
+type RedisOptions struct {
+	// Prefix starts every key the store writes.
+	Prefix string // default "allot:"
+	// Secret, when set, keys subjects by HMAC-SHA-256 under it, so that
+	// identifiers are not stored in clear and cannot be guessed from a dump;
+	// without it subjects are keyed by plain SHA-256.
+	Secret []byte
+	// Timeout bounds every operation. A slow or unreachable Redis turns into
+	// ErrUnavailable after it, never a hang.
+	Timeout time.Duration // default 100 ms
+	// AttemptWindow is how long an attempt id's decision is remembered.
+	AttemptWindow time.Duration // default DefaultAttemptWindow
+	// Now, when set, replaces the Redis server's clock in the script. It is
+	// for tests and deterministic drivers only: in production the server's
+	// TIME is the one clock every agent shares.
+	Now func() time.Time
+}
+
+// DefaultRedisOptions returns the options NewRedis uses for zero fields.
+func DefaultRedisOptions() RedisOptions {
+	return RedisOptions{
+		Prefix:        "allot:",
+		Timeout:       100 * time.Millisecond, // a regional round trip is ~1 ms; 100× that is an outage
+		AttemptWindow: DefaultAttemptWindow,
+	}
+}
+
+// Redis is a Store on a Redis primary (single, Sentinel or Cluster through
+// redis.UniversalClient). Each bucket is one hash key, hash-tagged so that a
+// bucket and its attempt records live in one Cluster slot, and every
+// operation is one atomic Lua script that reads the server's clock, so the
+// agents' clocks do not matter. Keys expire when their bucket would be full
+// again, so none lingers and none expires early. Redis is safe for concurrent
+// use.
+type Redis struct {
+	c       redis.UniversalClient
+	opts    RedisOptions
+	hashers sync.Pool
+	// Repaired counts keys found corrupt or of the wrong type and replaced
+	// by an empty bucket; read it with RepairedKeys.
+	mu       sync.Mutex
+	repaired int64
+}
+
+var _ Store = (*Redis)(nil)
+
+// NewRedis returns a Redis store on c. It returns an error naming the field
+// when the options cannot work.
+func NewRedis(c redis.UniversalClient, opts RedisOptions) (*Redis, error) {
+	def := DefaultRedisOptions()
+	if opts.Prefix == "" {
+		opts.Prefix = def.Prefix
+	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		return nil, fmt.Errorf("bucket: RedisOptions.Prefix=%q must not contain '{' or '}' (they delimit the Cluster hash tag)", opts.Prefix)
+	}
+	if opts.Timeout < 0 {
+		return nil, fmt.Errorf("bucket: RedisOptions.Timeout=%s must be ≥ 0", opts.Timeout)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = def.Timeout
+	}
+	if opts.AttemptWindow < 0 {
+		return nil, fmt.Errorf("bucket: RedisOptions.AttemptWindow=%s must be ≥ 0", opts.AttemptWindow)
+	}
+	if opts.AttemptWindow == 0 {
+		opts.AttemptWindow = def.AttemptWindow
+	}
+	if !contextTimeouts(c) {
+		return nil, errors.New("bucket: the Redis client must set ContextTimeoutEnabled=true, or a stalled server holds callers for ReadTimeout instead of RedisOptions.Timeout")
+	}
+	r := &Redis{c: c, opts: opts}
+	secret := opts.Secret
+	r.hashers.New = func() any {
+		if len(secret) > 0 {
+			return hmac.New(sha256.New, secret)
+		}
+		return sha256.New()
+	}
+	return r, nil
+}
+
+// RedisKey returns the Redis key of a bucket:
+// prefix + "{" + rule + ":" + hex(first 16 bytes of the subject's hash) + "}".
+func (r *Redis) RedisKey(k Key) string {
+	h := r.hashers.Get().(hash.Hash)
+	h.Reset()
+	h.Write([]byte(k.Subject))
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	r.hashers.Put(h)
+	var b strings.Builder
+	b.Grow(len(r.opts.Prefix) + len(k.Rule) + 36)
+	b.WriteString(r.opts.Prefix)
+	b.WriteByte('{')
+	b.WriteString(k.Rule)
+	b.WriteByte(':')
+	b.WriteString(hex.EncodeToString(sum[:16]))
+	b.WriteByte('}')
+	return b.String()
+}
+
+// attemptKey shares the bucket's hash tag, so Cluster keeps both in one slot.
+func (r *Redis) attemptKey(bucketKey, id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return bucketKey + ":a:" + hex.EncodeToString(sum[:12])
+}
+
+type result struct {
+	allowed   bool
+	remaining Tokens
+	retry     time.Duration
+	reset     time.Duration
+	granted   Tokens
+}
+
+func (r *Redis) run(ctx context.Context, op string, key Key, l Limit, n Tokens, attemptID string) (result, error) {
+	bk := r.RedisKey(key)
+	keys := []string{bk}
+	if attemptID != "" {
+		keys = append(keys, r.attemptKey(bk, attemptID))
+	}
+	now := ""
+	if r.opts.Now != nil {
+		now = fmt.Sprint(r.opts.Now().UnixMicro())
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
+	defer cancel()
+	v, err := script.Run(ctx, r.c, keys, op, l.num, l.den, int64(l.burst), int64(n), now,
+		r.opts.AttemptWindow.Milliseconds()).Int64Slice()
+	if err != nil {
+		return result{}, fmt.Errorf("%w: redis %s on %s: %w", ErrUnavailable, opName(op), bk, err)
+	}
+	if len(v) != 6 {
+		return result{}, fmt.Errorf("%w: redis %s on %s: script returned %d values, want 6", ErrUnavailable, opName(op), bk, len(v))
+	}
+	if v[5] != 0 {
+		r.mu.Lock()
+		r.repaired++
+		r.mu.Unlock()
+	}
+	return result{
+		allowed:   v[0] == 1,
+		remaining: Tokens(v[1]),
+		retry:     time.Duration(v[2]) * time.Microsecond,
+		reset:     time.Duration(v[3]) * time.Microsecond,
+		granted:   Tokens(v[4]),
+	}, nil
+}
+
+func opName(op string) string {
+	switch op {
+	case "d":
+		return "decide"
+	case "t":
+		return "take-up-to"
+	case "r":
+		return "return"
+	}
+	return "peek"
+}
+
+// RepairedKeys is how many keys of the wrong type or with a corrupt value
+// the store has replaced by an empty bucket.
+func (r *Redis) RepairedKeys() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.repaired
+}
+
+// Decide implements Store.
+func (r *Redis) Decide(ctx context.Context, key Key, l Limit, cost Tokens, attemptID string) (Decision, error) {
+	if err := Check(l, cost); err != nil {
+		return Decision{Limit: l}, err
+	}
+	res, err := r.run(ctx, "d", key, l, cost, attemptID)
+	if err != nil {
+		return Decision{Limit: l}, err
+	}
+	return Decision{Allowed: res.allowed, Remaining: res.remaining, RetryAfter: res.retry, ResetAfter: res.reset, Limit: l}, nil
+}
+
+// TakeUpTo implements Store.
+func (r *Redis) TakeUpTo(ctx context.Context, key Key, l Limit, n Tokens) (Tokens, error) {
+	if err := Check(l, 1); err != nil {
+		return 0, err
+	}
+	if n <= 0 {
+		return 0, errCost(n)
+	}
+	res, err := r.run(ctx, "t", key, l, n, "")
+	return res.granted, err
+}
+
+// Return implements Store.
+func (r *Redis) Return(ctx context.Context, key Key, l Limit, n Tokens) error {
+	if err := Check(l, 1); err != nil {
+		return err
+	}
+	if n <= 0 {
+		return errCost(n)
+	}
+	_, err := r.run(ctx, "r", key, l, n, "")
+	return err
+}
+
+// Peek implements Store.
+func (r *Redis) Peek(ctx context.Context, key Key, l Limit) (Decision, error) {
+	if err := Check(l, 1); err != nil {
+		return Decision{Limit: l}, err
+	}
+	res, err := r.run(ctx, "p", key, l, 1, "")
+	if err != nil {
+		return Decision{Limit: l}, err
+	}
+	return Decision{Allowed: res.allowed, Remaining: res.remaining, RetryAfter: res.retry, ResetAfter: res.reset, Limit: l}, nil
+}
+
+// contextTimeouts reports whether the client honours context deadlines on
+// its sockets, for the client types go-redis builds.
+func contextTimeouts(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true
+}
+
+// NewUniversalClient returns a go-redis client for addrs: one address is a
+// single primary, several are a Cluster, and a non-empty masterName means
+// Sentinel addresses. Context deadlines are honoured, as the store needs.
+func NewUniversalClient(addrs []string, masterName, password string) redis.UniversalClient {
+	return redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:                 addrs,
+		MasterName:            masterName,
+		Password:              password,
+		ContextTimeoutEnabled: true,
+	})
+}
+
+// IsUnavailable reports whether err means the store could not decide.
+func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }

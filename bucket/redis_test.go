@@ -1,0 +1,247 @@
+package bucket_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/storetest"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/internal/testenv"
+)
+
+func newRedisStore(t testing.TB, c redis.UniversalClient, opts bucket.RedisOptions) *bucket.Redis {
+	t.Helper()
+	s, err := bucket.NewRedis(c, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// The Lua script runs the conformance suite with the test's clock passed in
+// as the script's now, so the same fixed instants and the same random
+// sequences as the pure Go functions must give identical answers.
+func TestRedisConformance(t *testing.T) {
+	c := testenv.RedisClient(t)
+	storetest.Run(t, func(t *testing.T, clk clock.Clock) bucket.Store {
+		return newRedisStore(t, c, bucket.RedisOptions{Now: clk.Now})
+	})
+}
+
+func TestRedisClusterConformance(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node cluster")
+	}
+	addrs := testenv.StartRedisCluster(t, 3)
+	c := bucket.NewUniversalClient(addrs, "", "")
+	t.Cleanup(func() { c.Close() })
+	if _, ok := c.(*redis.ClusterClient); !ok {
+		t.Fatalf("UniversalClient with %d addresses is %T, want a cluster client", len(addrs), c)
+	}
+	storetest.Run(t, func(t *testing.T, clk clock.Clock) bucket.Store {
+		return newRedisStore(t, c, bucket.RedisOptions{Now: clk.Now})
+	})
+}
+
+func uniqueRule(t *testing.T) string {
+	return fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), rand.Int64())
+}
+
+// Two gateways (two clients, separate pools) and many goroutines on one key
+// admit exactly the burst when refill is negligible for the test's length.
+func TestRedisConcurrentExact(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	l := bucket.Per(500, 24*time.Hour) // one token refills every 172.8 s
+	key := bucket.Key{Rule: uniqueRule(t), Subject: "tenant"}
+	var admitted, denied atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 2 {
+		c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 16, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		s := newRedisStore(t, c, bucket.RedisOptions{Timeout: 5 * time.Second})
+		for w := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 50 {
+					d, err := s.Decide(context.Background(), key, l, 1, "")
+					if err != nil {
+						t.Errorf("gateway %d worker %d call %d: %v", g, w, i, err)
+						return
+					}
+					if d.Allowed {
+						admitted.Add(1)
+					} else {
+						denied.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if admitted.Load() != 500 || denied.Load() != 1100 {
+		t.Fatalf("admitted %d denied %d of 1600, want exactly 500 and 1100", admitted.Load(), denied.Load())
+	}
+}
+
+// The server's clock decides; the key expires when the bucket would be full.
+func TestRedisServerClockAndTTL(t *testing.T) {
+	c := testenv.RedisClient(t)
+	s := newRedisStore(t, c, bucket.RedisOptions{})
+	key := bucket.Key{Rule: uniqueRule(t), Subject: "alice@example.com"}
+	l := bucket.PerMinute(10)
+	d, err := s.Decide(context.Background(), key, l, 2, "")
+	if err != nil || !d.Allowed || d.Remaining != 8 {
+		t.Fatalf("decide = %+v, %v; want allowed with 8 remaining", d, err)
+	}
+	rk := s.RedisKey(key)
+	if strings.Contains(rk, "alice") {
+		t.Fatalf("key %q stores the subject in clear", rk)
+	}
+	pttl, err := c.PTTL(context.Background(), rk).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two tokens take 12 s to refill: the TTL is at most that, and only the
+	// round trip's few milliseconds less.
+	if pttl > 12*time.Second || pttl < 11*time.Second {
+		t.Fatalf("PTTL = %s, want just under 12s", pttl)
+	}
+	// Returning both tokens fills the bucket, which deletes the key.
+	if err := s.Return(context.Background(), key, l, 2); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := c.Exists(context.Background(), rk).Result(); n != 0 {
+		t.Fatalf("full bucket's key %s still exists", rk)
+	}
+}
+
+func TestRedisKeyHashing(t *testing.T) {
+	c := testenv.RedisClient(t)
+	plain := newRedisStore(t, c, bucket.RedisOptions{})
+	keyed := newRedisStore(t, c, bucket.RedisOptions{Secret: []byte("s3cret")})
+	other := newRedisStore(t, c, bucket.RedisOptions{Secret: []byte("other")})
+	k := bucket.Key{Rule: "per-tenant", Subject: "T-42"}
+	a, b, o := plain.RedisKey(k), keyed.RedisKey(k), other.RedisKey(k)
+	if a == b || b == o {
+		t.Fatalf("keys do not depend on the secret: %s %s %s", a, b, o)
+	}
+	if !strings.HasPrefix(b, "allot:{per-tenant:") || !strings.HasSuffix(b, "}") || len(b) != len("allot:{per-tenant:}")+32 {
+		t.Fatalf("key %q is not prefix{rule:hash}", b)
+	}
+	plainClient := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	defer plainClient.Close()
+	if _, err := bucket.NewRedis(plainClient, bucket.RedisOptions{}); err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
+		t.Fatalf("client without context timeouts: err = %v, want one naming ContextTimeoutEnabled", err)
+	}
+	if _, err := bucket.NewRedis(c, bucket.RedisOptions{Prefix: "a{b"}); err == nil || !strings.Contains(err.Error(), `Prefix="a{b"`) {
+		t.Fatalf("prefix with a brace: err = %v, want one naming the prefix", err)
+	}
+}
+
+// A key of the wrong type, or a hash with garbage in it, becomes an empty
+// bucket: the caller is denied until it refills, never granted a full one.
+func TestRedisWrongTypeAndCorrupt(t *testing.T) {
+	c := testenv.RedisClient(t)
+	ctx := context.Background()
+	s := newRedisStore(t, c, bucket.RedisOptions{})
+	l := bucket.PerMinute(10)
+	for name, corrupt := range map[string]func(k string) error{
+		"string":  func(k string) error { return c.Set(ctx, k, "x", 0).Err() },
+		"list":    func(k string) error { return c.RPush(ctx, k, "a").Err() },
+		"garbage": func(k string) error { return c.HSet(ctx, k, "t", "soon", "r", "0", "n", "1", "d", "1").Err() },
+		"bad den": func(k string) error { return c.HSet(ctx, k, "t", "1", "r", "5", "n", "1", "d", "0").Err() },
+	} {
+		t.Run(name, func(t *testing.T) {
+			key := bucket.Key{Rule: uniqueRule(t), Subject: "x"}
+			if err := corrupt(s.RedisKey(key)); err != nil {
+				t.Fatal(err)
+			}
+			before := s.RepairedKeys()
+			d, err := s.Decide(ctx, key, l, 1, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed || d.Remaining != 0 || d.RetryAfter != 6*time.Second {
+				t.Fatalf("decide on a corrupt key = %+v, want denied, empty, retry 6s", d)
+			}
+			if s.RepairedKeys() != before+1 {
+				t.Fatalf("RepairedKeys = %d, want %d", s.RepairedKeys(), before+1)
+			}
+			typ, _ := c.Type(ctx, s.RedisKey(key)).Result()
+			if typ != "hash" {
+				t.Fatalf("key type after repair = %s, want hash", typ)
+			}
+		})
+	}
+}
+
+// After SCRIPT FLUSH (a restart or a failover to a replica that never saw
+// the script), EVALSHA fails with NOSCRIPT and the store falls back to EVAL.
+func TestRedisEmptyScriptCache(t *testing.T) {
+	c := testenv.RedisClient(t)
+	ctx := context.Background()
+	s := newRedisStore(t, c, bucket.RedisOptions{})
+	key := bucket.Key{Rule: uniqueRule(t), Subject: "x"}
+	for i := range 3 {
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		d, err := s.Decide(ctx, key, bucket.PerMinute(10), 1, "")
+		if err != nil || !d.Allowed || d.Remaining != bucket.Tokens(9-i) {
+			t.Fatalf("decide %d after SCRIPT FLUSH = %+v, %v", i, d, err)
+		}
+	}
+}
+
+// A stopped or stalled server is ErrUnavailable within the deadline.
+func TestRedisUnavailable(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	s := newRedisStore(t, c, bucket.RedisOptions{Timeout: 100 * time.Millisecond})
+	key := bucket.Key{Rule: uniqueRule(t), Subject: "x"}
+	if _, err := s.Decide(ctx, key, bucket.PerMinute(10), 1, ""); err != nil {
+		t.Fatal(err)
+	}
+
+	// Stalled: CLIENT PAUSE holds every client command for 3 s.
+	admin := srv.Client(t)
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err := s.Decide(ctx, key, bucket.PerMinute(10), 1, "")
+	if !errors.Is(err, bucket.ErrUnavailable) {
+		t.Fatalf("decide on a paused server: err = %v, want ErrUnavailable", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("decide on a paused server took %s, want about the 100ms deadline", el)
+	}
+	_ = admin.Do(ctx, "CLIENT", "UNPAUSE").Err()
+
+	// Stopped.
+	srv.Kill()
+	start = time.Now()
+	_, err = s.Decide(ctx, key, bucket.PerMinute(10), 1, "")
+	if !errors.Is(err, bucket.ErrUnavailable) || !bucket.IsUnavailable(err) {
+		t.Fatalf("decide on a stopped server: err = %v, want ErrUnavailable", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("decide on a stopped server took %s", el)
+	}
+	// A cost that can never fit is decided before any round trip, even now.
+	if _, err := s.Decide(ctx, key, bucket.PerMinute(10), 11, ""); !errors.Is(err, bucket.ErrNeverFits) {
+		t.Fatalf("never-fit cost on a stopped server: err = %v, want ErrNeverFits", err)
+	}
+}

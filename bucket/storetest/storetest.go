@@ -1,0 +1,292 @@
+// Package storetest is the conformance suite every bucket.Store runs: the
+// same table of steps at fixed instants, and a property test that compares
+// the store with the pure functions of package bucket over random operation
+// sequences. The memory store and the Redis store both run it, which is how
+// the Lua script is shown to agree with the Go math.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
+)
+
+// Factory returns a store whose notion of now is clk. Each call may return a
+// store that shares data with earlier ones; the suite uses fresh rule names.
+type Factory func(t *testing.T, clk clock.Clock) bucket.Store
+
+// T0 is the suite's fixed start instant.
+var T0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// step is one operation at a fixed offset from T0 and what it must return.
+type step struct {
+	at     time.Duration
+	op     string // decide, take, return, peek
+	limit  bucket.Limit
+	n      bucket.Tokens
+	id     string // attempt id for decide
+	want   bucket.Decision
+	got    bucket.Tokens // for take
+	errIs  error
+	noWant bool // only check the error / the granted count
+}
+
+var (
+	seedLimit = bucket.Per(10, time.Second).WithBurst(100) // the seeds' example
+	tenMin    = bucket.PerMinute(10)
+)
+
+func allow(rem bucket.Tokens, reset time.Duration, l bucket.Limit) bucket.Decision {
+	return bucket.Decision{Allowed: true, Remaining: rem, ResetAfter: reset, Limit: l}
+}
+
+func deny(rem bucket.Tokens, retry, reset time.Duration, l bucket.Limit) bucket.Decision {
+	return bucket.Decision{Remaining: rem, RetryAfter: retry, ResetAfter: reset, Limit: l}
+}
+
+var cases = []struct {
+	name  string
+	steps []step
+}{
+	{"ten per minute", []step{
+		{at: 0, op: "decide", limit: tenMin, n: 1, want: allow(9, 6*time.Second, tenMin)},
+		{at: 0, op: "decide", limit: tenMin, n: 8, want: allow(1, 54*time.Second, tenMin)},
+		{at: 0, op: "decide", limit: tenMin, n: 1, want: allow(0, 60*time.Second, tenMin)},
+		// The 11th is denied for exactly one interval and debits nothing.
+		{at: 0, op: "decide", limit: tenMin, n: 1, want: deny(0, 6*time.Second, 60*time.Second, tenMin)},
+		{at: time.Second, op: "decide", limit: tenMin, n: 1, want: deny(0, 5*time.Second, 59*time.Second, tenMin)},
+		{at: 6 * time.Second, op: "decide", limit: tenMin, n: 1, want: allow(0, 60*time.Second, tenMin)},
+		{at: 6 * time.Second, op: "peek", limit: tenMin, want: deny(0, 6*time.Second, 60*time.Second, tenMin)},
+	}},
+	{"cost five", []step{
+		{at: 0, op: "decide", limit: tenMin, n: 5, want: allow(5, 30*time.Second, tenMin)},
+		{at: 0, op: "decide", limit: tenMin, n: 1, want: allow(4, 36*time.Second, tenMin)},
+		// Denied: needs 5, has 4; waits one interval.
+		{at: 0, op: "decide", limit: tenMin, n: 5, want: deny(4, 6*time.Second, 36*time.Second, tenMin)},
+		{at: 0, op: "decide", limit: tenMin, n: 4, want: allow(0, 60*time.Second, tenMin)},
+	}},
+	{"never fits touches nothing", []step{
+		{at: 0, op: "decide", limit: tenMin, n: 11, errIs: bucket.ErrNeverFits},
+		{at: 0, op: "peek", limit: tenMin, want: allow(10, 0, tenMin)},
+	}},
+	{"invalid input", []step{
+		{at: 0, op: "decide", limit: tenMin, n: 0, errIs: bucket.ErrInvalidCost},
+		{at: 0, op: "decide", limit: tenMin, n: -3, errIs: bucket.ErrInvalidCost},
+		{at: 0, op: "decide", limit: bucket.PerMinute(0), n: 1, errIs: bucket.ErrInvalidLimit},
+		{at: 0, op: "take", limit: tenMin, n: 0, errIs: bucket.ErrInvalidCost},
+		{at: 0, op: "return", limit: bucket.Limit{}, n: 1, errIs: bucket.ErrInvalidLimit},
+	}},
+	{"three per second keeps its burst", []step{
+		{at: 0, op: "decide", limit: bucket.PerSecond(3), n: 1, want: allow(2, 333334*time.Microsecond, bucket.PerSecond(3))},
+		{at: 0, op: "decide", limit: bucket.PerSecond(3), n: 1, want: allow(1, 666667*time.Microsecond, bucket.PerSecond(3))},
+		{at: 0, op: "decide", limit: bucket.PerSecond(3), n: 1, want: allow(0, time.Second, bucket.PerSecond(3))},
+		{at: 0, op: "decide", limit: bucket.PerSecond(3), n: 1, want: deny(0, 333334*time.Microsecond, time.Second, bucket.PerSecond(3))},
+		{at: time.Second, op: "decide", limit: bucket.PerSecond(3), n: 3, want: allow(0, time.Second, bucket.PerSecond(3))},
+	}},
+	{"clock backwards grants nothing and does not lock out", []step{
+		{at: 0, op: "decide", limit: tenMin, n: 10, want: allow(0, time.Minute, tenMin)},
+		// An hour back: the stored TAT is far beyond now+τ; it is capped to an
+		// empty bucket, so the caller waits one interval, not an hour.
+		{at: -time.Hour, op: "decide", limit: tenMin, n: 1, want: deny(0, 6*time.Second, time.Minute, tenMin)},
+		{at: -time.Hour + 6*time.Second, op: "decide", limit: tenMin, n: 1, want: allow(0, time.Minute, tenMin)},
+	}},
+	{"small step back grants nothing", []step{
+		{at: 10 * time.Second, op: "decide", limit: tenMin, n: 5, want: allow(5, 30*time.Second, tenMin)},
+		{at: 4 * time.Second, op: "peek", limit: tenMin, want: allow(4, 36*time.Second, tenMin)},
+		{at: 10 * time.Second, op: "peek", limit: tenMin, want: allow(5, 30*time.Second, tenMin)},
+	}},
+	{"limit change keeps what was spent", []step{
+		{at: 0, op: "decide", limit: bucket.PerSecond(10), n: 5, want: allow(5, 500*time.Millisecond, bucket.PerSecond(10))},
+		// Grows to 20/s burst 20: the 5 spent stay spent, nothing refills.
+		{at: 0, op: "peek", limit: bucket.PerSecond(20), want: allow(15, 250*time.Millisecond, bucket.PerSecond(20))},
+		// Shrinks to burst 3: clamped to the new burst, empty for now.
+		{at: 0, op: "decide", limit: bucket.PerSecond(3), n: 1, want: deny(0, 333334*time.Microsecond, time.Second, bucket.PerSecond(3))},
+		// The clamp is stored: 3 spent under the old limit stay 3 spent.
+		{at: 0, op: "peek", limit: bucket.PerSecond(10), want: allow(7, 300*time.Millisecond, bucket.PerSecond(10))},
+	}},
+	{"take up to and return", []step{
+		{at: 0, op: "take", limit: tenMin, n: 4, got: 4, noWant: true},
+		{at: 0, op: "take", limit: tenMin, n: 100, got: 6, noWant: true},
+		{at: 0, op: "take", limit: tenMin, n: 1, got: 0, noWant: true},
+		{at: 0, op: "return", limit: tenMin, n: 3, noWant: true},
+		{at: 0, op: "peek", limit: tenMin, want: allow(3, 42*time.Second, tenMin)},
+		// Returning more than was taken never fills past the burst.
+		{at: 0, op: "return", limit: tenMin, n: 1000, noWant: true},
+		{at: 0, op: "peek", limit: tenMin, want: allow(10, 0, tenMin)},
+	}},
+	{"attempt id is charged once", []step{
+		{at: 0, op: "decide", limit: tenMin, n: 4, id: "req-1", want: allow(6, 24*time.Second, tenMin)},
+		{at: time.Second, op: "decide", limit: tenMin, n: 4, id: "req-1", want: allow(6, 24*time.Second, tenMin)},
+		{at: time.Second, op: "peek", limit: tenMin, want: allow(6, 23*time.Second, tenMin)},
+		{at: time.Second, op: "decide", limit: tenMin, n: 4, id: "req-2", want: allow(2, 47*time.Second, tenMin)},
+	}},
+}
+
+// Run runs the conformance suite against the stores newStore returns.
+func Run(t *testing.T, newStore Factory) {
+	ctx := context.Background()
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewManual(T0)
+			s := newStore(t, clk)
+			key := bucket.Key{Rule: fmt.Sprintf("conf-%d-%d", i, rand.Int64()), Subject: "tenant-a"}
+			for j, st := range tc.steps {
+				clk.Set(T0.Add(st.at))
+				var (
+					d   bucket.Decision
+					got bucket.Tokens
+					err error
+				)
+				switch st.op {
+				case "decide":
+					d, err = s.Decide(ctx, key, st.limit, st.n, st.id)
+				case "take":
+					got, err = s.TakeUpTo(ctx, key, st.limit, st.n)
+				case "return":
+					err = s.Return(ctx, key, st.limit, st.n)
+				case "peek":
+					d, err = s.Peek(ctx, key, st.limit)
+				}
+				if st.errIs != nil {
+					if !errors.Is(err, st.errIs) {
+						t.Fatalf("step %d (%s n=%d at %s): err=%v, want %v", j, st.op, st.n, st.at, err, st.errIs)
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("step %d (%s n=%d at %s): %v", j, st.op, st.n, st.at, err)
+				}
+				if st.op == "take" && got != st.got {
+					t.Fatalf("step %d take(%d) at %s = %d, want %d", j, st.n, st.at, got, st.got)
+				}
+				if !st.noWant && d != st.want {
+					t.Fatalf("step %d (%s n=%d at %s):\n got %+v\nwant %+v", j, st.op, st.n, st.at, d, st.want)
+				}
+			}
+		})
+	}
+	t.Run("seeds example", func(t *testing.T) { seedsExample(t, newStore) })
+	t.Run("matches pure functions", func(t *testing.T) { matchesModel(t, newStore) })
+}
+
+// seedsExample: capacity 100 refilled at 10 per second admits a burst of 100
+// cost-1 requests, then 10 per second.
+func seedsExample(t *testing.T, newStore Factory) {
+	ctx := context.Background()
+	clk := clock.NewManual(T0)
+	s := newStore(t, clk)
+	key := bucket.Key{Rule: fmt.Sprintf("seeds-%d", rand.Int64()), Subject: "client"}
+	admitted := 0
+	for range 150 {
+		d, err := s.Decide(ctx, key, seedLimit, 1, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 100 {
+		t.Fatalf("burst admitted %d of 150, want 100", admitted)
+	}
+	for sec := 1; sec <= 3; sec++ {
+		clk.Set(T0.Add(time.Duration(sec) * time.Second))
+		admitted = 0
+		for range 30 {
+			d, err := s.Decide(ctx, key, seedLimit, 1, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		if admitted != 10 {
+			t.Fatalf("second %d admitted %d of 30, want 10", sec, admitted)
+		}
+	}
+}
+
+// matchesModel drives the store and the pure functions with the same random
+// operations, instants (including steps backwards) and limit changes, and
+// requires identical answers at every step.
+func matchesModel(t *testing.T, newStore Factory) {
+	ctx := context.Background()
+	limits := []bucket.Limit{
+		bucket.PerSecond(3), bucket.PerMinute(10), bucket.Per(7, 3*time.Second).WithBurst(20),
+		bucket.PerSecond(1000).WithBurst(50), bucket.PerHour(3600).WithBurst(5),
+	}
+	seeds := 8
+	steps := 300
+	if testing.Short() {
+		seeds, steps = 2, 100
+	}
+	for seed := range seeds {
+		rng := rand.New(rand.NewPCG(uint64(seed), 42))
+		clk := clock.NewManual(T0)
+		s := newStore(t, clk)
+		key := bucket.Key{Rule: fmt.Sprintf("model-%d-%d", seed, rand.Int64()), Subject: "s"}
+		var st bucket.State
+		now := T0
+		l := limits[0]
+		for i := range steps {
+			switch r := rng.IntN(100); {
+			case r < 50:
+				now = now.Add(time.Duration(rng.Int64N(int64(400 * time.Millisecond))))
+			case r < 53:
+				now = now.Add(-time.Duration(rng.Int64N(int64(5 * time.Second))))
+			case r < 56:
+				now = now.Add(time.Duration(rng.Int64N(int64(2 * time.Minute))))
+			}
+			now = now.Truncate(time.Microsecond)
+			if rng.IntN(20) == 0 {
+				l = limits[rng.IntN(len(limits))]
+			}
+			clk.Set(now)
+			n := bucket.Tokens(1 + rng.IntN(int(min(l.Burst(), 8))))
+			where := fmt.Sprintf("seed %d step %d at %s limit %s n=%d", seed, i, now.Sub(T0), l, n)
+			switch rng.IntN(4) {
+			case 0, 1:
+				want, ns, _ := bucket.Decide(st, now, l, n)
+				got, err := s.Decide(ctx, key, l, n, "")
+				if err != nil {
+					t.Fatalf("%s: %v", where, err)
+				}
+				if got != want {
+					t.Fatalf("%s: decide\n got %+v\nwant %+v", where, got, want)
+				}
+				st = ns
+			case 2:
+				want, _, ns, _ := bucket.TakeUpTo(st, now, l, n)
+				got, err := s.TakeUpTo(ctx, key, l, n)
+				if err != nil {
+					t.Fatalf("%s: %v", where, err)
+				}
+				if got != want {
+					t.Fatalf("%s: take got %d want %d", where, got, want)
+				}
+				st = ns
+			case 3:
+				_, ns, _ := bucket.Return(st, now, l, n)
+				if err := s.Return(ctx, key, l, n); err != nil {
+					t.Fatalf("%s: %v", where, err)
+				}
+				st = ns
+			}
+			want, _ := bucket.Peek(st, now, l)
+			got, err := s.Peek(ctx, key, l)
+			if err != nil {
+				t.Fatalf("%s: %v", where, err)
+			}
+			if got != want {
+				t.Fatalf("%s: peek\n got %+v\nwant %+v", where, got, want)
+			}
+		}
+	}
+}

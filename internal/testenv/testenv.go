@@ -1,0 +1,238 @@
+// Package testenv gives tests the real servers they need: the Redis and etcd
+// that `make test` starts (ALLOT_REDIS_ADDR, ALLOT_ETCD_ENDPOINTS), or
+// throwaway redis-server processes a test starts and stops itself (to kill a
+// primary mid-test, say). Under CI=true a missing server fails the test
+// instead of skipping it.
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// CI reports whether the tests run under CI, where nothing may be skipped
+// for want of a server.
+func CI() bool { return os.Getenv("CI") == "true" }
+
+// missing fails under CI and skips elsewhere.
+func missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if CI() {
+		t.Fatalf(format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+// RedisAddr returns the address of the shared test Redis, starting a private
+// one when ALLOT_REDIS_ADDR is not set.
+func RedisAddr(t testing.TB) string {
+	t.Helper()
+	if addr := os.Getenv("ALLOT_REDIS_ADDR"); addr != "" {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := c.Ping(ctx).Err(); err != nil {
+			missing(t, "testenv: ALLOT_REDIS_ADDR=%s does not answer PING: %v", addr, err)
+		}
+		return addr
+	}
+	return StartRedis(t).Addr
+}
+
+// RedisClient returns a client of the shared test Redis, closed at cleanup.
+func RedisClient(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: RedisAddr(t), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// RedisServer is a redis-server process owned by one test.
+type RedisServer struct {
+	Addr string
+	Port int
+	cmd  *exec.Cmd
+	dir  string
+	args []string
+}
+
+// StartRedis starts a redis-server on a free loopback port with no
+// persistence and maxmemory-policy noeviction, plus any extra
+// "--name value" arguments, and stops it when the test ends.
+func StartRedis(t testing.TB, extra ...string) *RedisServer {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		missing(t, "testenv: redis-server not installed (make test installs it): %v", err)
+	}
+	s := &RedisServer{dir: t.TempDir()}
+	for attempt := 0; attempt < 5; attempt++ {
+		s.Port = FreePort(t)
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
+		s.args = append([]string{"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction",
+			"--dir", s.dir}, extra...)
+		if err = s.start(bin); err == nil {
+			t.Cleanup(s.Kill)
+			return s
+		}
+	}
+	t.Fatalf("testenv: start redis-server: %v", err)
+	return nil
+}
+
+func (s *RedisServer) start(bin string) error {
+	s.cmd = exec.Command(bin, s.args...)
+	s.cmd.Stdout, s.cmd.Stderr = nil, nil
+	if err := s.cmd.Start(); err != nil {
+		return err
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if s.cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for a process to listen, not for time to pass
+	}
+	s.Kill()
+	return fmt.Errorf("redis-server on %s did not answer", s.Addr)
+}
+
+// Kill stops the server at once (SIGKILL), as a crash would.
+func (s *RedisServer) Kill() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+		s.cmd = nil
+	}
+}
+
+// Restart starts the server again on the same port, empty.
+func (s *RedisServer) Restart(t testing.TB) {
+	t.Helper()
+	s.Kill()
+	bin, _ := exec.LookPath("redis-server")
+	if err := s.start(bin); err != nil {
+		t.Fatalf("testenv: restart redis-server: %v", err)
+	}
+}
+
+// Client returns a client of this server, closed at cleanup.
+func (s *RedisServer) Client(t testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testenv: free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// EtcdEndpoints returns the shared test etcd's client endpoints, starting a
+// private etcd when ALLOT_ETCD_ENDPOINTS is not set.
+func EtcdEndpoints(t testing.TB) []string {
+	t.Helper()
+	if e := os.Getenv("ALLOT_ETCD_ENDPOINTS"); e != "" {
+		return strings.Split(e, ",")
+	}
+	return StartEtcd(t)
+}
+
+// StartEtcd starts a single-member etcd on free loopback ports in a temporary
+// directory and stops it when the test ends.
+func StartEtcd(t testing.TB) []string {
+	t.Helper()
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		missing(t, "testenv: etcd not installed (make test installs etcd-server): %v", err)
+	}
+	dir := t.TempDir()
+	cp, pp := FreePort(t), FreePort(t)
+	client := fmt.Sprintf("http://127.0.0.1:%d", cp)
+	peer := fmt.Sprintf("http://127.0.0.1:%d", pp)
+	cmd := exec.Command(bin, "--name", "t", "--data-dir", filepath.Join(dir, "data"),
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "t="+peer, "--log-level", "error")
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("testenv: start etcd: %v", err)
+	}
+	go func() { // drain the log so etcd never blocks on a full pipe
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+		}
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	addr := fmt.Sprintf("127.0.0.1:%d", cp)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+			c.Close()
+			return []string{addr}
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for a process to listen
+	}
+	t.Fatalf("testenv: etcd on %s did not come up", addr)
+	return nil
+}
+
+// StartRedisCluster starts n redis-server processes in cluster mode (no
+// replicas), joins them with `redis-cli --cluster create`, waits until the
+// cluster reports ok, and returns the node addresses.
+func StartRedisCluster(t testing.TB, n int) []string {
+	t.Helper()
+	if _, err := exec.LookPath("redis-cli"); err != nil {
+		missing(t, "testenv: redis-cli not installed: %v", err)
+	}
+	var addrs []string
+	for range n {
+		s := StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "2000")
+		addrs = append(addrs, s.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("testenv: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c := redis.NewClient(&redis.Options{Addr: addrs[0]})
+	defer c.Close()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		info, err := c.ClusterInfo(context.Background()).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			return addrs
+		}
+		time.Sleep(50 * time.Millisecond) // waiting for the cluster to agree on slots
+	}
+	t.Fatalf("testenv: redis cluster %v did not reach cluster_state:ok", addrs)
+	return nil
+}
