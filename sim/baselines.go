@@ -1,0 +1,237 @@
+package sim
+
+import (
+	"github.com/allot-dev/allot/bucket"
+)
+
+// localBuckets is a baseline that decides every request in its own region
+// only, against the regional Redis (evaluated at its primary's clock):
+// "independent" gives each region the full global limit (N× overshoot with
+// N regions), "static" gives each region a fixed 1/N of it (no overshoot,
+// poor utilization under skew). Both decide at the arrival instant and
+// charge one intra-region round trip of latency.
+type localBuckets struct {
+	label  string
+	si     int
+	states [][]bucket.State // [region][budget]
+	limits []bucket.Limit   // per rule
+}
+
+func newLocalBuckets(w *world, label string, split bool) *localBuckets {
+	s := &localBuckets{label: label, states: make([][]bucket.State, len(w.regions))}
+	for r := range s.states {
+		s.states[r] = make([]bucket.State, w.nb)
+	}
+	for _, r := range w.rules {
+		l := r.limit
+		if split {
+			l = share(l, 1, int64(len(w.regions)))
+		}
+		s.limits = append(s.limits, l)
+	}
+	s.si = w.addSystem(s)
+	return s
+}
+
+func (s *localBuckets) name() string { return s.label }
+
+func (s *localBuckets) arrive(w *world, t Micros, region, b int, cost int64, idealOK bool) {
+	st := &s.states[region][b]
+	l := s.limits[w.ruleIdx[b]]
+	lat := 2 * w.net.lat[region][region]
+	w.decisions++
+	w.meters[s.si].redisOps++
+	d, ns, err := bucket.Decide(*st, w.regions[region].redis.at(t), l, bucket.Tokens(cost))
+	if err != nil || !d.Allowed {
+		w.reject(s.si, idealOK, pathRedis, lat, false)
+		return
+	}
+	*st = ns
+	w.admit(s.si, region, b, cost, t, pathRedis, lat)
+}
+
+func (s *localBuckets) handle(*world, *event)                 {}
+func (s *localBuckets) fault(*world, *FaultSpec, bool)        {}
+func (s *localBuckets) finish(*world) map[string]any          { return nil }
+func (s *localBuckets) limitFor(w *world, b int) bucket.Limit { return s.limits[w.ruleIdx[b]] }
+
+// central is the exact, slow baseline: one Redis in one region decides every
+// request, so requests from other regions cross the WAN both ways. A request
+// that cannot reach it, or whose answer is lost, is rejected after the
+// agent's timeout.
+type central struct {
+	si     int
+	home   int
+	states []bucket.State
+}
+
+func newCentral(w *world) *central {
+	c := &central{home: w.sc.regionIndex(w.sc.Baselines.Central), states: make([]bucket.State, w.nb)}
+	c.si = w.addSystem(c)
+	return c
+}
+
+func (c *central) name() string { return "central" }
+
+func (c *central) arrive(w *world, t Micros, region, b int, cost int64, idealOK bool) {
+	rng := w.sysRng[c.si]
+	at, ok := w.net.send(rng, node{kind: kindAgent, region: region}, node{kind: kindRedis, region: c.home}, t)
+	if !ok {
+		w.reject(c.si, idealOK, pathWAN, us(w.sc.Agent.Timeout), true)
+		return
+	}
+	var ok8 int64
+	if idealOK {
+		ok8 = 1
+	}
+	w.at(at, c.si, event{j: int32(b), k: cost, aux: int32(region), sent: t, flag: int8(ok8)})
+}
+
+func (c *central) handle(w *world, e *event) {
+	region, b, cost, t0, idealOK := int(e.aux), int(e.j), e.k, e.sent, e.flag == 1
+	w.decisions++
+	w.meters[c.si].redisOps++
+	r := w.ruleOf(b)
+	d, ns, err := bucket.Decide(c.states[b], w.regions[c.home].redis.at(e.at), r.limit, bucket.Tokens(cost))
+	if err == nil && d.Allowed {
+		c.states[b] = ns
+	}
+	back, ok := w.net.send(w.sysRng[c.si], node{kind: kindRedis, region: c.home}, node{kind: kindAgent, region: region}, e.at)
+	if !ok {
+		w.reject(c.si, idealOK, pathWAN, us(w.sc.Agent.Timeout), true)
+		return
+	}
+	if err != nil || !d.Allowed {
+		w.reject(c.si, idealOK, pathWAN, back-t0, false)
+		return
+	}
+	w.admit(c.si, region, b, cost, e.at, pathWAN, back-t0)
+}
+
+func (c *central) fault(*world, *FaultSpec, bool) {}
+func (c *central) finish(*world) map[string]any   { return nil }
+
+// async is the asynchronous global counter, after Gubernator's GLOBAL
+// behaviour: every region decides locally against its copy of the budget,
+// queues the hits, and forwards them to the budget's owner every sync
+// interval; the owner applies them to the authoritative bucket and
+// broadcasts the result, which overwrites the regions' copies.
+type async struct {
+	si      int
+	owner   int
+	local   [][]bucket.State // [region][budget]: the owner's region holds the authority
+	pending [][]int64        // [region][budget] hits not yet forwarded
+	touched [][]int32        // [region] budgets with pending hits
+	msgs    int64
+}
+
+type asyncHit struct {
+	b    int32
+	hits int64
+}
+
+type asyncState struct {
+	b  int32
+	st bucket.State
+}
+
+const (
+	asyncTick uint8 = iota
+	asyncHits
+	asyncBroadcast
+)
+
+func newAsync(w *world) *async {
+	a := &async{owner: w.sc.regionIndex(w.sc.Baselines.AsyncOwner)}
+	n := len(w.regions)
+	a.local = make([][]bucket.State, n)
+	a.pending = make([][]int64, n)
+	a.touched = make([][]int32, n)
+	for r := 0; r < n; r++ {
+		a.local[r] = make([]bucket.State, w.nb)
+		a.pending[r] = make([]int64, w.nb)
+	}
+	a.si = w.addSystem(a)
+	w.at(us(w.sc.Baselines.AsyncSync), a.si, event{sub: asyncTick})
+	return a
+}
+
+func (a *async) name() string { return "async-global" }
+
+func (a *async) arrive(w *world, t Micros, region, b int, cost int64, idealOK bool) {
+	r := w.ruleOf(b)
+	w.decisions++
+	d, ns, err := bucket.Decide(a.local[region][b], w.regions[region].agent.at(t), r.limit, bucket.Tokens(cost))
+	if err != nil || !d.Allowed {
+		w.reject(a.si, idealOK, pathLocal, 0, false)
+		return
+	}
+	a.local[region][b] = ns
+	if region != a.owner {
+		if a.pending[region][b] == 0 {
+			a.touched[region] = append(a.touched[region], int32(b))
+		}
+		a.pending[region][b] += cost
+	}
+	w.admit(a.si, region, b, cost, t, pathLocal, 0)
+}
+
+func (a *async) handle(w *world, e *event) {
+	rng := w.sysRng[a.si]
+	switch e.sub {
+	case asyncTick:
+		for r := range a.touched {
+			if len(a.touched[r]) == 0 {
+				continue
+			}
+			batch := make([]asyncHit, 0, len(a.touched[r]))
+			for _, b := range a.touched[r] {
+				batch = append(batch, asyncHit{b: b, hits: a.pending[r][b]})
+				a.pending[r][b] = 0
+			}
+			a.touched[r] = a.touched[r][:0]
+			a.msgs++
+			if at, ok := w.net.send(rng, node{kind: kindAgent, region: r}, node{kind: kindAgent, region: a.owner}, e.at); ok {
+				w.at(at, a.si, event{sub: asyncHits, p: batch})
+			}
+		}
+		w.at(e.at+us(w.sc.Baselines.AsyncSync), a.si, event{sub: asyncTick})
+	case asyncHits:
+		batch := e.p.([]asyncHit)
+		now := w.regions[a.owner].agent.at(e.at)
+		out := make([]asyncState, 0, len(batch))
+		for _, h := range batch {
+			r := w.ruleOf(int(h.b))
+			st := a.local[a.owner][h.b]
+			n := bucket.Tokens(h.hits)
+			// The owner takes the hits it can; hits beyond what the bucket
+			// holds were already admitted and are simply lost to the count.
+			n = min(n, r.limit.Burst())
+			if _, _, ns, err := bucket.TakeUpTo(st, now, r.limit, n); err == nil {
+				st = ns
+			}
+			a.local[a.owner][h.b] = st
+			out = append(out, asyncState{b: h.b, st: st})
+			w.decisions++
+		}
+		for r := range w.regions {
+			if r == a.owner {
+				continue
+			}
+			a.msgs++
+			if at, ok := w.net.send(rng, node{kind: kindAgent, region: a.owner}, node{kind: kindAgent, region: r}, e.at); ok {
+				w.at(at, a.si, event{sub: asyncBroadcast, aux: int32(r), p: out})
+			}
+		}
+	case asyncBroadcast:
+		r := int(e.aux)
+		for _, s := range e.p.([]asyncState) {
+			a.local[r][s.b] = s.st
+		}
+	}
+}
+
+func (a *async) fault(*world, *FaultSpec, bool) {}
+func (a *async) finish(w *world) map[string]any {
+	return map[string]any{"sync_messages": a.msgs}
+}

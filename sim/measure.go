@@ -1,0 +1,226 @@
+package sim
+
+import (
+	"math"
+	"math/bits"
+)
+
+// meter measures one system's admissions against every budget.
+//
+// Overshoot is exact over all windows. For a budget of rate R = c/p tokens
+// per µs and burst B, with A(t) the tokens admitted up to and including t,
+// the excess of a window [s,e] is A(e) − A(s⁻) − B − R·(e−s). Scaled by p
+// it is V(e) − V(s⁻) − B·p with V(t) = A(t)·p − c·t, an integer. Between
+// admissions V only falls, so the largest excess over all windows ending at
+// e is V(e) minus the running minimum of V just before each admission so
+// far; keeping that minimum and the largest difference is O(1) per
+// admission and linear in the run.
+type meter struct {
+	admitted  []int64 // A(now) per budget, tokens
+	minV      []int64 // running min of V(s⁻), scaled
+	lastT     []Micros
+	lastEx    []int64   // excess (V − min − B·p) right after the last admission, scaled
+	peak      []int64   // largest excess seen, scaled
+	area      []float64 // ∫ max(excess,0) dt, scaled·µs
+	peakAt    []Micros
+	tokens    int64 // all tokens admitted
+	requests  int64
+	rejected  int64
+	falseRej  int64
+	unavail   int64 // decisions the system could not make (reported as rejects)
+	redisOps  int64
+	bins      *series
+	lat       [numPaths]histogram
+	pathCount [numPaths]int64
+}
+
+func newMeter(nb int, bins *series) *meter {
+	m := &meter{
+		admitted: make([]int64, nb),
+		minV:     make([]int64, nb),
+		lastT:    make([]Micros, nb),
+		lastEx:   make([]int64, nb),
+		peak:     make([]int64, nb),
+		area:     make([]float64, nb),
+		peakAt:   make([]Micros, nb),
+		bins:     bins,
+	}
+	return m
+}
+
+// path is how a decision was made, for the latency figures.
+type path uint8
+
+const (
+	pathLocal     path = iota // from a batch or a local bucket, no I/O
+	pathRedis                 // one regional Redis round trip
+	pathEmergency             // Redis unreachable, emergency or open policy
+	pathWAN                   // across regions (central Redis baseline)
+	pathClosed                // Redis unreachable, rule fails closed
+	numPaths
+)
+
+var pathNames = [numPaths]string{"local", "redis", "emergency", "wan", "closed"}
+
+// admit records cost tokens admitted for budget b at virtual time t.
+func (m *meter) admit(w *world, b, region int, cost int64, t Micros) {
+	r := w.ruleOf(b)
+	p, c := r.p, r.c
+	a := m.admitted[b]
+	// V just before this admission.
+	vBefore := a*p - c*t
+	// The minimum starts at V(0⁻) = 0; since V only falls while nothing
+	// is admitted, V(t⁻) is the only new candidate.
+	m.accrue(r, b, t)
+	if vBefore < m.minV[b] {
+		m.minV[b] = vBefore
+	}
+	a += cost
+	m.admitted[b] = a
+	ex := a*p - c*t - m.minV[b] - r.bp
+	m.lastEx[b] = ex
+	m.lastT[b] = t
+	if ex > m.peak[b] {
+		m.peak[b] = ex
+		m.peakAt[b] = t
+	}
+	if ex > 0 && m.bins != nil {
+		m.bins.over(t, float64(ex)/float64(p))
+	}
+	m.tokens += cost
+	if m.bins != nil {
+		m.bins.add(t, r.idx, region, cost)
+	}
+}
+
+// accrue adds the area under the excess from the last admission to t: the
+// excess falls with slope c while nothing is admitted.
+func (m *meter) accrue(r *ruleRT, b int, t Micros) {
+	ex := m.lastEx[b]
+	if ex <= 0 {
+		return
+	}
+	d := float64(t - m.lastT[b])
+	if cut := float64(ex) / float64(r.c); d > cut {
+		d = cut
+	}
+	m.area[b] += float64(ex)*d - float64(r.c)*d*d/2
+}
+
+// finish accrues the excess up to the end of the run.
+func (m *meter) finish(w *world, end Micros) {
+	for b := range m.admitted {
+		if m.admitted[b] > 0 {
+			m.accrue(w.ruleOf(b), b, end)
+		}
+	}
+}
+
+// histogram is a fixed-size log-scale latency histogram: memory does not
+// grow with the length of the run.
+type histogram struct {
+	counts [64 * 4]int64
+	n      int64
+	max    Micros
+	sum    float64
+}
+
+// record adds one latency of d µs. Buckets are a quarter of a power of two
+// wide, so quantiles are within 19% of the true value.
+func (h *histogram) record(d Micros) {
+	if d < 0 {
+		d = 0
+	}
+	h.counts[histIndex(d)]++
+	h.n++
+	h.sum += float64(d)
+	if d > h.max {
+		h.max = d
+	}
+}
+
+func histIndex(d Micros) int {
+	if d < 4 {
+		return int(d)
+	}
+	lz := 63 - bits.LeadingZeros64(uint64(d)) // floor(log2 d) ≥ 2
+	sub := int((uint64(d) >> (lz - 2)) & 3)
+	return lz*4 + sub
+}
+
+// histUpper is the upper edge of bucket i in µs.
+func histUpper(i int) float64 {
+	if i < 4 {
+		return float64(i)
+	}
+	lz, sub := i/4, i%4
+	return float64(uint64(4+sub+1) << (lz - 2))
+}
+
+// quantile returns the q-quantile in µs, the upper edge of its bucket
+// capped at the largest value seen.
+func (h *histogram) quantile(q float64) float64 {
+	if h.n == 0 {
+		return 0
+	}
+	want := int64(math.Ceil(q * float64(h.n)))
+	var seen int64
+	for i, c := range h.counts {
+		seen += c
+		if seen >= want && c > 0 {
+			return math.Min(histUpper(i), float64(h.max))
+		}
+	}
+	return float64(h.max)
+}
+
+// series holds the time-binned figures for the charts and for convergence:
+// a fixed number of bins, so memory does not grow with the run's length.
+type series struct {
+	width   Micros
+	nbins   int
+	nrules  int
+	nreg    int
+	byRule  []int64   // [bin][rule] tokens admitted
+	byReg   []int64   // [bin][rule][region] tokens admitted
+	overMax []float64 // [bin] largest excess (tokens) over any budget
+}
+
+func newSeries(duration Micros, nbins, nrules, nreg int) *series {
+	w := duration / Micros(nbins)
+	if w <= 0 {
+		w = 1
+	}
+	return &series{
+		width: w, nbins: nbins, nrules: nrules, nreg: nreg,
+		byRule:  make([]int64, nbins*nrules),
+		byReg:   make([]int64, nbins*nrules*nreg),
+		overMax: make([]float64, nbins),
+	}
+}
+
+func (s *series) bin(t Micros) int {
+	i := int(t / s.width)
+	if i >= s.nbins {
+		i = s.nbins - 1
+	}
+	if i < 0 {
+		i = 0
+	}
+	return i
+}
+
+func (s *series) add(t Micros, rule, region int, cost int64) {
+	i := s.bin(t)
+	s.byRule[i*s.nrules+rule] += cost
+	if region >= 0 {
+		s.byReg[(i*s.nrules+rule)*s.nreg+region] += cost
+	}
+}
+
+func (s *series) over(t Micros, tokens float64) {
+	i := s.bin(t)
+	if tokens > s.overMax[i] {
+		s.overMax[i] = tokens
+	}
+}

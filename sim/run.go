@@ -1,0 +1,373 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"time"
+)
+
+// Options adjusts a run.
+type Options struct {
+	// Systems limits the run to the named systems ("allot", "independent",
+	// "static", "central", "async-global"); empty runs all of them.
+	Systems []string
+	// Progress, when set, is called as virtual time advances.
+	Progress func(now, end time.Duration)
+	// BreakEscrow makes the allot system's allocator skip its escrow check,
+	// to prove the simulator catches a broken allocator. Tests only.
+	BreakEscrow bool
+}
+
+// Systems lists every system a run can measure, allot first.
+var Systems = []string{"allot", "independent", "static", "central", "async-global"}
+
+func (o Options) wants(name string) bool {
+	if len(o.Systems) == 0 {
+		return true
+	}
+	for _, s := range o.Systems {
+		if s == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Run simulates the scenario with the seed and returns its measurements.
+// The same scenario, seed and options always give the same Result.
+func Run(sc *Scenario, seed uint64, opts Options) (*Result, error) {
+	for _, s := range opts.Systems {
+		known := false
+		for _, k := range Systems {
+			known = known || k == s
+		}
+		if !known {
+			return nil, fmt.Errorf("sim: unknown system %q (want one of %v)", s, Systems)
+		}
+	}
+	w, err := newWorld(sc, seed, opts)
+	if err != nil {
+		return nil, err
+	}
+	w.idealM = newMeter(w.nb, w.newSeries())
+	if opts.wants("allot") {
+		if err := newAllot(w); err != nil {
+			return nil, err
+		}
+	}
+	if opts.wants("independent") {
+		newLocalBuckets(w, "independent", false)
+	}
+	if opts.wants("static") {
+		newLocalBuckets(w, "static", true)
+	}
+	if opts.wants("central") {
+		newCentral(w)
+	}
+	if opts.wants("async-global") {
+		newAsync(w)
+	}
+	if opts.Progress != nil {
+		w.progress = func(now, end Micros) {
+			opts.Progress(time.Duration(now)*time.Microsecond, time.Duration(end)*time.Microsecond)
+		}
+	}
+	w.run()
+	return w.result(), nil
+}
+
+// Result is one run's measurements. It holds no wall-clock figures, so two
+// runs of the same scenario and seed marshal to identical bytes.
+type Result struct {
+	Scenario     string         `json:"scenario"`
+	Description  string         `json:"description,omitempty"`
+	Seed         uint64         `json:"seed"`
+	DurationS    float64        `json:"duration_s"`
+	Regions      []string       `json:"regions"`
+	Rules        []RuleInfo     `json:"rules"`
+	Arrivals     int64          `json:"arrivals"`
+	Decisions    int64          `json:"decisions"`
+	Events       uint64         `json:"events"`
+	Messages     int64          `json:"messages"`
+	MessagesLost int64          `json:"messages_lost"`
+	Verdict      string         `json:"verdict"`
+	Faults       []FaultRecord  `json:"faults"`
+	BinS         float64        `json:"bin_s"`
+	Ideal        SystemResult   `json:"ideal"`
+	Systems      []SystemResult `json:"systems"`
+}
+
+// RuleInfo describes one rule.
+type RuleInfo struct {
+	Name  string  `json:"name"`
+	Limit string  `json:"limit"`
+	Rate  float64 `json:"rate_per_s"`
+	Burst int64   `json:"burst"`
+	Keys  int     `json:"keys"`
+}
+
+// SystemResult is one system's figures.
+type SystemResult struct {
+	Name           string  `json:"name"`
+	Requests       int64   `json:"requests"`
+	Rejected       int64   `json:"rejected"`
+	Unavailable    int64   `json:"unavailable"`
+	FalseRejects   int64   `json:"false_rejects"`
+	FalseRejectPct float64 `json:"false_reject_pct"`
+	Admitted       int64   `json:"admitted_tokens"`
+	// Utilization is tokens admitted over what the ideal global bucket
+	// admitted on the same arrivals.
+	Utilization float64 `json:"utilization"`
+	// RedisOpsPerDecision counts Redis script calls per request decided.
+	RedisOpsPerDecision float64 `json:"redis_ops_per_decision"`
+	// CoordinatorMsgsPerS counts lease protocol messages both ways.
+	CoordinatorMsgsPerS float64 `json:"coordinator_msgs_per_s"`
+	// ConvergenceS is the longest time, over the scenario's demand shifts,
+	// until the system admits ≥ 95% of what the ideal bucket admits; −1
+	// when it never does, absent when there is no shift.
+	ConvergenceS *float64       `json:"convergence_s,omitempty"`
+	Latency      []LatencyStats `json:"latency"`
+	Rules        []RuleOutcome  `json:"rules"`
+	// Series are per time bin: admitted tokens per second by rule and
+	// region, and the largest excess over any budget in the bin.
+	AdmittedRate [][][]float64 `json:"admitted_rate"`
+	Overshoot    []float64     `json:"overshoot"`
+	// Allocation is, for allot, the rate allocated to each region for each
+	// rule's hottest budget, per bin.
+	Allocation [][][]float64  `json:"allocation,omitempty"`
+	Extra      map[string]any `json:"extra,omitempty"`
+}
+
+// LatencyStats is the decision latency on one path.
+type LatencyStats struct {
+	Path   string  `json:"path"`
+	Count  int64   `json:"count"`
+	MeanUs float64 `json:"mean_us"`
+	P50Us  float64 `json:"p50_us"`
+	P99Us  float64 `json:"p99_us"`
+	MaxUs  float64 `json:"max_us"`
+}
+
+// RuleOutcome is the overshoot of one rule's worst budget.
+type RuleOutcome struct {
+	Rule string `json:"rule"`
+	// PeakTokens is the largest excess over B + R·(e−s) over every window
+	// and every budget of the rule; PeakPctOfBurst is it as a share of B.
+	PeakTokens     float64 `json:"peak_tokens"`
+	PeakPctOfBurst float64 `json:"peak_pct_of_burst"`
+	PeakAtS        float64 `json:"peak_at_s"`
+	WorstKey       int     `json:"worst_key"`
+	// TimeWeighted is the worst budget's excess averaged over the run.
+	TimeWeighted float64 `json:"time_weighted_tokens"`
+	// Bound is the overshoot the design allows under the scenario's faults,
+	// with the terms it adds up; Unbounded marks a fail-open outage.
+	Bound      *float64 `json:"bound_tokens,omitempty"`
+	BoundTerms []string `json:"bound_terms,omitempty"`
+	Unbounded  bool     `json:"unbounded,omitempty"`
+	Verdict    string   `json:"verdict,omitempty"`
+}
+
+// Verdicts.
+const (
+	Pass      = "PASS"
+	Fail      = "FAIL"
+	Unbounded = "UNBOUNDED"
+)
+
+func round(x float64, digits int) float64 {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return 0
+	}
+	p := math.Pow(10, float64(digits))
+	return math.Round(x*p) / p
+}
+
+func (w *world) result() *Result {
+	res := &Result{
+		Scenario:     w.sc.Name,
+		Description:  w.sc.Description,
+		Seed:         w.seed,
+		DurationS:    w.sc.Duration.Seconds(),
+		Arrivals:     w.arrivals,
+		Decisions:    w.decisions,
+		Events:       w.eng.fired,
+		Messages:     w.net.sent,
+		MessagesLost: w.net.lost,
+		Faults:       w.faults,
+		BinS:         round(float64(w.idealM.bins.width)/1e6, 6),
+		Verdict:      Pass,
+	}
+	if res.Faults == nil {
+		res.Faults = []FaultRecord{}
+	}
+	for _, r := range w.regions {
+		res.Regions = append(res.Regions, r.name)
+	}
+	for _, r := range w.rules {
+		res.Rules = append(res.Rules, RuleInfo{Name: r.spec.Name, Limit: r.limit.String(),
+			Rate: round(r.limit.Rate(), 6), Burst: r.spec.Burst, Keys: r.keys})
+	}
+	res.Ideal = w.systemResult("ideal", w.idealM, nil)
+	for i, s := range w.systems {
+		sr := w.systemResult(s.name(), w.meters[i], s)
+		if b, ok := s.(bounder); ok {
+			for j := range sr.Rules {
+				ro := &sr.Rules[j]
+				bound, terms, unb := b.bound(w, j)
+				ro.BoundTerms = terms
+				switch {
+				case unb:
+					ro.Unbounded = true
+					ro.Verdict = Unbounded
+					if res.Verdict == Pass {
+						res.Verdict = Unbounded
+					}
+				case ro.PeakTokens <= bound+1e-9:
+					ro.Bound = &bound
+					ro.Verdict = Pass
+				default:
+					ro.Bound = &bound
+					ro.Verdict = Fail
+					res.Verdict = Fail
+				}
+			}
+		}
+		res.Systems = append(res.Systems, sr)
+	}
+	return res
+}
+
+// bounder is a system with a stated overshoot bound per rule.
+type bounder interface {
+	bound(w *world, rule int) (tokens float64, terms []string, unbounded bool)
+}
+
+// reporter is a system with extra series or figures for the report.
+type reporter interface {
+	allocation(w *world) [][][]float64
+	coordinatorMessages() int64
+}
+
+func (w *world) systemResult(name string, m *meter, s system) SystemResult {
+	sr := SystemResult{
+		Name:         name,
+		Requests:     m.requests,
+		Rejected:     m.rejected,
+		Unavailable:  m.unavail,
+		FalseRejects: m.falseRej,
+		Admitted:     m.tokens,
+	}
+	if m.requests > 0 {
+		sr.FalseRejectPct = round(100*float64(m.falseRej)/float64(m.requests), 4)
+		sr.RedisOpsPerDecision = round(float64(m.redisOps)/float64(m.requests), 6)
+	}
+	if w.idealM.tokens > 0 {
+		sr.Utilization = round(float64(m.tokens)/float64(w.idealM.tokens), 6)
+	}
+	for p := path(0); p < numPaths; p++ {
+		h := &m.lat[p]
+		if h.n == 0 {
+			continue
+		}
+		sr.Latency = append(sr.Latency, LatencyStats{Path: pathNames[p], Count: h.n,
+			MeanUs: round(h.sum/float64(h.n), 2), P50Us: h.quantile(0.5), P99Us: h.quantile(0.99), MaxUs: float64(h.max)})
+	}
+	if sr.Latency == nil {
+		sr.Latency = []LatencyStats{}
+	}
+	dur := float64(w.end)
+	for ri, r := range w.rules {
+		ro := RuleOutcome{Rule: r.spec.Name, WorstKey: -1}
+		var worst int64
+		var tw float64
+		for k := 0; k < r.keys; k++ {
+			b := r.base + k
+			if m.peak[b] > worst {
+				worst = m.peak[b]
+				ro.WorstKey = k
+				ro.PeakAtS = round(float64(m.peakAt[b])/1e6, 6)
+			}
+			if a := m.area[b] / dur / float64(r.p); a > tw {
+				tw = a
+			}
+		}
+		ro.PeakTokens = round(float64(worst)/float64(r.p), 6)
+		ro.PeakPctOfBurst = round(100*ro.PeakTokens/float64(r.spec.Burst), 4)
+		ro.TimeWeighted = round(tw, 6)
+		_ = ri
+		sr.Rules = append(sr.Rules, ro)
+	}
+	bs := m.bins
+	binS := float64(bs.width) / 1e6
+	sr.AdmittedRate = make([][][]float64, bs.nrules)
+	for ri := 0; ri < bs.nrules; ri++ {
+		sr.AdmittedRate[ri] = make([][]float64, bs.nreg)
+		for g := 0; g < bs.nreg; g++ {
+			row := make([]float64, bs.nbins)
+			for i := 0; i < bs.nbins; i++ {
+				row[i] = round(float64(bs.byReg[(i*bs.nrules+ri)*bs.nreg+g])/binS, 3)
+			}
+			sr.AdmittedRate[ri][g] = row
+		}
+	}
+	sr.Overshoot = make([]float64, bs.nbins)
+	for i, v := range bs.overMax {
+		sr.Overshoot[i] = round(v, 6)
+	}
+	if s != nil {
+		if rp, ok := s.(reporter); ok {
+			sr.Allocation = rp.allocation(w)
+			sr.CoordinatorMsgsPerS = round(float64(rp.coordinatorMessages())/w.sc.Duration.Seconds(), 4)
+		}
+		sr.Extra = s.finish(w)
+		sr.ConvergenceS = w.convergence(m)
+	}
+	return sr
+}
+
+// convergence returns, over every stream marked as a demand shift, the
+// longest time from its start until the system's admitted tokens for the
+// rule reach 95% of the ideal bucket's in a bin, or nil without shifts.
+func (w *world) convergence(m *meter) *float64 {
+	bs, ib := m.bins, w.idealM.bins
+	var worst float64
+	any := false
+	for _, s := range w.sources {
+		if !s.shift {
+			continue
+		}
+		any = true
+		found := -1.0
+		for i := bs.bin(s.start); i < bs.nbins; i++ {
+			ideal := ib.byRule[i*bs.nrules+s.rule]
+			if ideal == 0 {
+				continue
+			}
+			if float64(bs.byRule[i*bs.nrules+s.rule]) >= 0.95*float64(ideal) {
+				found = float64(Micros(i+1)*bs.width-s.start) / 1e6
+				break
+			}
+		}
+		if found < 0 {
+			worst = -1
+			break
+		}
+		worst = math.Max(worst, found)
+	}
+	if !any {
+		return nil
+	}
+	v := round(worst, 6)
+	return &v
+}
+
+// sortedKeys returns m's keys in order, for deterministic output.
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,313 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+// Event kinds handled by the world itself; systems get evSystem events.
+const (
+	evArrival eventKind = iota
+	evFaultStart
+	evFaultEnd
+	evSystem
+)
+
+// ruleRT is a rule as the run uses it.
+type ruleRT struct {
+	idx   int
+	spec  RuleSpec
+	limit bucket.Limit
+	// c/p is the rate in tokens per µs, reduced; bp is B·p, the burst in
+	// the meter's scaled units.
+	c, p, bp int64
+	base     int // first budget index
+	keys     int
+}
+
+// regionRT is a region's nodes' clocks.
+type regionRT struct {
+	name    string
+	agents  int
+	agent   nodeClock
+	redis   nodeClock
+	replica nodeClock
+}
+
+// system is one limiter under measurement, fed the same arrivals as the
+// others. Events it schedules carry its index in event.j's high half; the
+// world routes them back through handle.
+type system interface {
+	name() string
+	// arrive decides (or starts deciding) one request.
+	arrive(w *world, t Micros, region, budget int, cost int64, idealOK bool)
+	// handle runs one of the system's own events.
+	handle(w *world, e *event)
+	// fault tells the system a fault starts or ends.
+	fault(w *world, f *FaultSpec, start bool)
+	// finish ends the run: flush what is pending into the report.
+	finish(w *world) map[string]any
+}
+
+// world is one run: the scenario, the engine, the network and the systems.
+type world struct {
+	sc       *Scenario
+	seed     uint64
+	eng      *engine
+	trng     *rand.Rand // traffic only, so arrivals do not depend on the systems
+	net      *network
+	rules    []ruleRT
+	ruleIdx  []uint16 // budget → rule
+	nb       int
+	regions  []regionRT
+	sources  []*source
+	systems  []system
+	meters   []*meter
+	sysRng   []*rand.Rand
+	ideal    []bucket.State
+	idealM   *meter
+	end      Micros
+	arrivals int64
+	// decisions counts bucket decisions made by every system, for the speed
+	// figure.
+	decisions int64
+	faults    []FaultRecord
+	// progress, when set, is called every so often with the virtual time
+	// reached.
+	progress func(now, end Micros)
+	// testHooks configure deliberate bugs for the tests that prove the
+	// simulator catches them.
+	opts Options
+}
+
+func (w *world) ruleOf(b int) *ruleRT { return &w.rules[w.ruleIdx[b]] }
+
+// share returns l scaled by num/den (rate and burst), exact in rate; the
+// burst is rounded down but kept ≥ 1.
+func share(l bucket.Limit, num, den int64) bucket.Limit {
+	s := bucket.Per(l.Count()*bucket.Tokens(num), l.Period()*time.Duration(den))
+	b := int64(l.Burst()) * num / den
+	return s.WithBurst(bucket.Tokens(max(b, 1)))
+}
+
+func gcd64(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+func newWorld(sc *Scenario, seed uint64, opts Options) (*world, error) {
+	w := &world{sc: sc, seed: seed, eng: newEngine(seed), opts: opts}
+	w.trng = rand.New(rand.NewPCG(seed, 0x7472616666696300)) // "traffic"
+	w.end = us(sc.Duration)
+	n := len(sc.Regions)
+	w.net = &network{jitter: sc.Jitter, loss: sc.Loss, lat: make([][]Micros, n)}
+	for i, a := range sc.Regions {
+		w.net.lat[i] = make([]Micros, n)
+		for j, b := range sc.Regions {
+			d, _ := sc.oneWay(a.Name, b.Name)
+			w.net.lat[i][j] = us(d)
+		}
+		w.regions = append(w.regions, regionRT{
+			name:    a.Name,
+			agents:  a.Agents,
+			agent:   nodeClock{offset: us(a.Skew), drift: a.Drift},
+			redis:   nodeClock{offset: us(a.RedisSkew), drift: a.RedisDrift},
+			replica: nodeClock{offset: us(a.ReplicaSkew), drift: a.RedisDrift},
+		})
+	}
+	base := make([]int, len(sc.Rules))
+	for i, r := range sc.Rules {
+		l := bucket.Per(bucket.Tokens(r.Count), r.Period).WithBurst(bucket.Tokens(r.Burst))
+		if err := l.Validate(); err != nil {
+			return nil, bad("rules[%d]: %w", i, err)
+		}
+		p := us(r.Period)
+		g := gcd64(r.Count, p)
+		rt := ruleRT{idx: i, spec: r, limit: l, c: r.Count / g, p: p / g, base: w.nb, keys: r.Keys}
+		rt.bp = r.Burst * rt.p
+		// The meter's scaled values are A·p and c·t; keep them in int64
+		// even if every region admitted the full rate (the N× baseline).
+		if float64(rt.c)*float64(w.end)*float64(n+1)*4 > math.MaxInt64/2 {
+			return nil, bad("rules[%d]: count=%d per %s over duration=%s is beyond the meter's exact range", i, r.Count, r.Period, sc.Duration)
+		}
+		base[i] = w.nb
+		w.rules = append(w.rules, rt)
+		w.nb += r.Keys
+	}
+	if w.nb > 20_000_000 {
+		return nil, bad("rules hold %d budgets in all, at most 20000000", w.nb)
+	}
+	w.ruleIdx = make([]uint16, w.nb)
+	for i, r := range w.rules {
+		for k := 0; k < r.keys; k++ {
+			w.ruleIdx[r.base+k] = uint16(i)
+		}
+	}
+	w.ideal = make([]bucket.State, w.nb)
+	for _, ts := range sc.Traffic {
+		w.sources = append(w.sources, newSource(sc, ts, w.trng, base))
+	}
+	return w, nil
+}
+
+func (w *world) newSeries() *series {
+	return newSeries(w.end, w.sc.Bins, len(w.rules), len(w.regions))
+}
+
+// addSystem registers s with its own meter and random source.
+func (w *world) addSystem(s system) int {
+	i := len(w.systems)
+	w.systems = append(w.systems, s)
+	w.meters = append(w.meters, newMeter(w.nb, w.newSeries()))
+	w.sysRng = append(w.sysRng, rand.New(rand.NewPCG(w.seed, uint64(i+1)*0x51afd7ed558ccd)))
+	return i
+}
+
+// admit records an admission by system si.
+func (w *world) admit(si, region, b int, cost int64, t Micros, p path, lat Micros) {
+	m := w.meters[si]
+	m.requests++
+	m.admit(w, b, region, cost, t)
+	m.pathCount[p]++
+	m.lat[p].record(lat)
+}
+
+// reject records a rejection by system si; unavailable marks a request the
+// system could not decide (a timeout or a closed policy).
+func (w *world) reject(si int, idealOK bool, p path, lat Micros, unavailable bool) {
+	m := w.meters[si]
+	m.requests++
+	m.rejected++
+	if idealOK {
+		m.falseRej++
+	}
+	if unavailable {
+		m.unavail++
+	}
+	m.pathCount[p]++
+	m.lat[p].record(lat)
+}
+
+// at schedules a system event.
+func (w *world) at(t Micros, si int, e event) {
+	e.at = t
+	e.kind = evSystem
+	e.i = int32(si)
+	w.eng.schedule(e)
+}
+
+// run executes the scenario to its end.
+func (w *world) run() {
+	g := w.eng
+	for i, s := range w.sources {
+		if t := s.next(w.trng, -1); t >= 0 {
+			g.schedule(event{at: t, kind: evArrival, i: int32(i)})
+		}
+	}
+	for i, f := range w.sc.Faults {
+		g.schedule(event{at: us(f.At), kind: evFaultStart, i: int32(i)})
+		if f.For > 0 {
+			g.schedule(event{at: us(f.At + f.For), kind: evFaultEnd, i: int32(i)})
+		}
+	}
+	nextProgress := Micros(0)
+	for {
+		at, ok := g.peekAt()
+		if !ok || at > w.end {
+			break
+		}
+		e, _ := g.pop()
+		switch e.kind {
+		case evArrival:
+			w.arrival(&e)
+		case evFaultStart, evFaultEnd:
+			w.fault(int(e.i), e.kind == evFaultStart)
+		case evSystem:
+			w.systems[e.i].handle(w, &e)
+		}
+		if w.progress != nil && e.at >= nextProgress {
+			w.progress(e.at, w.end)
+			nextProgress = e.at + w.end/200
+		}
+	}
+	g.now = w.end
+	w.idealM.finish(w, w.end)
+	for _, m := range w.meters {
+		m.finish(w, w.end)
+	}
+}
+
+func (w *world) arrival(e *event) {
+	s := w.sources[e.i]
+	t := e.at
+	b, cost := s.draw(w.trng)
+	w.arrivals++
+	// The ideal global bucket: one exact bucket per budget at true time.
+	r := w.ruleOf(b)
+	d, ns, err := bucket.Decide(w.ideal[b], wall(t), r.limit, bucket.Tokens(cost))
+	idealOK := err == nil && d.Allowed
+	if idealOK {
+		w.ideal[b] = ns
+		w.idealM.requests++
+		w.idealM.admit(w, b, s.region, cost, t)
+	} else {
+		w.idealM.requests++
+		w.idealM.rejected++
+	}
+	w.decisions++
+	for i, sys := range w.systems {
+		_ = i
+		sys.arrive(w, t, s.region, b, cost, idealOK)
+	}
+	if nt := s.next(w.trng, t); nt >= 0 {
+		w.eng.schedule(event{at: nt, kind: evArrival, i: e.i})
+	}
+}
+
+// FaultRecord is one fault as it happened, for the report's timeline.
+type FaultRecord struct {
+	Kind   string  `json:"kind"`
+	Region string  `json:"region,omitempty"`
+	Agent  *int    `json:"agent,omitempty"`
+	Start  float64 `json:"start_s"`
+	End    float64 `json:"end_s"`
+}
+
+func (w *world) fault(i int, start bool) {
+	f := &w.sc.Faults[i]
+	ri := w.sc.regionIndex(f.Region)
+	c := cut{kind: f.Kind, region: ri, agent: -1}
+	if f.Agent != nil {
+		c.agent = *f.Agent
+	}
+	switch f.Kind {
+	case FaultCoordinatorCut, FaultRegionCut, FaultRedisCut:
+		if start {
+			w.net.addCut(c)
+		} else {
+			w.net.removeCut(c)
+		}
+	case FaultLoss:
+		if start {
+			w.net.extraLoss = f.Loss
+		} else {
+			w.net.extraLoss = 0
+		}
+	}
+	if start {
+		end := f.At + f.For
+		w.faults = append(w.faults, FaultRecord{Kind: f.Kind, Region: f.Region, Agent: f.Agent,
+			Start: f.At.Seconds(), End: end.Seconds()})
+	}
+	for _, s := range w.systems {
+		s.fault(w, f, start)
+	}
+}
+
+func (w *world) String() string { return fmt.Sprintf("%s seed=%d", w.sc.Name, w.seed) }
