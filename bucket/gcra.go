@@ -57,7 +57,7 @@ func ceilSeconds(d time.Duration) int64 {
 type gcra struct {
 	now  int64 // µs
 	used int64 // (TAT − now)×den + rem, in [0, burst×num]
-	l    Limit
+	l    *Limit
 	// moved is set when load re-expressed the stored state (capped it or
 	// carried it over to a new limit): the new form must be stored even when
 	// the request is denied, or a capped TAT would lock the caller out for
@@ -70,9 +70,9 @@ type gcra struct {
 // further away), and a TAT beyond now+τ — a clock stepped back, or a shrunk
 // limit — is capped at an empty bucket rather than locking the caller out for
 // the length of the jump. A changed limit keeps the tokens spent.
-func load(s State, now int64, l Limit) gcra {
+func load(s State, now int64, l *Limit) gcra {
 	g := gcra{now: now, l: l}
-	tau := int64(l.burst) * l.num
+	tau := l.tau
 	if s.Den == 0 || s.TAT < now || (s.TAT == now && s.Rem == 0) {
 		return g // fresh or full
 	}
@@ -89,7 +89,7 @@ func load(s State, now int64, l Limit) gcra {
 		g.moved = true
 		return g
 	}
-	if s.TAT-now > tau/l.den+1 {
+	if s.TAT-now > l.tauUS {
 		g.used, g.moved = tau, true
 		return g
 	}
@@ -103,13 +103,16 @@ func load(s State, now int64, l Limit) gcra {
 // state stores the position back as an absolute TAT. A full bucket is the
 // zero State, the same as a bucket never seen, so stores may delete it.
 func (g gcra) state() State {
-	if g.used == 0 {
+	switch {
+	case g.used == 0:
 		return State{}
+	case g.l.den == 1:
+		return State{TAT: g.now + g.used, Num: g.l.num, Den: 1}
 	}
 	return State{TAT: g.now + g.used/g.l.den, Rem: g.used % g.l.den, Num: g.l.num, Den: g.l.den}
 }
 
-func (g gcra) tau() int64 { return int64(g.l.burst) * g.l.num }
+func (g gcra) tau() int64 { return g.l.tau }
 
 // keep returns the state to store after a request that spent nothing: s
 // itself unless load had to re-express it.
@@ -128,7 +131,7 @@ func (g gcra) decision(allowed bool, cost Tokens) Decision {
 		Allowed:    allowed,
 		Remaining:  g.available(),
 		ResetAfter: scaledDuration(g.used, g.l.den),
-		Limit:      g.l,
+		Limit:      *g.l,
 	}
 	if !allowed {
 		d.RetryAfter = scaledDuration(g.used+int64(cost)*g.l.num-g.tau(), g.l.den)
@@ -141,6 +144,9 @@ func scaledDuration(v, den int64) time.Duration {
 	if v <= 0 {
 		return 0
 	}
+	if den == 1 {
+		return time.Duration(v) * time.Microsecond
+	}
 	return time.Duration(ceilDiv(v, den)) * time.Microsecond
 }
 
@@ -152,12 +158,12 @@ func Decide(s State, now time.Time, l Limit, cost Tokens) (Decision, State, erro
 	if err := Check(l, cost); err != nil {
 		return Decision{Limit: l}, s, err
 	}
-	d, ns := decide(s, now.UnixMicro(), l, cost)
+	d, ns := decide(s, now.UnixMicro(), &l, cost)
 	return d, ns, nil
 }
 
 // decide is Decide on a checked limit and cost at now µs.
-func decide(s State, now int64, l Limit, cost Tokens) (Decision, State) {
+func decide(s State, now int64, l *Limit, cost Tokens) (Decision, State) {
 	g := load(s, now, l)
 	inc := int64(cost) * l.num
 	if g.used+inc > g.tau() {
@@ -177,11 +183,11 @@ func TakeUpTo(s State, now time.Time, l Limit, n Tokens) (Tokens, Decision, Stat
 	if n <= 0 {
 		return 0, Decision{Limit: l}, s, errCost(n)
 	}
-	got, d, ns := takeUpTo(s, now.UnixMicro(), l, n)
+	got, d, ns := takeUpTo(s, now.UnixMicro(), &l, n)
 	return got, d, ns, nil
 }
 
-func takeUpTo(s State, now int64, l Limit, n Tokens) (Tokens, Decision, State) {
+func takeUpTo(s State, now int64, l *Limit, n Tokens) (Tokens, Decision, State) {
 	g := load(s, now, l)
 	got := min(n, g.available())
 	if got <= 0 {
@@ -200,11 +206,11 @@ func Return(s State, now time.Time, l Limit, n Tokens) (Decision, State, error) 
 	if n <= 0 {
 		return Decision{Limit: l}, s, errCost(n)
 	}
-	d, ns := giveBack(s, now.UnixMicro(), l, n)
+	d, ns := giveBack(s, now.UnixMicro(), &l, n)
 	return d, ns, nil
 }
 
-func giveBack(s State, now int64, l Limit, n Tokens) (Decision, State) {
+func giveBack(s State, now int64, l *Limit, n Tokens) (Decision, State) {
 	g := load(s, now, l)
 	n = min(n, l.burst)
 	g.used = max(g.used-int64(n)*l.num, 0)
@@ -217,10 +223,10 @@ func Peek(s State, now time.Time, l Limit) (Decision, error) {
 	if err := Check(l, 1); err != nil {
 		return Decision{Limit: l}, err
 	}
-	return peek(s, now.UnixMicro(), l), nil
+	return peek(s, now.UnixMicro(), &l), nil
 }
 
-func peek(s State, now int64, l Limit) Decision {
+func peek(s State, now int64, l *Limit) Decision {
 	g := load(s, now, l)
 	return g.decision(g.used+l.num <= g.tau(), 1)
 }

@@ -31,6 +31,21 @@ type Limit struct {
 	burst  Tokens
 	num    int64 // emission interval numerator, µs
 	den    int64 // emission interval denominator
+	// Derived by finish, so the decision path does no validation divisions.
+	tau   int64 // burst tolerance burst×num, in units of 1/den µs
+	tauUS int64 // ⌊tau/den⌋+1: a TAT this far beyond now is past any burst
+	ok    bool  // Validate would return nil
+}
+
+// finish derives the cached fields from count, period and burst.
+func (l Limit) finish() Limit {
+	l.tau, l.tauUS, l.ok = 0, 0, false
+	if l.den > 0 && l.burst > 0 && int64(l.burst) <= maxScaled/l.num {
+		l.tau = int64(l.burst) * l.num
+		l.tauUS = l.tau/l.den + 1
+		l.ok = l.validate() == nil
+	}
+	return l
 }
 
 // Per returns a limit of count tokens per period with a burst of count.
@@ -42,7 +57,7 @@ func Per(count Tokens, period time.Duration) Limit {
 		g := gcd(us, int64(count))
 		l.num, l.den = us/g, int64(count)/g
 	}
-	return l
+	return l.finish()
 }
 
 // PerSecond returns a limit of n tokens a second with a burst of n.
@@ -56,7 +71,7 @@ func PerMinute(n Tokens) Limit { return Per(n, time.Minute) }
 func PerHour(n Tokens) Limit { return Per(n, time.Hour) }
 
 // WithBurst returns l with its burst set to b.
-func (l Limit) WithBurst(b Tokens) Limit { l.burst = b; return l }
+func (l Limit) WithBurst(b Tokens) Limit { l.burst = b; return l.finish() }
 
 // Count is the number of tokens the limit refills per Period.
 func (l Limit) Count() Tokens { return l.count }
@@ -95,6 +110,16 @@ func (l Limit) String() string {
 
 // Validate reports why l cannot be enforced, naming the offending value.
 func (l Limit) Validate() error {
+	if l.ok {
+		return nil
+	}
+	if err := l.validate(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: %s was not built with Per", ErrInvalidLimit, l)
+}
+
+func (l Limit) validate() error {
 	switch {
 	case l.count <= 0:
 		return fmt.Errorf("%w: rate count=%d must be > 0", ErrInvalidLimit, l.count)
@@ -117,6 +142,9 @@ func (l Limit) Validate() error {
 // touched: an invalid limit or cost is an error naming the value, and a cost
 // above the burst is ErrNeverFits, since no amount of waiting admits it.
 func Check(l Limit, cost Tokens) error {
+	if l.ok && cost > 0 && cost <= l.burst {
+		return nil
+	}
 	if err := l.Validate(); err != nil {
 		return err
 	}

@@ -1,0 +1,185 @@
+package bucket_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/internal/testenv"
+)
+
+// The benchmarks compare, in one run: the pure decision and the in-process
+// store against golang.org/x/time/rate's AllowN (serial and parallel), and
+// the Redis store against the naive read-modify-write script the common
+// articles show. Run them with `make bench` (BENCH=Decide etc. to narrow).
+
+var benchLimit = bucket.PerSecond(1_000_000_000) // high enough that decisions allow
+
+// fakeNow is a clock that advances one µs per reading without locks, so the
+// stores pay for a time read as they would with the real clock, and the
+// benchmark is not measuring time.Now's vDSO.
+type fakeNow struct{ us atomic.Int64 }
+
+func (f *fakeNow) Now() time.Time { return time.UnixMicro(f.us.Add(1)) }
+
+func BenchmarkDecide(b *testing.B) {
+	b.Run("pure", func(b *testing.B) {
+		b.ReportAllocs()
+		var s bucket.State
+		now := time.UnixMicro(1_700_000_000_000_000)
+		for i := 0; i < b.N; i++ {
+			now = now.Add(time.Microsecond)
+			_, s, _ = bucket.Decide(s, now, benchLimit, 1)
+		}
+	})
+	b.Run("x-time-rate", func(b *testing.B) {
+		b.ReportAllocs()
+		lim := rate.NewLimiter(rate.Limit(1_000_000_000), 1_000_000_000)
+		now := time.UnixMicro(1_700_000_000_000_000)
+		for i := 0; i < b.N; i++ {
+			now = now.Add(time.Microsecond)
+			lim.AllowN(now, 1)
+		}
+	})
+}
+
+func BenchmarkMemory(b *testing.B) {
+	ctx := context.Background()
+	key := bucket.Key{Rule: "bench", Subject: "tenant"}
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		m := bucket.NewMemory(bucket.MemoryOptions{Clock: &fakeNow{}})
+		for i := 0; i < b.N; i++ {
+			_, _ = m.Decide(ctx, key, benchLimit, 1, "")
+		}
+	})
+	b.Run("x-time-rate-serial", func(b *testing.B) {
+		b.ReportAllocs()
+		lim := rate.NewLimiter(rate.Limit(1_000_000_000), 1_000_000_000)
+		clk := &fakeNow{}
+		for i := 0; i < b.N; i++ {
+			lim.AllowN(clk.Now(), 1)
+		}
+	})
+	// The keyed baseline is what a caller writes to get per-key limits from
+	// x/time/rate: a map of limiters, looked up on every decision.
+	b.Run("x-time-rate-keyed-serial", func(b *testing.B) {
+		b.ReportAllocs()
+		var limiters sync.Map
+		limiters.Store(key, rate.NewLimiter(rate.Limit(1_000_000_000), 1_000_000_000))
+		clk := &fakeNow{}
+		for i := 0; i < b.N; i++ {
+			v, _ := limiters.Load(key)
+			v.(*rate.Limiter).AllowN(clk.Now(), 1)
+		}
+	})
+	b.Run("parallel-one-key", func(b *testing.B) {
+		b.ReportAllocs()
+		m := bucket.NewMemory(bucket.MemoryOptions{Clock: &fakeNow{}})
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				_, _ = m.Decide(ctx, key, benchLimit, 1, "")
+			}
+		})
+	})
+	b.Run("x-time-rate-parallel-one-key", func(b *testing.B) {
+		b.ReportAllocs()
+		lim := rate.NewLimiter(rate.Limit(1_000_000_000), 1_000_000_000)
+		clk := &fakeNow{}
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				lim.AllowN(clk.Now(), 1)
+			}
+		})
+	})
+	b.Run("parallel-many-keys", func(b *testing.B) {
+		b.ReportAllocs()
+		m := bucket.NewMemory(bucket.MemoryOptions{Clock: &fakeNow{}})
+		keys := make([]bucket.Key, 1024)
+		for i := range keys {
+			keys[i] = bucket.Key{Rule: "bench", Subject: "tenant-" + strconv.Itoa(i)}
+		}
+		var seq atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(seq.Add(1)) * 7919
+			for pb.Next() {
+				i++
+				_, _ = m.Decide(ctx, keys[i&1023], benchLimit, 1, "")
+			}
+		})
+	})
+}
+
+// naiveScript is the token bucket most articles show: read the hash, refill
+// with the client's clock, write it back. It is the baseline the Redis store
+// must not be slower than.
+var naiveScript = redis.NewScript(`
+local v = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local cap = tonumber(ARGV[1]); local rate = tonumber(ARGV[2]); local now = tonumber(ARGV[3]); local cost = tonumber(ARGV[4])
+local tokens = tonumber(v[1]) or cap
+local ts = tonumber(v[2]) or now
+tokens = math.min(cap, tokens + math.max(0, now - ts) * rate / 1000)
+local ok = 0
+if tokens >= cost then tokens = tokens - cost; ok = 1 end
+redis.call('HMSET', KEYS[1], 'tokens', tokens, 'ts', now)
+redis.call('PEXPIRE', KEYS[1], math.ceil(cap / rate * 1000))
+return {ok, math.floor(tokens)}
+`)
+
+func BenchmarkRedis(b *testing.B) {
+	c := testenv.RedisClient(b)
+	ctx := context.Background()
+	b.Run("allot-script", func(b *testing.B) {
+		s, err := bucket.NewRedis(c, bucket.RedisOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		key := bucket.Key{Rule: "bench", Subject: fmt.Sprint(time.Now().UnixNano())}
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if _, err := s.Decide(ctx, key, benchLimit, 1, ""); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("naive-hmget-hmset", func(b *testing.B) {
+		key := "naive:" + fmt.Sprint(time.Now().UnixNano())
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			now := time.Now().UnixMilli()
+			if err := naiveScript.Run(ctx, c, []string{key}, 1_000_000_000, 1_000_000, now, 1).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("allot-script-parallel", func(b *testing.B) {
+		s, _ := bucket.NewRedis(c, bucket.RedisOptions{})
+		key := bucket.Key{Rule: "bench", Subject: fmt.Sprint(time.Now().UnixNano())}
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				_, _ = s.Decide(ctx, key, benchLimit, 1, "")
+			}
+		})
+	})
+	b.Run("naive-hmget-hmset-parallel", func(b *testing.B) {
+		key := "naive:" + fmt.Sprint(time.Now().UnixNano())
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				_ = naiveScript.Run(ctx, c, []string{key}, 1_000_000_000, 1_000_000, time.Now().UnixMilli(), 1).Err()
+			}
+		})
+	})
+}
+
+var _ clock.Clock = (*fakeNow)(nil)
