@@ -1,0 +1,497 @@
+// Package rules holds allot's quota rules: the plans (tiers) that a business
+// sells, and the rules that select, for each request, one budget to charge.
+//
+// A rules file is YAML that an operator can read:
+//
+//	version: "2026-11-30"
+//	default_plan: free
+//	no_identity: {action: deny, status: 401}
+//	unknown_plan: default_plan
+//	plans:
+//	  free: "10 per minute"
+//	  pro: "100 per second, burst 300"
+//	rules:
+//	  - name: api
+//	    match: {path: "/api/*"}
+//	    limit: plan
+//	    costs:
+//	      - {path: /api/report, cost: 5}
+//	      - {method: POST, path: /api/export, cost: 50}
+//	    scope: global
+//	    on_unavailable: {policy: emergency, limit: "5 per second"}
+//
+// A request is described by a Descriptor, an ordered list of key/value
+// entries (the shape Envoy's rate limit service uses): identity, plan, path,
+// method and anything derived from headers. The first rule, in file order,
+// whose every match condition holds for the descriptor is the request's rule;
+// a rule may also be named directly. A rule's budget is either the subject's
+// plan ("limit: plan") or a fixed quota, and is kept per subject: the
+// request's identity, values taken from the descriptor, or one bucket shared
+// by all.
+//
+// Every limit in a Set is a global budget. The rule's scope says where it is
+// enforced (split across regions, per region, or per process) and its
+// failure policy what to do when the store that enforces it is unavailable.
+// A later control plane reads Budgets to split the global ones across
+// regions; Parse takes bytes so rules can come from etcd as well as a file.
+//
+// A Set is immutable once parsed and safe for concurrent use. Holder and
+// FileWatcher swap Sets on reload and keep the last good one when a new
+// version is rejected.
+package rules
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"sort"
+	"strings"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+// Well-known descriptor keys. The HTTP middleware fills them from the request;
+// cost tables and the plan lookup read them.
+const (
+	KeyPath    = "path"
+	KeyMethod  = "method"
+	KeyPlan    = "plan"
+	KeySubject = "subject"
+)
+
+// Subject values the limiter uses when a rule's budget is not per identity.
+const (
+	// SharedSubject is the one bucket of a rule with "subject: shared".
+	SharedSubject = "*"
+	// AnonymousSubject is the bucket shared by requests without identity when
+	// no_identity is default_plan.
+	AnonymousSubject = "anonymous"
+	// UnknownPlanPrefix starts the subject of a request whose plan is unknown
+	// and is charged the default plan's quota: its own bucket, apart from the
+	// subject's bucket under a known plan.
+	UnknownPlanPrefix = "unknown-plan/"
+)
+
+// Scope says where a rule's budget is enforced.
+type Scope string
+
+const (
+	// ScopeGlobal: one budget worldwide, split across regions by the control
+	// plane. The default.
+	ScopeGlobal Scope = "global"
+	// ScopeRegion: the full budget in each region, exact within the region.
+	ScopeRegion Scope = "region"
+	// ScopeLocal: the full budget in each process, never shared.
+	ScopeLocal Scope = "local"
+)
+
+// Policy is what a rule does when its store is unavailable.
+type Policy string
+
+const (
+	// FailClosed denies (HTTP 503). The default: it never overshoots.
+	FailClosed Policy = "fail_closed"
+	// FailOpen admits and counts each admission; overshoot is unbounded and
+	// reported as such.
+	FailOpen Policy = "fail_open"
+	// Emergency enforces a limit in process until the store is back.
+	Emergency Policy = "emergency"
+)
+
+// LimitSource says where a rule's limit comes from.
+type LimitSource int
+
+const (
+	// FromPlan: the subject's plan.
+	FromPlan LimitSource = iota
+	// Fixed: the rule's own quota, the same for every subject.
+	Fixed
+)
+
+// IdentityAction is what happens to a request without identity.
+type IdentityAction string
+
+const (
+	// DenyNoIdentity rejects it with NoIdentity.Status.
+	DenyNoIdentity IdentityAction = "deny"
+	// DefaultPlanNoIdentity charges it to one shared anonymous bucket under
+	// the default plan.
+	DefaultPlanNoIdentity IdentityAction = "default_plan"
+)
+
+// UnknownPlanAction is what happens to a request whose plan is not in the
+// file. None of them is unlimited by accident: "allow" must be written.
+type UnknownPlanAction string
+
+const (
+	// UnknownPlanDefault charges the default plan's quota in a bucket of its
+	// own. The default.
+	UnknownPlanDefault UnknownPlanAction = "default_plan"
+	// UnknownPlanDeny rejects the request.
+	UnknownPlanDeny UnknownPlanAction = "deny"
+	// UnknownPlanAllow admits the request without charging any bucket.
+	UnknownPlanAllow UnknownPlanAction = "allow"
+)
+
+// Plan is a tier with its quota.
+type Plan struct {
+	Name  string
+	Limit bucket.Limit
+	// Quota is the quota as written in the file, for logs and docs.
+	Quota string
+	Line  int
+}
+
+// NoIdentity is the handling of requests without identity.
+type NoIdentity struct {
+	Action IdentityAction
+	// Status is the HTTP status of a denial; 401 unless set.
+	Status int
+}
+
+// Condition is one match condition on a descriptor entry. Pattern "*" (or
+// empty) requires only that the key be present, a pattern ending in "*"
+// matches by prefix, anything else matches exactly.
+type Condition struct {
+	Key     string
+	Pattern string
+}
+
+// Holds reports whether the descriptor satisfies the condition.
+func (c Condition) Holds(d Descriptor) bool {
+	v, ok := d.Get(c.Key)
+	if !ok {
+		return false
+	}
+	return matchPattern(c.Pattern, v)
+}
+
+func matchPattern(pattern, v string) bool {
+	switch {
+	case pattern == "" || pattern == "*":
+		return true
+	case strings.HasSuffix(pattern, "*"):
+		return strings.HasPrefix(v, pattern[:len(pattern)-1])
+	default:
+		return v == pattern
+	}
+}
+
+// covers reports whether every value matched by q is matched by p.
+func covers(p, q string) bool {
+	switch {
+	case p == "" || p == "*":
+		return true
+	case q == "" || q == "*":
+		return false
+	case strings.HasSuffix(p, "*"):
+		prefix := p[:len(p)-1]
+		if strings.HasSuffix(q, "*") {
+			return strings.HasPrefix(q[:len(q)-1], prefix)
+		}
+		return strings.HasPrefix(q, prefix)
+	default:
+		return p == q
+	}
+}
+
+// Cost is one entry of a rule's cost table. Empty Path or Method matches
+// any; Path may end in "*" to match a prefix.
+type Cost struct {
+	Method string
+	Path   string
+	Cost   bucket.Tokens
+}
+
+// Failure is a rule's failure policy.
+type Failure struct {
+	Policy Policy
+	// Limit is the emergency limit per bucket; zero means the rule's normal
+	// limit for that bucket. The limiter may divide it further (by the
+	// number of live processes in a region).
+	Limit bucket.Limit
+}
+
+// Rule selects a budget for the requests it matches.
+type Rule struct {
+	Name  string
+	Match []Condition
+	// Source says whether Limit or the subject's plan applies.
+	Source LimitSource
+	// Limit is the fixed quota when Source is Fixed.
+	Limit bucket.Limit
+	// SubjectKeys are the descriptor keys whose values form the subject;
+	// empty means the request's identity.
+	SubjectKeys []string
+	// Shared puts every request of the rule in one bucket.
+	Shared bool
+	// DefaultCost is charged when no Costs entry applies.
+	DefaultCost bucket.Tokens
+	Costs       []Cost
+	Scope       Scope
+	Failure     Failure
+	// Shadow rules decide, count and log as usual, and never reject.
+	Shadow bool
+	Line   int
+}
+
+// Matches reports whether every condition of r holds for d.
+func (r *Rule) Matches(d Descriptor) bool {
+	for _, c := range r.Match {
+		if !c.Holds(d) {
+			return false
+		}
+	}
+	return true
+}
+
+// CostOf returns the cost of a request described by d: the first cost table
+// entry whose method and path match, else the rule's default cost.
+func (r *Rule) CostOf(d Descriptor) bucket.Tokens {
+	method, _ := d.Get(KeyMethod)
+	path, _ := d.Get(KeyPath)
+	for _, c := range r.Costs {
+		if c.Method != "" && !strings.EqualFold(c.Method, method) {
+			continue
+		}
+		if c.Path != "" && !matchPattern(c.Path, path) {
+			continue
+		}
+		return c.Cost
+	}
+	return r.DefaultCost
+}
+
+// MaxCost is the largest cost the rule can charge.
+func (r *Rule) MaxCost() bucket.Tokens {
+	m := r.DefaultCost
+	for _, c := range r.Costs {
+		m = max(m, c.Cost)
+	}
+	return m
+}
+
+// SubjectOf returns the bucket subject of a request: SharedSubject for a
+// shared rule, the escaped values of SubjectKeys when the rule names keys,
+// else identity. ok is false when the request has no identity: identity is
+// empty, or a subject key is missing or empty.
+func (r *Rule) SubjectOf(d Descriptor, identity string) (subject string, ok bool) {
+	if r.Shared {
+		return SharedSubject, true
+	}
+	if len(r.SubjectKeys) == 0 {
+		return identity, identity != ""
+	}
+	var b strings.Builder
+	for i, k := range r.SubjectKeys {
+		v, found := d.Get(k)
+		if !found || v == "" {
+			return "", false
+		}
+		if i > 0 {
+			b.WriteByte('&')
+		}
+		b.WriteString(escape(k))
+		b.WriteByte('=')
+		b.WriteString(escape(v))
+	}
+	return b.String(), true
+}
+
+// escape makes '&', '=' and '%' unambiguous in a composite subject.
+func escape(s string) string {
+	if !strings.ContainsAny(s, "&=%") {
+		return s
+	}
+	r := strings.NewReplacer("%", "%25", "&", "%26", "=", "%3D")
+	return r.Replace(s)
+}
+
+// Set is one parsed, validated rules file. It is immutable.
+type Set struct {
+	label       string
+	digest      string
+	source      string
+	domain      string
+	defaultPlan string
+	planKey     string
+	noIdentity  NoIdentity
+	unknownPlan UnknownPlanAction
+	plans       map[string]*Plan
+	planOrder   []*Plan
+	rules       []*Rule
+	byName      map[string]*Rule
+}
+
+// Version names this set in logs and metrics: the file's version label when
+// it has one, else "sha256:" and the first 12 hex digits of its digest.
+func (s *Set) Version() string {
+	if s.label != "" {
+		return s.label
+	}
+	return "sha256:" + s.digest[:12]
+}
+
+// Digest is the hex SHA-256 of the bytes the set was parsed from.
+func (s *Set) Digest() string { return s.digest }
+
+// Source is the file name or other origin the set was parsed from.
+func (s *Set) Source() string { return s.source }
+
+// Domain is the Envoy rate limit domain the set answers; empty for any.
+func (s *Set) Domain() string { return s.domain }
+
+// DefaultPlan returns the default plan; nil when the file has no plans.
+func (s *Set) DefaultPlan() *Plan { return s.plans[s.defaultPlan] }
+
+// PlanKey is the descriptor key that carries a request's plan.
+func (s *Set) PlanKey() string { return s.planKey }
+
+// NoIdentity is the handling of requests without identity.
+func (s *Set) NoIdentity() NoIdentity { return s.noIdentity }
+
+// UnknownPlan is the handling of requests whose plan is not in the set.
+func (s *Set) UnknownPlan() UnknownPlanAction { return s.unknownPlan }
+
+// Plan returns the plan called name.
+func (s *Set) Plan(name string) (*Plan, bool) {
+	p, ok := s.plans[name]
+	return p, ok
+}
+
+// Plans returns every plan in file order.
+func (s *Set) Plans() []*Plan { return append([]*Plan(nil), s.planOrder...) }
+
+// Rules returns every rule in file order, the order they are matched in.
+func (s *Set) Rules() []*Rule { return append([]*Rule(nil), s.rules...) }
+
+// Rule returns the rule called name.
+func (s *Set) Rule(name string) (*Rule, bool) {
+	r, ok := s.byName[name]
+	return r, ok
+}
+
+// Match returns the first rule that matches d.
+func (s *Set) Match(d Descriptor) (*Rule, bool) {
+	for _, r := range s.rules {
+		if r.Matches(d) {
+			return r, true
+		}
+	}
+	return nil, false
+}
+
+// Current returns s itself, so a fixed Set is a Source.
+func (s *Set) Current() *Set { return s }
+
+// Budget is one global budget the set defines: a rule under one plan (for a
+// plan rule) or alone (for a fixed rule). A control plane splits the global
+// ones across regions; every bucket key of the rule and plan has this limit.
+type Budget struct {
+	Rule   string
+	Plan   string // empty for a fixed rule
+	Limit  bucket.Limit
+	Scope  Scope
+	Shared bool
+	// Failure is the rule's failure policy.
+	Failure Failure
+}
+
+// Budgets lists every budget in rule order, then plan order.
+func (s *Set) Budgets() []Budget {
+	var out []Budget
+	for _, r := range s.rules {
+		if r.Source == Fixed {
+			out = append(out, Budget{Rule: r.Name, Limit: r.Limit, Scope: r.Scope, Shared: r.Shared, Failure: r.Failure})
+			continue
+		}
+		for _, p := range s.planOrder {
+			out = append(out, Budget{Rule: r.Name, Plan: p.Name, Limit: p.Limit, Scope: r.Scope, Shared: r.Shared, Failure: r.Failure})
+		}
+	}
+	return out
+}
+
+// Resolution is the limit a request gets under a rule, and why.
+type Resolution struct {
+	Limit bucket.Limit
+	// Plan is the plan whose quota applies; empty for a fixed rule.
+	Plan string
+	// Unknown is set when the requested plan is not in the set; Action then
+	// says what to do.
+	Unknown bool
+	Action  UnknownPlanAction
+}
+
+// LimitFor resolves the limit of rule r for a subject on plan (empty means
+// the default plan).
+func (s *Set) LimitFor(r *Rule, plan string) Resolution {
+	if r.Source == Fixed {
+		return Resolution{Limit: r.Limit}
+	}
+	if plan == "" {
+		plan = s.defaultPlan
+	}
+	if p, ok := s.plans[plan]; ok {
+		return Resolution{Limit: p.Limit, Plan: p.Name}
+	}
+	res := Resolution{Unknown: true, Action: s.unknownPlan, Plan: plan}
+	if s.unknownPlan == UnknownPlanDefault {
+		if d := s.DefaultPlan(); d != nil {
+			res.Limit = d.Limit
+		}
+	}
+	return res
+}
+
+// Source gives the current rules. Holder and FileWatcher swap the Set they
+// return on reload; a *Set is a Source that never changes.
+type Source interface {
+	Current() *Set
+}
+
+// Descriptor describes one request as ordered key/value entries.
+type Descriptor []Entry
+
+// Entry is one key/value pair of a Descriptor.
+type Entry struct {
+	Key   string
+	Value string
+}
+
+// Get returns the value of the first entry with key k.
+func (d Descriptor) Get(k string) (string, bool) {
+	for _, e := range d {
+		if e.Key == k {
+			return e.Value, true
+		}
+	}
+	return "", false
+}
+
+// String renders d as "k=v,k=v" for logs.
+func (d Descriptor) String() string {
+	var b strings.Builder
+	for i, e := range d {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(e.Key)
+		b.WriteByte('=')
+		b.WriteString(e.Value)
+	}
+	return b.String()
+}
+
+func digestOf(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
