@@ -1,0 +1,880 @@
+package lease
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+// Allocator is the coordinator's end of the lease protocol: it splits every
+// hot key's budget among regions and leases each region its allocation
+// table, keeping invariant I1 (see the package documentation).
+//
+// An Allocator serves one leader term. A coordinator that becomes leader
+// builds a new Allocator with the term from its election; it learns what
+// regions hold for TTL+Drift before it grants any increase.
+//
+// Rounds run from Tick every Refresh: every hot key is rebalanced and every
+// region's lease renewed. Between rounds, a report of a key pressing on its
+// allocation is answered at once from capacity that is provably free (the
+// reserve, or what regions have given back).
+//
+// An Allocator is not safe for concurrent use; its driver serializes calls.
+type Allocator struct {
+	cfg        Config
+	term       uint64
+	learnUntil time.Time
+	lastRound  time.Time
+	expiring   bool
+
+	regions []*region // sorted by name
+	byName  map[string]*region
+	budgets map[string]*budget
+
+	keys   []*hotKey
+	keyIdx map[bucket.Key]int
+
+	out   []Message
+	stats Stats
+
+	// Scratch space for allocate, sized to the largest budget.
+	tgt, lb, want, base []int64
+	order              []int
+}
+
+// Stats are cumulative counters and current gauges, for metrics.
+type Stats struct {
+	Grants      uint64 // grant messages sent
+	Renewals    uint64 // grants that renewed a lease
+	Increases   uint64 // entry increases sent
+	Decreases   uint64 // entry decreases sent (reclaims)
+	Blocked     uint64 // renewals withheld until a decrease is acknowledged
+	Expired     uint64 // region leases that lapsed at the coordinator
+	Urgent      uint64 // keys rebalanced between rounds on a report
+	Rounds      uint64
+	HotKeys     int  // keys with allocations now
+	Learning    bool // no increases yet
+	Overcounted int  // keys whose escrow sum exceeds the budget (awaiting acks)
+}
+
+type budget struct {
+	b       Budget
+	count   int64
+	regions []*region // in b.Regions order
+	floors  []int64
+	weights []int64
+}
+
+type hotKey struct {
+	key   bucket.Key
+	bud   *budget
+	slots []slot // one per bud.regions
+	sum   int64  // escrow sum at the last allocation
+}
+
+// slot is one region's allocation for one key. hist lists the values the
+// region may hold: hist[0] from the version it acknowledged, later entries
+// from versions sent since, each (ver, count) meaning "count from version
+// ver on".
+type slot struct {
+	cur    int64
+	want   int64
+	wantAt time.Time
+	hist   [4]hval
+	n      uint8
+	queued bool
+}
+
+type hval struct {
+	ver   uint64
+	count int64
+}
+
+type region struct {
+	name     string
+	session  uint64
+	known    bool // said hello in this term
+	released bool
+	blocked  bool
+	needFull bool
+	lastSeq  uint64 // latest message seen from the session
+	lastReq  uint64 // latest request (hello or report): leases are measured from it
+	heard    time.Time
+
+	version uint64 // latest version sent
+	acked   uint64
+	changed []*slotRef
+
+	leaseEnd  time.Time // until when it may use anything above its floors
+	commitEnd time.Time // until when its lent floors stay lent
+	lapsed    bool      // leaseEnd passed, slots capped at floors
+	settled   bool      // lapsed and commitEnd passed, slots at floors
+
+	grant  uint64
+	grants [32]grantRec
+}
+
+type slotRef struct {
+	k *hotKey
+	i int
+}
+
+type grantRec struct {
+	id     uint64
+	at     time.Time
+	expire bool
+}
+
+// NewAllocator returns an Allocator for leader term (≥ 1), starting at now
+// in learning mode.
+func NewAllocator(cfg Config, term uint64, now time.Time) (*Allocator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if term == 0 {
+		return nil, fmt.Errorf("%w: term=0 must be ≥ 1", ErrInvalidConfig)
+	}
+	a := &Allocator{
+		cfg:        cfg,
+		term:       term,
+		learnUntil: now.Add(cfg.TTL + 2*cfg.Drift),
+		lastRound:  now,
+		byName:     make(map[string]*region),
+		keyIdx:     make(map[bucket.Key]int),
+	}
+	a.setBudgets(cfg.Budgets)
+	return a, nil
+}
+
+// Term returns the Allocator's leader term.
+func (a *Allocator) Term() uint64 { return a.term }
+
+// Learning reports whether the Allocator still withholds increases at now.
+func (a *Allocator) Learning(now time.Time) bool { return now.Before(a.learnUntil) }
+
+func (a *Allocator) setBudgets(bs []Budget) {
+	a.budgets = make(map[string]*budget, len(bs))
+	maxN := 0
+	for _, b := range bs {
+		bud := &budget{b: b, count: int64(b.Limit.Count())}
+		for i, name := range b.Regions {
+			bud.regions = append(bud.regions, a.region(name))
+			bud.floors = append(bud.floors, int64(b.FloorCount(name)))
+			bud.weights = append(bud.weights, b.weight(i))
+		}
+		a.budgets[b.Rule] = bud
+		maxN = max(maxN, len(b.Regions))
+	}
+	a.tgt = make([]int64, maxN)
+	a.lb = make([]int64, maxN)
+	a.want = make([]int64, maxN)
+	a.base = make([]int64, maxN)
+	a.order = make([]int, maxN)
+}
+
+func (a *Allocator) region(name string) *region {
+	if r := a.byName[name]; r != nil {
+		return r
+	}
+	r := &region{name: name}
+	a.byName[name] = r
+	a.regions = append(a.regions, r)
+	slices.SortFunc(a.regions, func(x, y *region) int {
+		if x.name < y.name {
+			return -1
+		}
+		if x.name > y.name {
+			return 1
+		}
+		return 0
+	})
+	return r
+}
+
+// SetBudgets replaces the budgets (a rules change). Keys of a budget whose
+// limit or regions changed are dropped and rebuilt from what regions hold,
+// with increases withheld for TTL+Drift as after a leader change, so a
+// shrunk budget is never overgranted by the old split. Regions must receive
+// the same budgets for their floors.
+func (a *Allocator) SetBudgets(now time.Time, bs []Budget) error {
+	if err := validateBudgets(bs); err != nil {
+		return err
+	}
+	changed := false
+	old := a.budgets
+	for _, b := range bs {
+		if ob := old[b.Rule]; ob == nil || !sameBudget(ob.b, b) {
+			changed = true
+		}
+	}
+	if len(bs) != len(old) {
+		changed = true
+	}
+	a.cfg.Budgets = slices.Clone(bs)
+	a.setBudgets(bs)
+	kept := a.keys[:0]
+	clear(a.keyIdx)
+	for _, k := range a.keys {
+		nb := a.budgets[k.key.Rule]
+		if nb != nil && sameBudget(nb.b, k.bud.b) {
+			k.bud = nb
+			a.keyIdx[k.key] = len(kept)
+			kept = append(kept, k)
+		}
+	}
+	clear(a.keys[len(kept):])
+	a.keys = kept
+	if changed {
+		a.learnUntil = maxTime(a.learnUntil, now.Add(a.cfg.TTL+2*a.cfg.Drift))
+		for _, r := range a.regions {
+			r.needFull = true
+			r.changed = r.changed[:0]
+		}
+		a.flush(now)
+	}
+	return nil
+}
+
+func sameBudget(x, y Budget) bool {
+	return x.Rule == y.Rule && x.Limit == y.Limit && slices.Equal(x.Regions, y.Regions) &&
+		slices.Equal(x.Weights, y.Weights) && x.Reserve == y.Reserve && x.Policy == y.Policy
+}
+
+// Step applies a message from a region. The message's Region must be set by
+// the transport from the authenticated peer. Duplicated, reordered and stale
+// messages are handled idempotently.
+func (a *Allocator) Step(now time.Time, m Message) error {
+	r := a.byName[m.Region]
+	if r == nil {
+		return fmt.Errorf("%w: %q", ErrUnknownRegion, m.Region)
+	}
+	switch m.Type {
+	case MsgHello:
+		a.hello(now, r, m)
+	case MsgReport:
+		if !a.current(r, m) {
+			return nil
+		}
+		a.report(now, r, m)
+	case MsgAck:
+		if !a.current(r, m) || m.Term != a.term {
+			return nil
+		}
+		a.ackGrant(now, r, m)
+	case MsgRelease:
+		if !a.current(r, m) {
+			return nil
+		}
+		a.release(now, r)
+	default:
+		return fmt.Errorf("%w: allocator got %s from %q", ErrBadMessage, m.Type, m.Region)
+	}
+	a.flush(now)
+	return nil
+}
+
+// current reports whether m belongs to r's current session, asking for a
+// hello otherwise.
+func (a *Allocator) current(r *region, m Message) bool {
+	if r.known && m.Session == r.session {
+		r.lastSeq = max(r.lastSeq, m.Seq)
+		return true
+	}
+	if m.Type != MsgRelease {
+		a.out = append(a.out, Message{Type: MsgResync, Region: r.name, Session: m.Session, Term: a.term})
+	}
+	return false
+}
+
+func (a *Allocator) hello(now time.Time, r *region, m Message) {
+	if m.Session == r.session && r.known && m.Seq <= r.lastSeq {
+		return // a duplicate or a hello overtaken by later messages
+	}
+	first := !r.known
+	if m.Session != r.session {
+		// A new incarnation: what it committed to is gone with it.
+		r.commitEnd = time.Time{}
+		r.session = m.Session
+		r.lastSeq, r.lastReq = 0, 0
+	}
+	r.known, r.released = true, false
+	r.lastSeq = max(r.lastSeq, m.Seq)
+	r.lastReq = max(r.lastReq, m.Seq)
+	r.heard = now
+	r.needFull = true
+	// The hello's entries are held until at most TTL after it was sent.
+	r.leaseEnd = maxTime(r.leaseEnd, now.Add(a.cfg.TTL+a.cfg.Drift))
+	r.lapsed, r.settled = false, false
+	for _, e := range m.Entries {
+		k, i := a.slotFor(e.Key, r, true)
+		if k == nil {
+			continue
+		}
+		s := &k.slots[i]
+		c := int64(e.Count)
+		if first {
+			s.cur = c
+		}
+		s.holdAtLeast(c)
+	}
+}
+
+func (a *Allocator) report(now time.Time, r *region, m Message) {
+	r.heard = now
+	r.lastReq = max(r.lastReq, m.Seq)
+	for _, d := range m.Demand {
+		k, i := a.slotFor(d.Key, r, d.Want > 0)
+		if k == nil {
+			continue
+		}
+		s := &k.slots[i]
+		s.want, s.wantAt = int64(d.Want), now
+		if !a.expiring && s.want > s.cur {
+			a.stats.Urgent++
+			a.allocate(now, k)
+		}
+	}
+}
+
+func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
+	r.heard = now
+	if m.Version <= r.version {
+		r.acked = max(r.acked, m.Version)
+	}
+	g := r.grants[m.Grant%uint64(len(r.grants))]
+	if g.id != m.Grant || m.Grant == 0 {
+		return
+	}
+	if g.expire {
+		r.leaseEnd = minTime(r.leaseEnd, now)
+		return
+	}
+	r.commitEnd = maxTime(r.commitEnd, g.at.Add(a.cfg.Hold-a.cfg.Drift))
+}
+
+func (a *Allocator) release(now time.Time, r *region) {
+	r.released = true
+	r.leaseEnd = minTime(r.leaseEnd, now)
+	a.lapse(now, r)
+}
+
+// slotFor finds key's slot for region r, creating the hot key if create.
+func (a *Allocator) slotFor(key bucket.Key, r *region, create bool) (*hotKey, int) {
+	bud := a.budgets[key.Rule]
+	if bud == nil {
+		return nil, 0
+	}
+	i := slices.Index(bud.regions, r)
+	if i < 0 {
+		return nil, 0
+	}
+	if j, ok := a.keyIdx[key]; ok {
+		return a.keys[j], i
+	}
+	if !create {
+		return nil, 0
+	}
+	k := &hotKey{key: key, bud: bud, slots: make([]slot, len(bud.regions))}
+	for j := range k.slots {
+		f := bud.floors[j]
+		k.slots[j].cur = f
+		k.slots[j].hist[0] = hval{ver: 0, count: f}
+		k.slots[j].n = 1
+	}
+	a.keyIdx[key] = len(a.keys)
+	a.keys = append(a.keys, k)
+	return k, i
+}
+
+// Tick moves the Allocator to now and runs a round when Refresh has passed
+// since the last one.
+func (a *Allocator) Tick(now time.Time) {
+	for _, r := range a.regions {
+		if !r.lapsed && !now.Before(r.leaseEnd) {
+			a.lapse(now, r)
+		}
+		if r.lapsed && !r.settled && !now.Before(r.commitEnd) {
+			a.settle(r)
+		}
+	}
+	if now.Sub(a.lastRound) < a.cfg.Refresh {
+		a.flush(now)
+		return
+	}
+	a.lastRound = now
+	a.stats.Rounds++
+	for _, r := range a.regions {
+		r.blocked = false
+	}
+	over := 0
+	for i := 0; i < len(a.keys); {
+		k := a.keys[i]
+		a.allocate(now, k)
+		if k.sum > k.bud.count {
+			over++
+		}
+		if a.idle(now, k) {
+			a.dropKey(i)
+			continue
+		}
+		i++
+	}
+	a.stats.Overcounted = over
+	if !a.expiring {
+		for _, r := range a.regions {
+			if !a.canGrant(now, r) {
+				continue
+			}
+			if r.blocked {
+				a.stats.Blocked++
+				continue
+			}
+			a.sendGrant(now, r, true)
+		}
+	}
+	a.flush(now)
+}
+
+// canGrant reports whether r can be sent grants: it said hello in this
+// term, did not release, and was heard from within a TTL.
+func (a *Allocator) canGrant(now time.Time, r *region) bool {
+	return r.known && !r.released && now.Sub(r.heard) < a.cfg.TTL
+}
+
+// lapse settles r's slots once its lease may have expired everywhere: the
+// region now uses at most min(floor, what it held) while its lends hold, and
+// its floor after.
+func (a *Allocator) lapse(now time.Time, r *region) {
+	if r.lapsed {
+		return
+	}
+	r.lapsed = true
+	r.needFull = true
+	a.stats.Expired++
+	committed := now.Before(r.commitEnd)
+	for _, k := range a.keys {
+		i := slices.Index(k.bud.regions, r)
+		if i < 0 {
+			continue
+		}
+		s := &k.slots[i]
+		f := k.bud.floors[i]
+		s.prune(r.acked)
+		m := min(s.max(), f)
+		if !committed {
+			m = f
+		}
+		s.cur = min(s.cur, m)
+		s.hist[0] = hval{ver: r.version, count: m}
+		s.n = 1
+	}
+}
+
+// settle returns a lapsed region's slots to its floors once its lends have
+// ended: that is all it may use now.
+func (a *Allocator) settle(r *region) {
+	r.settled = true
+	for _, k := range a.keys {
+		if i := slices.Index(k.bud.regions, r); i >= 0 {
+			s := &k.slots[i]
+			s.cur = k.bud.floors[i]
+			s.hist[0] = hval{ver: r.version, count: s.cur}
+			s.n = 1
+		}
+	}
+}
+
+func (a *Allocator) idle(now time.Time, k *hotKey) bool {
+	for i := range k.slots {
+		s := &k.slots[i]
+		if s.n != 1 || s.cur != k.bud.floors[i] || s.hist[0].count != s.cur || s.queued ||
+			(s.want > 0 && now.Sub(s.wantAt) <= a.cfg.DemandTTL) {
+			return false
+		}
+	}
+	return true
+}
+
+func (a *Allocator) dropKey(i int) {
+	k := a.keys[i]
+	last := len(a.keys) - 1
+	a.keys[i] = a.keys[last]
+	a.keyIdx[a.keys[i].key] = i
+	a.keys[last] = nil
+	a.keys = a.keys[:last]
+	delete(a.keyIdx, k.key)
+}
+
+// claim is the most region r may use of slot s at any time in [now, end],
+// assuming its lease is renewed through the window.
+func (a *Allocator) claim(now, end time.Time, r *region, s *slot, floor int64) int64 {
+	s.prune(r.acked)
+	m := s.max()
+	var c int64
+	if now.Before(r.leaseEnd) {
+		c = m
+	}
+	if r.commitEnd.After(end) {
+		return max(c, min(floor, m))
+	}
+	return max(c, floor)
+}
+
+// allocate rebalances one key: targets by policy, decreases at once,
+// increases only from capacity that is provably free over the next lease
+// window. It blocks the renewal of regions whose old, larger allocation must
+// lapse or be acknowledged before the key fits its budget.
+func (a *Allocator) allocate(now time.Time, k *hotKey) {
+	bud := k.bud
+	n := len(k.slots)
+	C := bud.count
+	end := now.Add(a.cfg.TTL + a.cfg.Drift + a.cfg.Refresh)
+	learning := now.Before(a.learnUntil)
+	tgt, lb, want, base := a.tgt[:n], a.lb[:n], a.want[:n], a.base[:n]
+
+	// Fixed claims of regions we cannot send to; lower bounds and wants of
+	// the others.
+	var fixed, sum int64
+	for i := range k.slots {
+		r, s := bud.regions[i], &k.slots[i]
+		base[i] = a.claim(now, end, r, s, bud.floors[i])
+		sum += base[i]
+		tgt[i] = -1
+		if !a.canGrant(now, r) || a.expiring {
+			fixed += base[i]
+			tgt[i] = s.cur
+			continue
+		}
+		lb[i] = 0
+		if !r.commitEnd.After(end) {
+			lb[i] = bud.floors[i] // its floor returns within the window
+		}
+		w := int64(0)
+		if s.want > 0 && now.Sub(s.wantAt) <= a.cfg.DemandTTL {
+			w = s.want + int64(math.Ceil(float64(s.want)*a.cfg.Headroom))
+		}
+		want[i] = max(w, lb[i])
+	}
+	a.targets(k, C-fixed, tgt, lb, want)
+
+	// Hysteresis: skip small moves, unless the key is over its budget or the
+	// move returns the region to its floor.
+	h := int64(float64(C) * a.cfg.Hysteresis)
+	for i := range k.slots {
+		s := &k.slots[i]
+		if d := tgt[i] - s.cur; tgt[i] != bud.floors[i] && d != 0 && abs(d) < h && !(d < 0 && sum > C) {
+			tgt[i] = s.cur
+		}
+	}
+	// Decreases go out at once; the old value stays counted until acked.
+	for i := range k.slots {
+		if tgt[i] < k.slots[i].cur {
+			a.set(k, i, tgt[i])
+			a.stats.Decreases++
+		}
+	}
+	// Increases: free up to the region's present claim, and beyond it only
+	// from what the budget has left over the window.
+	sum = 0
+	var need int64
+	for i := range k.slots {
+		r, s := bud.regions[i], &k.slots[i]
+		base[i] = a.claim(now, end, r, s, bud.floors[i])
+		sum += base[i]
+		if tgt[i] > s.cur && !r.blocked {
+			need += max(0, tgt[i]-max(s.cur, base[i]))
+		}
+	}
+	avail := C - sum
+	if learning || avail < 0 {
+		avail = 0
+	}
+	for i := range k.slots {
+		r, s := bud.regions[i], &k.slots[i]
+		if tgt[i] <= s.cur || r.blocked {
+			continue
+		}
+		v := min(tgt[i], max(s.cur, base[i]))
+		if cost := tgt[i] - max(s.cur, base[i]); cost > 0 && need > 0 {
+			g := cost
+			if need > avail {
+				g = mulDiv(avail, cost, need)
+			}
+			v += g
+			sum += g
+		}
+		if v > s.cur {
+			a.set(k, i, v)
+			a.stats.Increases++
+		}
+	}
+	k.sum = sum
+	if sum > C {
+		// Renewing a region that may still use more than it is now granted
+		// would carry the excess past the window; let it lapse or be acked.
+		// Only a region holding more than its floor gains anything from a
+		// renewal: below it, its claim after the lease is at least as large.
+		for i := range k.slots {
+			if k.slots[i].max() > bud.floors[i] {
+				bud.regions[i].blocked = true
+			}
+		}
+	}
+}
+
+// targets fills tgt for the regions with tgt[i] < 0, sharing capacity by the
+// budget's policy.
+func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want []int64) {
+	bud := k.bud
+	if bud.b.Policy == Static {
+		W := bud.b.totalWeight()
+		for i := range tgt {
+			if tgt[i] < 0 {
+				tgt[i] = mulDiv(bud.count, bud.weights[i], W)
+			}
+		}
+		return
+	}
+	var extra int64
+	for i := range tgt {
+		if tgt[i] < 0 {
+			capacity -= lb[i]
+			extra += want[i] - lb[i]
+		}
+	}
+	capacity = max(capacity, 0)
+	if extra <= capacity {
+		left := capacity - extra
+		for i := range tgt {
+			if tgt[i] < 0 {
+				tgt[i] = want[i]
+			}
+		}
+		// What nobody wants returns to floors, in proportion to what each
+		// lent, and the rest stays in reserve.
+		var lent int64
+		for i := range tgt {
+			lent += max(0, bud.floors[i]-tgt[i])
+		}
+		for i := range tgt {
+			if d := bud.floors[i] - tgt[i]; d > 0 {
+				if lent > left {
+					d = mulDiv(left, d, lent)
+				}
+				tgt[i] += d
+			}
+		}
+		return
+	}
+	if bud.b.Policy == Proportional {
+		for i := range tgt {
+			if tgt[i] < 0 {
+				tgt[i] = lb[i] + mulDiv(capacity, want[i]-lb[i], extra)
+			}
+		}
+		return
+	}
+	// Max-min fair by weight: water-fill the extra wants.
+	ord := a.order[:0]
+	for i := range tgt {
+		if tgt[i] < 0 {
+			ord = append(ord, i)
+		}
+	}
+	e := func(i int) int64 { return want[i] - lb[i] }
+	slices.SortFunc(ord, func(x, y int) int { return cmpRatio(e(x), bud.weights[x], e(y), bud.weights[y]) })
+	var wsum int64
+	for _, i := range ord {
+		wsum += bud.weights[i]
+	}
+	left := capacity
+	for j, i := range ord {
+		// e(i)/w(i) ≤ left/wsum: region i is satisfied.
+		if cmpRatio(e(i), bud.weights[i], left, wsum) <= 0 {
+			tgt[i] = want[i]
+			left -= e(i)
+			wsum -= bud.weights[i]
+			continue
+		}
+		for _, i := range ord[j:] {
+			tgt[i] = lb[i] + mulDiv(left, bud.weights[i], wsum)
+		}
+		break
+	}
+}
+
+// cmpRatio compares a/b with c/d for b, d > 0 without overflow.
+func cmpRatio(a, b, c, d int64) int {
+	h1, l1 := bits.Mul64(uint64(a), uint64(d))
+	h2, l2 := bits.Mul64(uint64(c), uint64(b))
+	switch {
+	case h1 < h2 || h1 == h2 && l1 < l2:
+		return -1
+	case h1 == h2 && l1 == l2:
+		return 0
+	}
+	return 1
+}
+
+func abs(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// set changes region i's allocation of k to v in the region's next version.
+func (a *Allocator) set(k *hotKey, i int, v int64) {
+	r, s := k.bud.regions[i], &k.slots[i]
+	s.prune(r.acked)
+	s.cur = v
+	s.push(r.version+1, v)
+	if !s.queued {
+		s.queued = true
+		r.changed = append(r.changed, &slotRef{k: k, i: i})
+	}
+}
+
+// push records that the region may hold count from version ver on.
+func (s *slot) push(ver uint64, count int64) {
+	if s.n > 0 && s.hist[s.n-1].ver == ver {
+		s.hist[s.n-1].count = count // replaced before it was sent
+		return
+	}
+	if int(s.n) == len(s.hist) {
+		// Merge the two oldest, keeping the larger value: conservative.
+		s.hist[0].count = max(s.hist[0].count, s.hist[1].count)
+		copy(s.hist[1:], s.hist[2:])
+		s.n--
+	}
+	s.hist[s.n] = hval{ver: ver, count: count}
+	s.n++
+}
+
+// holdAtLeast records that the region said it holds count at version ver or
+// earlier (a hello).
+func (s *slot) holdAtLeast(count int64) {
+	// The last entry lives longest: it goes only when a later version is
+	// acknowledged, which replaces whatever the hello reported.
+	s.hist[s.n-1].count = max(s.hist[s.n-1].count, count)
+}
+
+// prune forgets values superseded by the acknowledged version acked.
+func (s *slot) prune(acked uint64) {
+	j := 0
+	for j+1 < int(s.n) && s.hist[j+1].ver <= acked {
+		j++
+	}
+	if j > 0 {
+		copy(s.hist[:], s.hist[j:s.n])
+		s.n -= uint8(j)
+	}
+}
+
+func (s *slot) max() int64 {
+	m := s.hist[0].count
+	for j := 1; j < int(s.n); j++ {
+		m = max(m, s.hist[j].count)
+	}
+	return m
+}
+
+// sendGrant queues a grant to r with its changes (or full table).
+func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
+	m := Message{
+		Type: MsgGrant, Region: r.name, Session: r.session, Term: a.term, Seq: r.lastReq,
+		TTL: a.cfg.TTL, Hold: a.cfg.Hold, Refresh: a.cfg.Refresh, Drift: a.cfg.Drift,
+		Renew: renew, Base: r.version, Version: r.version,
+	}
+	if r.needFull {
+		m.Full, m.Base = true, 0
+		m.Version = r.version + 1
+		for _, k := range a.keys {
+			i := slices.Index(k.bud.regions, r)
+			if i < 0 {
+				continue
+			}
+			s := &k.slots[i]
+			s.queued = false
+			if s.cur != k.bud.floors[i] {
+				m.Entries = append(m.Entries, Entry{Key: k.key, Count: bucket.Tokens(s.cur), Burst: k.bud.b.BurstOf(bucket.Tokens(s.cur))})
+			}
+			s.push(m.Version, s.cur)
+		}
+		r.changed = r.changed[:0]
+		r.needFull = false
+	} else if len(r.changed) > 0 {
+		m.Version = r.version + 1
+		for _, ref := range r.changed {
+			s := &ref.k.slots[ref.i]
+			s.queued = false
+			e := Entry{Key: ref.k.key, Count: bucket.Tokens(s.cur), Burst: ref.k.bud.b.BurstOf(bucket.Tokens(s.cur))}
+			if s.cur == ref.k.bud.floors[ref.i] {
+				e = Entry{Key: ref.k.key, Drop: true}
+			}
+			m.Entries = append(m.Entries, e)
+		}
+		clear(r.changed)
+		r.changed = r.changed[:0]
+		slices.SortFunc(m.Entries, func(x, y Entry) int { return cmpKey(x.Key, y.Key) })
+	}
+	r.version = m.Version
+	r.grant++
+	m.Grant = r.grant
+	r.grants[r.grant%uint64(len(r.grants))] = grantRec{id: r.grant, at: now}
+	if renew {
+		r.leaseEnd = maxTime(r.leaseEnd, now.Add(a.cfg.TTL+a.cfg.Drift))
+		r.lapsed, r.settled = false, false
+		a.stats.Renewals++
+	}
+	a.stats.Grants++
+	a.out = append(a.out, m)
+}
+
+// flush sends the changes made outside a round as grants that do not renew.
+func (a *Allocator) flush(now time.Time) {
+	for _, r := range a.regions {
+		if (r.needFull || len(r.changed) > 0) && r.known && !r.released {
+			a.sendGrant(now, r, false)
+		}
+	}
+}
+
+// ExpireAll ends every region's lease now, for a coordinator about to stop
+// on purpose: regions drop to their floors at once instead of running their
+// leases out, and the Allocator grants nothing more.
+func (a *Allocator) ExpireAll(now time.Time) {
+	a.expiring = true
+	for _, r := range a.regions {
+		if !r.known || r.released {
+			continue
+		}
+		r.grant++
+		r.grants[r.grant%uint64(len(r.grants))] = grantRec{id: r.grant, at: now, expire: true}
+		a.out = append(a.out, Message{Type: MsgExpire, Region: r.name, Session: r.session, Term: a.term, Grant: r.grant, Version: r.version})
+	}
+}
+
+// Ready returns the messages to send, in order, and forgets them. Messages
+// to one region must be delivered in order for best effect, but any loss,
+// duplication or reordering is safe.
+func (a *Allocator) Ready() []Message {
+	out := a.out
+	a.out = nil
+	return out
+}
+
+// HasReady reports whether Ready would return messages.
+func (a *Allocator) HasReady() bool { return len(a.out) > 0 }
+
+// Stats returns the counters and gauges.
+func (a *Allocator) Stats(now time.Time) Stats {
+	s := a.stats
+	s.HotKeys = len(a.keys)
+	s.Learning = a.Learning(now)
+	return s
+}

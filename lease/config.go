@@ -1,0 +1,286 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+// Policy chooses how a budget is split among regions that want it.
+type Policy uint8
+
+const (
+	// MaxMin is max-min fair share: no region gets more than it wants, and
+	// the rest is split so that the smallest shares are as large as
+	// possible (by weight).
+	MaxMin Policy = iota
+	// Proportional splits a contended budget in proportion to demand.
+	Proportional
+	// Static gives each region Count×weight/Σweight whatever the demand.
+	Static
+)
+
+// String returns the policy's configuration name.
+func (p Policy) String() string {
+	switch p {
+	case MaxMin:
+		return "max-min"
+	case Proportional:
+		return "proportional"
+	case Static:
+		return "static"
+	}
+	return fmt.Sprintf("policy(%d)", uint8(p))
+}
+
+// ParsePolicy parses "max-min" (or ""), "proportional" or "static".
+func ParsePolicy(s string) (Policy, error) {
+	switch strings.ToLower(s) {
+	case "", "max-min", "maxmin":
+		return MaxMin, nil
+	case "proportional":
+		return Proportional, nil
+	case "static":
+		return Static, nil
+	}
+	return 0, fmt.Errorf("%w: policy=%q (want max-min, proportional or static)", ErrInvalidBudget, s)
+}
+
+// DefaultReserve is the share of a budget held back from floors so the
+// coordinator can grant a newly hot key at once, without asking anyone.
+const DefaultReserve = 1.0 / 3
+
+// Budget is a global limit shared by regions. Every subject of Rule has its
+// own bucket with this Limit; Regions split it.
+type Budget struct {
+	// Rule names the budget; keys with this Rule belong to it.
+	Rule string
+	// Limit is the global limit per subject.
+	Limit bucket.Limit
+	// Regions are the regions that share the budget, each once.
+	Regions []string
+	// Weights are the regions' floor weights, in Regions order; nil means
+	// equal weights.
+	Weights []int64
+	// Reserve is the fraction of Count (and Burst) kept out of floors, in
+	// [0, 1). DefaultReserve is a good start.
+	Reserve float64
+	// Policy splits the budget among regions that want it.
+	Policy Policy
+}
+
+// Validate reports the first problem with b, naming the field and value.
+func (b Budget) Validate() error {
+	if b.Rule == "" {
+		return fmt.Errorf("%w: rule is empty", ErrInvalidBudget)
+	}
+	if err := b.Limit.Validate(); err != nil {
+		return fmt.Errorf("%w: rule %q: limit: %w", ErrInvalidBudget, b.Rule, err)
+	}
+	if len(b.Regions) == 0 {
+		return fmt.Errorf("%w: rule %q: regions is empty", ErrInvalidBudget, b.Rule)
+	}
+	seen := make(map[string]bool, len(b.Regions))
+	for _, r := range b.Regions {
+		if r == "" {
+			return fmt.Errorf("%w: rule %q: empty region name", ErrInvalidBudget, b.Rule)
+		}
+		if seen[r] {
+			return fmt.Errorf("%w: rule %q: region %q listed twice", ErrInvalidBudget, b.Rule, r)
+		}
+		seen[r] = true
+	}
+	if b.Weights != nil {
+		if len(b.Weights) != len(b.Regions) {
+			return fmt.Errorf("%w: rule %q: %d weights for %d regions", ErrInvalidBudget, b.Rule, len(b.Weights), len(b.Regions))
+		}
+		for i, w := range b.Weights {
+			if w <= 0 || w > 1<<20 {
+				return fmt.Errorf("%w: rule %q: weight=%d for region %q must be in [1, 2^20]", ErrInvalidBudget, b.Rule, w, b.Regions[i])
+			}
+		}
+	}
+	if math.IsNaN(b.Reserve) || b.Reserve < 0 || b.Reserve >= 1 {
+		return fmt.Errorf("%w: rule %q: reserve=%v must be in [0, 1)", ErrInvalidBudget, b.Rule, b.Reserve)
+	}
+	if b.Policy > Static {
+		return fmt.Errorf("%w: rule %q: policy=%d unknown", ErrInvalidBudget, b.Rule, b.Policy)
+	}
+	return nil
+}
+
+// weight returns region i's weight.
+func (b Budget) weight(i int) int64 {
+	if b.Weights == nil {
+		return 1
+	}
+	return b.Weights[i]
+}
+
+func (b Budget) totalWeight() int64 {
+	if b.Weights == nil {
+		return int64(len(b.Regions))
+	}
+	var s int64
+	for _, w := range b.Weights {
+		s += w
+	}
+	return s
+}
+
+// ReserveCount is the part of the budget's Count kept out of floors:
+// ⌈Count×Reserve⌉.
+func (b Budget) ReserveCount() bucket.Tokens {
+	c := float64(b.Limit.Count())
+	r := bucket.Tokens(math.Ceil(c * b.Reserve))
+	return min(max(r, 0), b.Limit.Count())
+}
+
+// FloorCount returns region's floor: (Count − ReserveCount)×weight/Σweight,
+// rounded down so floors never sum above the budget. It is 0 for a region
+// not in the budget.
+func (b Budget) FloorCount(region string) bucket.Tokens {
+	i := slices.Index(b.Regions, region)
+	if i < 0 {
+		return 0
+	}
+	return bucket.Tokens(mulDiv(int64(b.Limit.Count()-b.ReserveCount()), b.weight(i), b.totalWeight()))
+}
+
+// BurstOf is the burst that goes with an allocation of count:
+// Burst×count/Count rounded down, so bursts sum within the budget's burst
+// whenever counts sum within its count.
+func (b Budget) BurstOf(count bucket.Tokens) bucket.Tokens {
+	if count <= 0 {
+		return 0
+	}
+	return bucket.Tokens(mulDiv(int64(b.Limit.Burst()), int64(count), int64(b.Limit.Count())))
+}
+
+// LimitOf is the bucket.Limit a region enforces for an allocation of count:
+// count per the budget's Period with burst BurstOf(count). It is the zero
+// Limit, meaning "admit nothing", when count or its burst is 0.
+func (b Budget) LimitOf(count bucket.Tokens) bucket.Limit {
+	return limitOf(b.Limit.Period(), count, b.BurstOf(count))
+}
+
+func limitOf(period time.Duration, count, burst bucket.Tokens) bucket.Limit {
+	if count <= 0 || burst <= 0 {
+		return bucket.Limit{}
+	}
+	return bucket.Per(count, period).WithBurst(burst)
+}
+
+// mulDiv returns ⌊a×b/c⌋ for a, b ≥ 0, c > 0 without overflow, saturating
+// at MaxInt64.
+func mulDiv(a, b, c int64) int64 {
+	if a <= 0 || b <= 0 || c <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	if q > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(q)
+}
+
+// Config holds the Allocator's timing and tuning and the budgets it serves.
+// Build it with DefaultConfig and change what you need; NewAllocator calls
+// Validate.
+type Config struct {
+	// TTL is how long a lease lasts after the Holder sent its request.
+	TTL time.Duration
+	// Refresh is how often Holders report and the Allocator rebalances every
+	// hot key and renews every lease.
+	Refresh time.Duration
+	// Drift is the margin for clock drift over one TTL: Holders end leases
+	// Drift early, the Allocator counts them Drift late.
+	Drift time.Duration
+	// Hold is how long a region keeps a lent floor lent after it received
+	// the grant, whether or not its lease lives. It must exceed
+	// TTL+Drift+Refresh so regions that refresh never lend and reclaim in
+	// the same breath.
+	Hold time.Duration
+	// DemandTTL is how long a demand report counts; a key a region stops
+	// reporting decays toward its floor after it.
+	DemandTTL time.Duration
+	// Headroom is added to reported demand (0.1 = 10% more), so a region
+	// whose demand grows does not press on its allocation at once.
+	Headroom float64
+	// Hysteresis is the smallest change worth sending, as a fraction of the
+	// budget's Count; smaller moves are skipped so allocations do not flap.
+	Hysteresis float64
+	// Budgets are the budgets served.
+	Budgets []Budget
+}
+
+// DefaultConfig returns a Config with production defaults and no budgets.
+func DefaultConfig() Config {
+	return Config{
+		TTL:        10 * time.Second,       // long enough to ride out a coordinator failover
+		Refresh:    3 * time.Second,        // three renewals per TTL
+		Drift:      500 * time.Millisecond, // 5% of TTL: NTP-synced clocks do far better
+		Hold:       20 * time.Second,       // 2×TTL > TTL+Drift+Refresh
+		DemandTTL:  7 * time.Second,        // two missed reports
+		Headroom:   0.1,                    // grow 10% before pressing again
+		Hysteresis: 0.01,                   // 1% of the budget
+	}
+}
+
+// Validate reports the first problem with c, naming the field and value.
+func (c Config) Validate() error {
+	switch {
+	case c.TTL <= 0:
+		return fmt.Errorf("%w: ttl=%s must be > 0", ErrInvalidConfig, c.TTL)
+	case c.Refresh <= 0 || c.Refresh >= c.TTL:
+		return fmt.Errorf("%w: refresh=%s must be in (0, ttl=%s)", ErrInvalidConfig, c.Refresh, c.TTL)
+	case c.Drift < 0 || c.Drift >= c.TTL-c.Refresh:
+		return fmt.Errorf("%w: drift=%s must be in [0, ttl−refresh=%s)", ErrInvalidConfig, c.Drift, c.TTL-c.Refresh)
+	case c.Hold <= c.TTL+2*c.Drift+c.Refresh:
+		return fmt.Errorf("%w: hold=%s must exceed ttl+2×drift+refresh=%s", ErrInvalidConfig, c.Hold, c.TTL+2*c.Drift+c.Refresh)
+	case c.DemandTTL <= c.Refresh:
+		return fmt.Errorf("%w: demand_ttl=%s must exceed refresh=%s", ErrInvalidConfig, c.DemandTTL, c.Refresh)
+	case math.IsNaN(c.Headroom) || c.Headroom < 0 || c.Headroom > 10:
+		return fmt.Errorf("%w: headroom=%v must be in [0, 10]", ErrInvalidConfig, c.Headroom)
+	case math.IsNaN(c.Hysteresis) || c.Hysteresis < 0 || c.Hysteresis >= 0.5:
+		return fmt.Errorf("%w: hysteresis=%v must be in [0, 0.5)", ErrInvalidConfig, c.Hysteresis)
+	}
+	return validateBudgets(c.Budgets)
+}
+
+func validateBudgets(bs []Budget) error {
+	seen := make(map[string]bool, len(bs))
+	for _, b := range bs {
+		if err := b.Validate(); err != nil {
+			return err
+		}
+		if seen[b.Rule] {
+			return fmt.Errorf("%w: rule %q has two budgets", ErrInvalidBudget, b.Rule)
+		}
+		seen[b.Rule] = true
+	}
+	return nil
+}
+
+// Errors callers branch on.
+var (
+	// ErrInvalidConfig: a Config or HolderConfig field is out of range.
+	ErrInvalidConfig = errors.New("lease: invalid config")
+	// ErrInvalidBudget: a Budget cannot be served.
+	ErrInvalidBudget = errors.New("lease: invalid budget")
+	// ErrUnknownRegion: a message came from a region no budget names.
+	ErrUnknownRegion = errors.New("lease: unknown region")
+	// ErrBadMessage: a message is malformed or of a type this end does not
+	// accept.
+	ErrBadMessage = errors.New("lease: bad message")
+)

@@ -1,0 +1,480 @@
+package lease
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+// HolderConfig configures a region's end of the protocol.
+type HolderConfig struct {
+	// Region is this region's name, as the budgets list it.
+	Region string
+	// Session identifies this Holder's incarnation: nonzero, and different
+	// from every earlier incarnation of the region (drivers draw it from
+	// their seeded random source or the start time).
+	Session uint64
+	// Budgets are the budgets whose floors this region may use with no
+	// lease. They must match the coordinator's.
+	Budgets []Budget
+	// Drift is this end's margin for clock drift over one TTL; the larger
+	// of it and the coordinator's is used.
+	Drift time.Duration
+	// Refresh is how often to report until the first grant names the
+	// coordinator's interval.
+	Refresh time.Duration
+}
+
+// DefaultHolderConfig returns a HolderConfig with the defaults matching
+// DefaultConfig; Region, Session and Budgets are left to the caller.
+func DefaultHolderConfig() HolderConfig {
+	d := DefaultConfig()
+	return HolderConfig{Drift: d.Drift, Refresh: d.Refresh}
+}
+
+// Validate reports the first problem with c, naming the field and value.
+func (c HolderConfig) Validate() error {
+	switch {
+	case c.Region == "":
+		return fmt.Errorf("%w: holder region is empty", ErrInvalidConfig)
+	case c.Session == 0:
+		return fmt.Errorf("%w: holder session=0 must be nonzero", ErrInvalidConfig)
+	case c.Drift < 0:
+		return fmt.Errorf("%w: holder drift=%s must be ≥ 0", ErrInvalidConfig, c.Drift)
+	case c.Refresh <= 0:
+		return fmt.Errorf("%w: holder refresh=%s must be > 0", ErrInvalidConfig, c.Refresh)
+	}
+	return validateBudgets(c.Budgets)
+}
+
+// Holder is a region's end of the lease protocol: it holds the region's
+// allocation table and lease, reports demand, applies and acknowledges grants
+// and answers "what may this region use for this key now" (Allocation).
+//
+// A Holder measures its lease from when it sent the request a grant answers,
+// minus the drift margin (invariant I4), and without a live lease falls back
+// to its floors (I5), keeping any floor it lent below the floor until the
+// lend's hold ends. It ignores grants from an older leader term.
+//
+// A Holder is not safe for concurrent use; its driver serializes calls.
+type Holder struct {
+	cfg     HolderConfig
+	budgets map[string]*holderBudget
+
+	term      uint64
+	version   uint64
+	table     map[bucket.Key]Entry
+	leaseEnd  time.Time
+	holdUntil time.Time
+	released  bool
+
+	ttl, hold, refresh, drift time.Duration
+
+	seq  uint64
+	sent [64]sentAt // ring of request send times, by seq
+
+	wantHello  bool
+	lastHello  time.Time
+	lastReport time.Time
+	demand     map[bucket.Key]*holderDemand
+	urgent     bool
+
+	out []Message
+}
+
+type holderBudget struct {
+	b     Budget
+	floor bucket.Tokens
+	burst bucket.Tokens
+}
+
+type holderDemand struct {
+	want     bucket.Tokens
+	at       time.Time
+	reported time.Time // last urgent report
+}
+
+type sentAt struct {
+	seq uint64
+	at  time.Time
+}
+
+// HolderState is what a Holder must keep across a restart of its driver so
+// lent floors stay lent: a region that restarts without it may overshoot by
+// the floors it had lent, until their hold would have ended.
+type HolderState struct {
+	Session   uint64
+	Term      uint64
+	Version   uint64
+	Seq       uint64
+	LeaseEnd  time.Time
+	HoldUntil time.Time
+	Released  bool
+	Entries   []Entry
+}
+
+// NewHolder returns a Holder with no lease: every key is at its floor, and
+// the first Ready holds a hello.
+func NewHolder(cfg HolderConfig, now time.Time) (*Holder, error) {
+	return RestoreHolder(cfg, HolderState{Session: cfg.Session}, now)
+}
+
+// RestoreHolder returns a Holder resuming st (from Snapshot). The session
+// is st.Session when nonzero. It says hello at once.
+func RestoreHolder(cfg HolderConfig, st HolderState, now time.Time) (*Holder, error) {
+	if st.Session != 0 {
+		cfg.Session = st.Session
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	h := &Holder{
+		cfg:       cfg,
+		term:      st.Term,
+		version:   st.Version,
+		seq:       st.Seq,
+		leaseEnd:  st.LeaseEnd,
+		holdUntil: st.HoldUntil,
+		released:  st.Released,
+		table:     make(map[bucket.Key]Entry, len(st.Entries)),
+		demand:    make(map[bucket.Key]*holderDemand),
+		refresh:   cfg.Refresh,
+		drift:     cfg.Drift,
+		wantHello: true,
+	}
+	h.setBudgets(cfg.Budgets)
+	for _, e := range st.Entries {
+		h.table[e.Key] = e
+	}
+	h.Tick(now)
+	return h, nil
+}
+
+// SetBudgets replaces the budgets (after a rules change). Floors change at
+// once; allocations for rules no longer served are dropped.
+func (h *Holder) SetBudgets(bs []Budget) error {
+	if err := validateBudgets(bs); err != nil {
+		return err
+	}
+	h.setBudgets(bs)
+	for k := range h.table {
+		if h.budgets[k.Rule] == nil {
+			delete(h.table, k)
+		}
+	}
+	return nil
+}
+
+func (h *Holder) setBudgets(bs []Budget) {
+	h.budgets = make(map[string]*holderBudget, len(bs))
+	for _, b := range bs {
+		f := b.FloorCount(h.cfg.Region)
+		h.budgets[b.Rule] = &holderBudget{b: b, floor: f, burst: b.BurstOf(f)}
+	}
+}
+
+// Allocation returns what this region may use of key at now: its leased
+// allocation while the lease lives, its floor otherwise (a lent floor stays
+// lent until its hold ends). ok is false when no budget covers key.Rule. A
+// zero Limit with ok true means the region may admit nothing for the key.
+func (h *Holder) Allocation(now time.Time, key bucket.Key) (l bucket.Limit, ok bool) {
+	hb := h.budgets[key.Rule]
+	if hb == nil {
+		return bucket.Limit{}, false
+	}
+	c, b := h.allocation(now, key, hb)
+	return limitOf(hb.b.Limit.Period(), c, b), true
+}
+
+// allocation is Allocation as a count and burst.
+func (h *Holder) allocation(now time.Time, key bucket.Key, hb *holderBudget) (bucket.Tokens, bucket.Tokens) {
+	e, ok := h.table[key]
+	if !ok {
+		return hb.floor, hb.burst
+	}
+	if !h.released && now.Before(h.leaseEnd) {
+		return e.Count, e.Burst
+	}
+	if e.Count < hb.floor && now.Before(h.holdUntil) {
+		return e.Count, min(e.Burst, hb.burst)
+	}
+	return hb.floor, hb.burst
+}
+
+// Demand records that the region would use want tokens per the budget's
+// period of key (admitted plus denied, over recent arrivals). Call it for
+// keys that press on their allocation and, every refresh, for keys in the
+// table. A key pressing on its allocation is reported at once; the others
+// ride on the next periodic report. Keys of unknown rules are ignored.
+func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
+	hb := h.budgets[key.Rule]
+	if hb == nil || want < 0 {
+		return
+	}
+	d := h.demand[key]
+	if d == nil {
+		d = &holderDemand{}
+		h.demand[key] = d
+	}
+	d.want, d.at = want, now
+	if c, _ := h.allocation(now, key, hb); want > c && !h.released &&
+		(d.reported.IsZero() || now.Sub(d.reported) >= h.refresh) {
+		d.reported = now
+		h.urgent = true
+	}
+}
+
+// Step applies a message from the coordinator. Messages for another
+// session, from an older term, duplicated or out of order are ignored or
+// answered idempotently; the error is only for a message type a Holder does
+// not accept.
+func (h *Holder) Step(now time.Time, m Message) error {
+	switch m.Type {
+	case MsgGrant, MsgExpire, MsgResync:
+	case MsgRedirect:
+		return nil
+	default:
+		return fmt.Errorf("%w: holder got %s", ErrBadMessage, m.Type)
+	}
+	if m.Session != h.cfg.Session || m.Term < h.term {
+		return nil
+	}
+	switch m.Type {
+	case MsgResync:
+		h.wantHello = true
+		h.lastHello = time.Time{}
+	case MsgExpire:
+		if m.Term > h.term {
+			h.term, h.version = m.Term, 0
+			h.wantHello = true
+		}
+		h.leaseEnd = minTime(h.leaseEnd, now)
+		h.capToFloors()
+		h.ack(m)
+	case MsgGrant:
+		h.grant(now, m)
+	}
+	h.Tick(now)
+	return nil
+}
+
+func (h *Holder) grant(now time.Time, m Message) {
+	if h.released {
+		return
+	}
+	apply, renew := false, false
+	switch {
+	case m.Term > h.term:
+		if !m.Full {
+			h.wantHello = true
+			h.lastHello = time.Time{}
+			return
+		}
+		h.term, h.version = m.Term, 0
+		apply = true
+	case m.Version > h.version && (m.Full || m.Base == h.version):
+		apply = true
+	case m.Version == h.version:
+		renew = true // a duplicate or a renewal of the table we have
+	case m.Version > h.version:
+		// A delta on a version we never saw: a grant was lost.
+		h.wantHello = true
+		h.lastHello = time.Time{}
+		return
+	default:
+		return // older than our table
+	}
+	if apply {
+		if m.Full {
+			clear(h.table)
+		}
+		for _, e := range m.Entries {
+			if e.Drop {
+				delete(h.table, e.Key)
+			} else if h.budgets[e.Key.Rule] != nil {
+				h.table[e.Key] = e
+			}
+		}
+		h.version = m.Version
+		h.wantHello = false
+	}
+	if m.TTL > 0 {
+		h.ttl, h.hold, h.drift = m.TTL, m.Hold, max(h.cfg.Drift, m.Drift)
+	}
+	if m.Refresh > 0 {
+		h.refresh = m.Refresh
+	}
+	h.holdUntil = maxTime(h.holdUntil, now.Add(h.hold+h.drift))
+	if m.Renew && (apply || renew) {
+		if at, ok := h.sentTime(m.Seq); ok {
+			h.leaseEnd = maxTime(h.leaseEnd, at.Add(h.ttl-h.drift))
+		}
+	}
+	h.ack(m)
+}
+
+func (h *Holder) ack(m Message) {
+	h.send(Message{Type: MsgAck, Term: h.term, Grant: m.Grant, Version: h.version}, time.Time{})
+}
+
+// capToFloors drops every entry at or above its floor, keeping lent ones.
+func (h *Holder) capToFloors() {
+	for k, e := range h.table {
+		if hb := h.budgets[k.Rule]; hb == nil || e.Count >= hb.floor {
+			delete(h.table, k)
+		}
+	}
+}
+
+// Tick moves the Holder to now: it says hello until a leader answers and
+// reports every refresh interval (the report renews the lease).
+func (h *Holder) Tick(now time.Time) {
+	if h.released {
+		return
+	}
+	if h.wantHello {
+		if h.lastHello.IsZero() || now.Sub(h.lastHello) >= h.refresh {
+			h.hello(now)
+		}
+		return
+	}
+	if h.urgent || h.lastReport.IsZero() || now.Sub(h.lastReport) >= h.refresh {
+		h.report(now)
+	}
+}
+
+// Reconnect tells the Holder its transport opened a new stream (perhaps to
+// another coordinator): it says hello at once.
+func (h *Holder) Reconnect(now time.Time) {
+	if h.released {
+		return
+	}
+	h.wantHello = true
+	h.hello(now)
+}
+
+func (h *Holder) hello(now time.Time) {
+	h.lastHello = now
+	h.lastReport = now
+	entries := h.Table()
+	h.send(Message{Type: MsgHello, Term: h.term, Version: h.version, Entries: entries}, now)
+}
+
+func (h *Holder) report(now time.Time) {
+	h.lastReport = now
+	h.urgent = false
+	var ds []Demand
+	for k, d := range h.demand {
+		if now.Sub(d.at) > 2*h.refresh {
+			delete(h.demand, k)
+			continue
+		}
+		ds = append(ds, Demand{Key: k, Want: d.want})
+	}
+	slices.SortFunc(ds, func(a, b Demand) int { return cmpKey(a.Key, b.Key) })
+	h.send(Message{Type: MsgReport, Term: h.term, Version: h.version, Demand: ds}, now)
+}
+
+// send queues m; a nonzero at records it as a request the lease may be
+// measured from.
+func (h *Holder) send(m Message, at time.Time) {
+	h.seq++
+	m.Seq = h.seq
+	m.Region = h.cfg.Region
+	m.Session = h.cfg.Session
+	if !at.IsZero() {
+		h.sent[h.seq%uint64(len(h.sent))] = sentAt{seq: h.seq, at: at}
+	}
+	h.out = append(h.out, m)
+}
+
+func (h *Holder) sentTime(seq uint64) (time.Time, bool) {
+	s := h.sent[seq%uint64(len(h.sent))]
+	return s.at, s.seq == seq && seq != 0
+}
+
+// Release gives back everything above the floors, for a clean shutdown:
+// the Holder stops using its lease at once and tells the coordinator.
+func (h *Holder) Release(now time.Time) {
+	if h.released {
+		return
+	}
+	h.leaseEnd = minTime(h.leaseEnd, now)
+	h.capToFloors()
+	h.send(Message{Type: MsgRelease, Term: h.term, Version: h.version}, time.Time{})
+	h.released = true
+}
+
+// Ready returns the messages to send, in order, and forgets them.
+func (h *Holder) Ready() []Message {
+	out := h.out
+	h.out = nil
+	return out
+}
+
+// HasReady reports whether Ready would return messages.
+func (h *Holder) HasReady() bool { return len(h.out) > 0 }
+
+// Table returns the allocation entries the Holder holds, sorted by key.
+func (h *Holder) Table() []Entry {
+	es := make([]Entry, 0, len(h.table))
+	for _, e := range h.table {
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(a, b Entry) int { return cmpKey(a.Key, b.Key) })
+	return es
+}
+
+// HolderStatus describes a Holder's lease for metrics and tests.
+type HolderStatus struct {
+	Region    string
+	Session   uint64
+	Term      uint64
+	Version   uint64
+	Live      bool      // the lease lives at the time asked
+	LeaseEnd  time.Time // when the lease ends (Holder's clock)
+	HoldUntil time.Time // when lent floors return
+	Entries   int
+	Released  bool
+}
+
+// Status reports the Holder's lease at now.
+func (h *Holder) Status(now time.Time) HolderStatus {
+	return HolderStatus{
+		Region: h.cfg.Region, Session: h.cfg.Session, Term: h.term, Version: h.version,
+		Live: !h.released && now.Before(h.leaseEnd), LeaseEnd: h.leaseEnd, HoldUntil: h.holdUntil,
+		Entries: len(h.table), Released: h.released,
+	}
+}
+
+// Snapshot returns the state to persist for RestoreHolder.
+func (h *Holder) Snapshot() HolderState {
+	return HolderState{
+		Session: h.cfg.Session, Term: h.term, Version: h.version, Seq: h.seq,
+		LeaseEnd: h.leaseEnd, HoldUntil: h.holdUntil, Released: h.released, Entries: h.Table(),
+	}
+}
+
+func cmpKey(a, b bucket.Key) int {
+	if c := cmp.Compare(a.Rule, b.Rule); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Subject, b.Subject)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,36 @@
+package lease
+
+import (
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+func testConfig() Config {
+	cfg := DefaultConfig()
+	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerMinute(600).WithBurst(60), Regions: []string{"a", "b", "c"}, Reserve: DefaultReserve}}
+	return cfg
+}
+
+// TestHotRegionGetsBudget: one region wanting most of a budget receives it
+// once the learning period is over, from the reserve and the idle regions'
+// floors, and the Holders never together hold more than the budget.
+func TestHotRegionGetsBudget(t *testing.T) {
+	c := newCluster(t, testConfig())
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 500}
+	for range 200 {
+		c.step(100 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, _ := c.holders["a"].Allocation(c.now, k)
+	if l.Count() != 550 || l.Burst() != 55 {
+		t.Fatalf("a holds %v, want 550 per minute (demand 500 + 10%% headroom), burst 55\n%s", l, c.show())
+	}
+	if !c.holders["b"].Status(c.now).Live {
+		t.Fatalf("b's lease is not live\n%s", c.show())
+	}
+}
