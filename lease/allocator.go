@@ -43,7 +43,7 @@ type Allocator struct {
 
 	// Scratch space for allocate, sized to the largest budget.
 	tgt, lb, want, base []int64
-	order              []int
+	order               []int
 }
 
 // Stats are cumulative counters and current gauges, for metrics.

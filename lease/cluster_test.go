@@ -16,25 +16,25 @@ import (
 // network with latency, loss, duplication and reordering, on a manual
 // timeline. It is the harness for scenario and property tests.
 type cluster struct {
-	t       testing.TB
-	now     time.Time
-	cfg     Config
-	term    uint64
-	alloc   *Allocator
-	regions []string
-	holders map[string]*Holder
-	demand  map[string]map[bucket.Key]bucket.Tokens
-	net     []envelope
-	seq     uint64
-	latency time.Duration
-	rng     *rand.Rand // nil: no faults
-	loss    float64
-	dup     float64
-	jitter  time.Duration
-	cut     map[string]bool // partitioned regions
-	dropTo  map[string]int  // drop the next n messages to a region
-	dropUp  map[string]int  // drop the next n messages from a region
-	log     []string
+	t        testing.TB
+	now      time.Time
+	cfg      Config
+	term     uint64
+	alloc    *Allocator
+	regions  []string
+	holders  map[string]*Holder
+	demand   map[string]map[bucket.Key]bucket.Tokens
+	net      []envelope
+	seq      uint64
+	latency  time.Duration
+	rng      *rand.Rand // nil: no faults
+	loss     float64
+	dup      float64
+	jitter   time.Duration
+	cut      map[string]bool // partitioned regions
+	dropTo   map[string]int  // drop the next n messages to a region
+	dropUp   map[string]int  // drop the next n messages from a region
+	log      []string
 	sessions uint64
 }
 
