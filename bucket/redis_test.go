@@ -157,10 +157,12 @@ func TestRedisWrongTypeAndCorrupt(t *testing.T) {
 	s := newRedisStore(t, c, bucket.RedisOptions{})
 	l := bucket.PerMinute(10)
 	for name, corrupt := range map[string]func(k string) error{
-		"string":  func(k string) error { return c.Set(ctx, k, "x", 0).Err() },
-		"list":    func(k string) error { return c.RPush(ctx, k, "a").Err() },
-		"garbage": func(k string) error { return c.HSet(ctx, k, "t", "soon", "r", "0", "n", "1", "d", "1").Err() },
-		"bad den": func(k string) error { return c.HSet(ctx, k, "t", "1", "r", "5", "n", "1", "d", "0").Err() },
+		"hash":      func(k string) error { return c.HSet(ctx, k, "t", "1").Err() },
+		"list":      func(k string) error { return c.RPush(ctx, k, "a").Err() },
+		"garbage":   func(k string) error { return c.Set(ctx, k, "soon", 0).Err() },
+		"negative":  func(k string) error { return c.Set(ctx, k, "-5 0 1 1", 0).Err() },
+		"bad den":   func(k string) error { return c.Set(ctx, k, "1 5 1 0", 0).Err() },
+		"rem ≥ den": func(k string) error { return c.Set(ctx, k, "99999999999999 7 1 7", 0).Err() },
 	} {
 		t.Run(name, func(t *testing.T) {
 			key := bucket.Key{Rule: uniqueRule(t), Subject: "x"}
@@ -179,8 +181,8 @@ func TestRedisWrongTypeAndCorrupt(t *testing.T) {
 				t.Fatalf("RepairedKeys = %d, want %d", s.RepairedKeys(), before+1)
 			}
 			typ, _ := c.Type(ctx, s.RedisKey(key)).Result()
-			if typ != "hash" {
-				t.Fatalf("key type after repair = %s, want hash", typ)
+			if typ != "string" {
+				t.Fatalf("key type after repair = %s, want string", typ)
 			}
 		})
 	}

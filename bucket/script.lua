@@ -3,15 +3,19 @@
 -- 2^53, so Lua's doubles hold them exactly, and integer division is done by
 -- idiv, which corrects the rounding of a/b for large quotients.
 --
--- KEYS[1]  bucket hash {t = TAT µs, r = remainder, n = num, d = den}
+-- KEYS[1]  bucket: the string "TAT rem num den" (TAT in µs; the TAT is
+--          TAT + rem/den µs; num/den the interval it was written under)
 -- KEYS[2]  attempt record (optional, op 'd' only)
 -- ARGV     op ('d' decide, 't' take-up-to, 'r' return, 'p' peek),
 --          num, den, burst, n (cost / batch size), now µs or '' for the
 --          server's TIME, attempt window ms
 -- returns  {allowed, remaining, retry µs, reset µs, granted, repaired}
 
+local floor = math.floor
+
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  if b == 1 then return a end
+  local q = floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
 end
@@ -49,14 +53,15 @@ local tau = burst * num
 local used = 0
 local repaired = 0
 local moved = false -- capped or carried over to a new limit: store even if nothing is spent
-local v = redis.pcall('HMGET', key, 't', 'r', 'n', 'd')
+local v = redis.pcall('GET', key)
 if type(v) == 'table' and v.err then
   -- A key of another type: replace it with an empty bucket, never a full one.
   redis.call('DEL', key)
   used = tau
   repaired = 1
-elseif v[1] or v[2] or v[3] or v[4] then
-  local tat, rem, sn, sd = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
+elseif v then
+  local a, b, c, d = string.match(v, '^(%d+) (%d+) (%d+) (%d+)$')
+  local tat, rem, sn, sd = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
   if not (tat and rem and sn and sd) or sn <= 0 or sd <= 0 or rem < 0 or rem >= sd
      or tat ~= math.floor(tat) or rem ~= math.floor(rem) then
     used = tau
@@ -119,8 +124,8 @@ if write then
     redis.call('DEL', key)
   else
     local q = idiv(used, den)
-    redis.call('HSET', key, 't', now + q, 'r', used - q * den, 'n', num, 'd', den)
-    redis.call('PEXPIRE', key, math.max(cdiv(reset, 1000), 1))
+    redis.call('SET', key, string.format('%d %d %d %d', now + q, used - q * den, num, den),
+      'PX', math.max(cdiv(reset, 1000), 1))
   end
 end
 
