@@ -515,8 +515,8 @@ func (a *Allocator) claim(now, end time.Time, r *region, s *slot, floor int64) i
 	s.prune(r.acked)
 	m := s.max()
 	var c int64
-	if now.Before(r.leaseEnd) {
-		c = m
+	if now.Before(r.leaseEnd) || a.canGrant(now, r) && !a.expiring {
+		c = m // a region that may be renewed may use its table through the window
 	}
 	if r.commitEnd.After(end) {
 		return max(c, min(floor, m))
@@ -595,7 +595,11 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	}
 	for i := range k.slots {
 		r, s := bud.regions[i], &k.slots[i]
-		if tgt[i] <= s.cur || r.blocked {
+		// Raising a region up to its present claim costs nothing only while
+		// the claims fit: above the budget, some claim must stay unrealized.
+		// While learning, regions the Allocator has not heard from may hold
+		// more than it counts, so nothing rises at all.
+		if tgt[i] <= s.cur || r.blocked || sum > C || learning {
 			continue
 		}
 		v := min(tgt[i], max(s.cur, base[i]))
@@ -823,12 +827,14 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 		slices.SortFunc(m.Entries, func(x, y Entry) int { return cmpKey(x.Key, y.Key) })
 	}
 	r.version = m.Version
+	// Whatever this grant carries must be settled again if the lease has
+	// run out: the next Tick caps it at the floors before any renewal.
+	r.lapsed, r.settled = false, false
 	r.grant++
 	m.Grant = r.grant
 	r.grants[r.grant%uint64(len(r.grants))] = grantRec{id: r.grant, at: now}
 	if renew {
 		r.leaseEnd = maxTime(r.leaseEnd, now.Add(a.cfg.TTL+a.cfg.Drift))
-		r.lapsed, r.settled = false, false
 		a.stats.Renewals++
 	}
 	a.stats.Grants++

@@ -35,6 +35,7 @@ type cluster struct {
 	dropTo   map[string]int  // drop the next n messages to a region
 	dropUp   map[string]int  // drop the next n messages from a region
 	log      []string
+	prev     *Allocator
 	sessions uint64
 }
 
@@ -93,6 +94,7 @@ func (c *cluster) startHolder(r string) {
 // messages already in flight from the old one are still delivered.
 func (c *cluster) leaderChange() {
 	c.term++
+	c.prev = c.alloc
 	a, err := NewAllocator(c.cfg, c.term, c.now)
 	if err != nil {
 		c.t.Fatal(err)
@@ -102,6 +104,7 @@ func (c *cluster) leaderChange() {
 
 func (c *cluster) collect() {
 	for _, m := range c.alloc.Ready() {
+		c.trace("%s sent by term %d: %v %v", c.now.Sub(t0), c.alloc.term, m, m.Entries)
 		c.send(m.Region, m)
 	}
 	for _, r := range c.regions {
@@ -166,6 +169,7 @@ func (c *cluster) deliver() {
 		if c.cut[e.m.Region] {
 			continue
 		}
+		c.trace("%s deliver to %q: %v %v", c.now.Sub(t0), e.to, e.m, e.m.Entries)
 		var err error
 		if e.to == "" {
 			err = c.alloc.Step(c.now, e.m)
@@ -176,6 +180,13 @@ func (c *cluster) deliver() {
 			c.t.Fatalf("step %v: %v", e.m, err)
 		}
 		c.collect()
+	}
+}
+
+func (c *cluster) trace(format string, args ...any) {
+	c.log = append(c.log, fmt.Sprintf(format, args...))
+	if len(c.log) > 400 {
+		c.log = c.log[200:]
 	}
 }
 
@@ -289,4 +300,41 @@ func (c *cluster) show() string {
 		fmt.Fprintf(&sb, "%s: term=%d ver=%d %s\n", r, st.Term, st.Version, live)
 	}
 	return sb.String()
+}
+
+// checkClaims verifies, outside learning, that the Allocator's claim for
+// every region and key bounds what the region's Holder may use now, and
+// that the claims sum within the budget: the coordinator-side half of I1.
+func (c *cluster) checkClaims() error {
+	if err := c.checkClaimsOf(c.alloc); err != nil {
+		return err
+	}
+	if c.prev != nil {
+		return c.checkClaimsOf(c.prev)
+	}
+	return nil
+}
+
+func (c *cluster) checkClaimsOf(a *Allocator) error {
+	if a.Learning(c.now) {
+		return nil
+	}
+	for _, k := range a.keys {
+		var sum int64
+		for i, r := range k.bud.regions {
+			s := &k.slots[i]
+			cl := a.claim(c.now, c.now, r, s, k.bud.floors[i])
+			sum += cl
+			if h := c.holders[r.name]; h != nil && h.term == a.term && h.cfg.Session == r.session {
+				l, _ := h.Allocation(c.now, k.key)
+				if int64(l.Count()) > cl {
+					return fmt.Errorf("claim for %s on %s/%s is %d but its holder may use %d (cur %d hist %v acked %d ver %d lease %s commit %s)",
+						r.name, k.key.Rule, k.key.Subject, cl, l.Count(), s.cur, s.hist[:s.n], r.acked, r.version,
+						r.leaseEnd.Sub(c.now), r.commitEnd.Sub(c.now))
+				}
+			}
+		}
+		_ = sum // may exceed the budget while acknowledgements are awaited
+	}
+	return nil
 }

@@ -1,0 +1,149 @@
+package lease
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+// TestPropertyEscrow drives random interleavings of demand reports, ticks,
+// lost, duplicated and reordered messages, partitions, region restarts,
+// clean releases and leader changes, and checks after every step, on the
+// Holders' side, that what regions may use of every key sums within the
+// budget's count and burst (I1). A failure prints its seed.
+func TestPropertyEscrow(t *testing.T) {
+	seeds, first := uint64(200), uint64(0)
+	if testing.Short() {
+		seeds = 30
+	}
+	// ALLOT_LEASE_SEEDS=n runs n seeds starting at ALLOT_LEASE_SEED (for a
+	// long soak or to replay one failing seed).
+	if n, err := strconv.ParseUint(os.Getenv("ALLOT_LEASE_SEEDS"), 10, 64); err == nil {
+		seeds = n
+	}
+	if n, err := strconv.ParseUint(os.Getenv("ALLOT_LEASE_SEED"), 10, 64); err == nil {
+		first = n
+	}
+	for seed := first; seed < first+seeds; seed++ {
+		if err := runProperty(t, seed, 1500); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+}
+
+func propertyConfig(rng *rand.Rand) Config {
+	cfg := DefaultConfig()
+	cfg.TTL = 2 * time.Second
+	cfg.Refresh = 500 * time.Millisecond
+	cfg.Drift = 100 * time.Millisecond
+	cfg.Hold = 4 * time.Second
+	cfg.DemandTTL = 1200 * time.Millisecond
+	cfg.Hysteresis = []float64{0, 0.01, 0.05}[rng.IntN(3)]
+	regions := []string{"a", "b", "c", "d"}[:2+rng.IntN(3)]
+	cfg.Budgets = []Budget{
+		{Rule: "api", Limit: bucket.PerMinute(bucket.Tokens(100 + rng.IntN(10000))).WithBurst(bucket.Tokens(10 + rng.IntN(500))),
+			Regions: regions, Reserve: []float64{0, 0.2, DefaultReserve, 0.9}[rng.IntN(4)], Policy: Policy(rng.IntN(3))},
+		{Rule: "w", Limit: bucket.PerSecond(bucket.Tokens(10 + rng.IntN(1000))), Regions: regions[1:],
+			Weights: weights(rng, len(regions)-1), Reserve: rng.Float64() * 0.5},
+	}
+	return cfg
+}
+
+func weights(rng *rand.Rand, n int) []int64 {
+	w := make([]int64, n)
+	for i := range w {
+		w[i] = 1 + rng.Int64N(5)
+	}
+	return w
+}
+
+func runProperty(t *testing.T, seed uint64, steps int) error {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	cfg := propertyConfig(rng)
+	c := newCluster(t, cfg)
+	c.rng = rng
+	c.loss = []float64{0, 0.02, 0.1, 0.3}[rng.IntN(4)]
+	c.dup = []float64{0, 0.05, 0.2}[rng.IntN(3)]
+	c.jitter = time.Duration(rng.IntN(300)) * time.Millisecond
+	keys := []bucket.Key{{Rule: "api", Subject: "x"}, {Rule: "api", Subject: "y"}, {Rule: "w", Subject: "x"}, {Rule: "w", Subject: "z"}}
+	cutUntil := map[string]int{}
+	for i := range steps {
+		switch x := rng.IntN(1000); {
+		case x < 150: // demand changes
+			r := c.regions[rng.IntN(len(c.regions))]
+			k := keys[rng.IntN(len(keys))]
+			if c.demand[r] == nil {
+				c.demand[r] = map[bucket.Key]bucket.Tokens{}
+			}
+			if rng.IntN(4) == 0 {
+				delete(c.demand[r], k)
+			} else {
+				c.demand[r][k] = bucket.Tokens(rng.IntN(20000))
+			}
+		case x < 165: // partition a region for a while
+			r := c.regions[rng.IntN(len(c.regions))]
+			c.cut[r] = true
+			c.trace("cut %s", r)
+			cutUntil[r] = i + rng.IntN(120)
+		case x < 170: // leader change
+			c.trace("leader change")
+			c.leaderChange()
+		case x < 173: // the leader expires leases and a new one takes over
+			c.trace("expire all and leader change")
+			c.alloc.ExpireAll(c.now)
+			c.collect()
+			c.step(time.Duration(rng.IntN(200)) * time.Millisecond)
+			c.leaderChange()
+		case x < 176: // a region restarts from its persisted state
+			r := c.regions[rng.IntN(len(c.regions))]
+			st := c.holders[r].Snapshot()
+			c.trace("restart %s", r)
+			hc := DefaultHolderConfig()
+			hc.Region, hc.Budgets, hc.Drift, hc.Refresh = r, cfg.Budgets, cfg.Drift, cfg.Refresh
+			h, err := RestoreHolder(hc, st, c.now)
+			if err != nil {
+				return err
+			}
+			c.holders[r] = h
+		case x < 178: // a region shuts down cleanly and comes back fresh
+			r := c.regions[rng.IntN(len(c.regions))]
+			c.trace("release %s", r)
+			c.holders[r].Release(c.now)
+			c.collect()
+			c.step(time.Duration(rng.IntN(3000)) * time.Millisecond)
+			if err := c.checkI1(); err != nil {
+				return err
+			}
+			// A fresh incarnation may use its floors: its lends were
+			// released with it only once the hold ran out.
+			c.step(cfg.Hold + cfg.Drift)
+			if err := c.checkI1(); err != nil {
+				return err
+			}
+			c.startHolder(r)
+		}
+		for r, until := range cutUntil {
+			if i >= until {
+				delete(c.cut, r)
+				delete(cutUntil, r)
+				c.holders[r].Reconnect(c.now)
+				c.collect()
+			}
+		}
+		c.step(time.Duration(1+rng.IntN(150)) * time.Millisecond)
+		err := c.checkI1()
+		if err == nil {
+			err = c.checkClaims()
+		}
+		if err != nil {
+			return fmt.Errorf("step %d (term %d): %w\n%s\n%s", i, c.term, err, c.show(), strings.Join(c.log[max(0, len(c.log)-150):], "\n"))
+		}
+	}
+	return nil
+}
