@@ -34,7 +34,7 @@ func newRedisStore(t testing.TB, c redis.UniversalClient, opts bucket.RedisOptio
 func TestRedisConformance(t *testing.T) {
 	c := testenv.RedisClient(t)
 	storetest.Run(t, func(t *testing.T, clk clock.Clock) bucket.Store {
-		return newRedisStore(t, c, bucket.RedisOptions{Now: clk.Now})
+		return newRedisStore(t, c, bucket.RedisOptions{Now: clk.Now, Timeout: 5 * time.Second})
 	})
 }
 
@@ -49,7 +49,7 @@ func TestRedisClusterConformance(t *testing.T) {
 		t.Fatalf("UniversalClient with %d addresses is %T, want a cluster client", len(addrs), c)
 	}
 	storetest.Run(t, func(t *testing.T, clk clock.Clock) bucket.Store {
-		return newRedisStore(t, c, bucket.RedisOptions{Now: clk.Now})
+		return newRedisStore(t, c, bucket.RedisOptions{Now: clk.Now, Timeout: 5 * time.Second})
 	})
 }
 

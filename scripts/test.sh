@@ -63,5 +63,5 @@ echo "test.sh: redis $ALLOT_REDIS_ADDR, etcd $ALLOT_ETCD_ENDPOINTS"
 if [ "${BENCH_ONLY:-}" = 1 ]; then
   go test -run '^$' -bench "${BENCH:-.}" -benchmem ${BENCHFLAGS:-} ./...
 else
-  go test -race -timeout 20m ${TESTFLAGS:-} ./...
+  go test -race -timeout 20m ${TESTFLAGS:-} ${TEST_PKGS:-./...}
 fi

@@ -223,15 +223,21 @@ func StartRedisCluster(t testing.TB, n int) []string {
 	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
 		t.Fatalf("testenv: redis-cli --cluster create: %v\n%s", err, out)
 	}
-	c := redis.NewClient(&redis.Options{Addr: addrs[0]})
-	defer c.Close()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		info, err := c.ClusterInfo(context.Background()).Result()
-		if err == nil && strings.Contains(info, "cluster_state:ok") {
+		ok := 0
+		for _, a := range addrs {
+			c := redis.NewClient(&redis.Options{Addr: a})
+			info, err := c.ClusterInfo(context.Background()).Result()
+			c.Close()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				ok++
+			}
+		}
+		if ok == len(addrs) {
 			return addrs
 		}
-		time.Sleep(50 * time.Millisecond) // waiting for the cluster to agree on slots
+		time.Sleep(50 * time.Millisecond) // waiting for every node to agree on slots
 	}
 	t.Fatalf("testenv: redis cluster %v did not reach cluster_state:ok", addrs)
 	return nil
