@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/allot-dev/allot/bucket"
 )
@@ -24,6 +25,7 @@ type allot struct {
 	outage    [][]Micros
 	cutStart  [][]Micros
 	failovers []int
+	batched   []bool // per rule: some agent took a batch
 }
 
 // agent is one agent process of a region.
@@ -95,12 +97,22 @@ func newAllot(w *world) error {
 	for _, r := range w.rules {
 		a.policy = append(a.policy, r.spec.Policy)
 	}
+	a.batched = make([]bool, len(w.rules))
 	a.si = w.addSystem(a)
 	p, err := newPlane(w, a)
 	if err != nil {
 		return err
 	}
 	a.plane = p
+	if !w.opts.LeakyLimitChanges {
+		for r, rd := range a.redis {
+			rd.last = make([]bucket.Limit, w.nb)
+			rd.seen = make([]bool, w.nb)
+			rd.debt = make([]int64, w.nb)
+			rd.rule = w.ruleIdx
+			rd.floors = p.floors[r]
+		}
+	}
 	return nil
 }
 
@@ -165,6 +177,7 @@ func (a *allot) arrive(w *world, t Micros, r, b int, cost int64, idealOK bool) {
 			want = bt.size(w, l, cost)
 			ag.inflight[int32(b)] = true
 			flag |= flagRefill
+			a.batched[w.ruleIdx[b]] = true
 		}
 	}
 	at, ok := w.net.send(w.sysRng[a.si], node{kind: kindAgent, region: r, idx: ai}, node{kind: kindRedis, region: r}, t)
@@ -217,8 +230,13 @@ func (a *allot) handle(w *world, e *event) {
 				bt = &batch{}
 				ag.batches[b] = bt
 			}
+			// The batch ages from its debit at Redis; tokens still held from
+			// an older batch keep their older age, so no token is ever kept
+			// longer than the batch TTL.
+			if bt.tokens == 0 {
+				bt.takenAt = e.sent
+			}
 			bt.tokens += e.k
-			bt.takenAt = e.at
 		}
 	case alPlane:
 		a.plane.handle(w, e)
@@ -248,7 +266,7 @@ func (a *allot) redisOp(w *world, e *event) {
 	back, delivered := w.net.send(w.sysRng[a.si], node{kind: kindRedis, region: r}, node{kind: kindAgent, region: r, idx: ai}, e.at)
 	if e.flag&flagRefill != 0 {
 		if delivered {
-			w.at(back, a.si, event{sub: alReply, aux: e.aux, agt: e.agt, j: e.j, k: got})
+			w.at(back, a.si, event{sub: alReply, aux: e.aux, agt: e.agt, j: e.j, k: got, sent: e.at})
 		} else {
 			delete(ag.inflight, int32(b))
 		}
@@ -433,6 +451,20 @@ func (a *allot) bound(w *world, ri int) (float64, []string, bool) {
 		if reg.RedisDrift > 0 {
 			add(reg.RedisDrift*R*w.sc.Duration.Seconds(), "redis clock in %s runs fast by %g × R × duration", reg.Name, reg.RedisDrift)
 		}
+	}
+	if a.batched[ri] {
+		// I3 holds for debits: batch tokens are taken from the regional
+		// bucket before use. They are spent a little later, though, so in a
+		// window the spends can exceed the debits by what agents held:
+		// at most R × the batch TTL, and at most every agent's largest batch.
+		held := R * w.sc.Agent.BatchTTL.Seconds()
+		var most float64
+		for r := range w.regions {
+			l := a.maxLimit(w, r, ri)
+			most += float64(w.regions[r].agents) * math.Max(1, math.Floor(float64(l.Burst())*w.sc.Agent.BatchMaxFraction))
+		}
+		add(math.Min(held, most), "batches spent after their debit: min(R × batch_ttl %s, Σ agents × largest batch %.0f)",
+			w.sc.Agent.BatchTTL, most)
 	}
 	v, t := a.plane.boundTerms(w, ri)
 	if v > 0 || len(t) > 0 {

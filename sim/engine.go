@@ -46,33 +46,52 @@ type event struct {
 
 // engine is the discrete-event core: a min-heap of events ordered by time
 // then by the order they were scheduled in, which makes ties deterministic.
+// The heap holds small pointer-free keys; the events themselves sit in a
+// slab reused through a free list, so moving keys costs no write barriers
+// and steady-state scheduling allocates nothing.
 type engine struct {
 	now  Micros
 	seq  uint64
-	heap []event
+	heap []heapKey
+	slab []event
+	free []int32
 	rng  *rand.Rand
 	// fired counts events handled, for the speed figures.
 	fired uint64
 }
 
-func newEngine(seed uint64) *engine {
-	return &engine{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), heap: make([]event, 0, 1024)}
+type heapKey struct {
+	at   Micros
+	seq  uint64
+	slot int32
 }
 
-// schedule adds e to fire at e.at, which must not be in the past; an event
-// scheduled for the past fires now.
+func newEngine(seed uint64) *engine {
+	return &engine{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), heap: make([]heapKey, 0, 1024)}
+}
+
+// schedule adds e to fire at e.at; an event scheduled for the past fires
+// now.
 func (g *engine) schedule(e event) {
 	if e.at < g.now {
 		e.at = g.now
 	}
 	g.seq++
 	e.seq = g.seq
-	g.heap = append(g.heap, e)
+	var slot int32
+	if n := len(g.free); n > 0 {
+		slot = g.free[n-1]
+		g.free = g.free[:n-1]
+		g.slab[slot] = e
+	} else {
+		slot = int32(len(g.slab))
+		g.slab = append(g.slab, e)
+	}
+	g.heap = append(g.heap, heapKey{at: e.at, seq: e.seq, slot: slot})
 	g.up(len(g.heap) - 1)
 }
 
-func (g *engine) less(a, b int) bool {
-	x, y := &g.heap[a], &g.heap[b]
+func keyLess(x, y heapKey) bool {
 	if x.at != y.at {
 		return x.at < y.at
 	}
@@ -80,33 +99,41 @@ func (g *engine) less(a, b int) bool {
 }
 
 func (g *engine) up(i int) {
+	h := g.heap
+	k := h[i]
 	for i > 0 {
-		p := (i - 1) / 2
-		if !g.less(i, p) {
-			return
+		p := (i - 1) / 4
+		if !keyLess(k, h[p]) {
+			break
 		}
-		g.heap[i], g.heap[p] = g.heap[p], g.heap[i]
+		h[i] = h[p]
 		i = p
 	}
+	h[i] = k
 }
 
 func (g *engine) down(i int) {
-	n := len(g.heap)
+	h := g.heap
+	n := len(h)
+	k := h[i]
 	for {
-		l := 2*i + 1
-		if l >= n {
-			return
+		c := 4*i + 1
+		if c >= n {
+			break
 		}
-		m := l
-		if r := l + 1; r < n && g.less(r, l) {
-			m = r
+		m := c
+		for j := c + 1; j < c+4 && j < n; j++ {
+			if keyLess(h[j], h[m]) {
+				m = j
+			}
 		}
-		if !g.less(m, i) {
-			return
+		if !keyLess(h[m], k) {
+			break
 		}
-		g.heap[i], g.heap[m] = g.heap[m], g.heap[i]
+		h[i] = h[m]
 		i = m
 	}
+	h[i] = k
 }
 
 // pop removes and returns the earliest event and moves virtual time to it.
@@ -115,13 +142,15 @@ func (g *engine) pop() (event, bool) {
 	if n == 0 {
 		return event{}, false
 	}
-	e := g.heap[0]
+	top := g.heap[0]
 	g.heap[0] = g.heap[n-1]
-	g.heap[n-1] = event{}
 	g.heap = g.heap[:n-1]
 	if n > 1 {
 		g.down(0)
 	}
+	e := g.slab[top.slot]
+	g.slab[top.slot].p = nil
+	g.free = append(g.free, top.slot)
 	g.now = e.at
 	g.fired++
 	return e, true

@@ -28,6 +28,14 @@ type regionalRedis struct {
 	lost  []int64
 	ops   int64
 	fails int
+	// last is, per budget, the limit of the previous operation, for carry;
+	// nil when limit changes are left to bucket/ alone (the behaviour the
+	// tests show overshoots).
+	last   []bucket.Limit
+	seen   []bool
+	debt   []int64
+	floors []bucket.Limit // per rule: the limit of a budget never touched
+	rule   []uint16
 }
 
 // repWrite is one write on its way to the replica.
@@ -57,6 +65,9 @@ func (r *regionalRedis) up(t Micros) bool { return t >= r.downUntil }
 // touched since a detected failover.
 func (r *regionalRedis) load(b int, t Micros, l bucket.Limit) bucket.State {
 	st := r.states[b]
+	if r.last != nil {
+		st = r.carry(b, t, l, st)
+	}
 	if r.empty && r.epoch[b] != r.failovers {
 		r.epoch[b] = r.failovers
 		if _, _, ns, err := bucket.TakeUpTo(bucket.State{}, r.clock.at(t), l, l.Burst()); err == nil {
@@ -64,6 +75,77 @@ func (r *regionalRedis) load(b int, t Micros, l bucket.Limit) bucket.State {
 		}
 	}
 	return st
+}
+
+// carry moves budget b's state to a new limit so that moving capacity
+// between regions never creates tokens. bucket/ alone keeps the tokens
+// spent across a limit change and caps them at the new burst, which is
+// right for one bucket but leaks when the limit is one region's share of a
+// global budget: a larger allocation arrives spent (the burst it adds was
+// free in another region, which may have spent it a moment ago), and a
+// smaller one keeps what was spent beyond its burst as a debt repaid before
+// anything is admitted.
+func (r *regionalRedis) carry(b int, t Micros, l bucket.Limit, st bucket.State) bucket.State {
+	old := r.last[b]
+	if old.IsZero() && !r.seen[b] {
+		old = r.floors[r.rule[b]]
+		r.seen[b] = true
+	}
+	r.last[b] = l
+	now := r.clock.at(t)
+	if old != l {
+		var spent bucket.Tokens
+		if !old.IsZero() {
+			if d, err := bucket.Peek(st, now, old); err == nil {
+				spent = old.Burst() - d.Remaining
+			}
+		}
+		switch {
+		case l.IsZero():
+			r.debt[b] += int64(spent)
+		case l.Burst() > old.Burst():
+			if _, _, ns, err := bucket.TakeUpTo(st, now, l, l.Burst()-old.Burst()); err == nil {
+				st = ns
+			}
+		case spent > l.Burst():
+			r.debt[b] += int64(spent - l.Burst())
+		}
+	}
+	if r.debt[b] > 0 && !l.IsZero() {
+		if got, _, ns, err := bucket.TakeUpTo(st, now, l, bucket.Tokens(min(r.debt[b], int64(l.Burst())))); err == nil {
+			st = ns
+			r.debt[b] -= int64(got)
+		}
+	}
+	return st
+}
+
+// settle applies a new limit to budget b at t, as the region must do at the
+// instant its allocation changes, before it acknowledges the change: carry
+// the tokens across (see carry), then re-anchor the bucket at t so that it
+// refills at the new rate from now on. GCRA refills lazily at the rate of
+// the last write; without this, a region whose allocation shrank would keep
+// refilling at its old rate until its next request for the key, while the
+// rate it gave up is already in use elsewhere.
+func (r *regionalRedis) settle(b int, t Micros, l bucket.Limit) {
+	if r.last == nil || !r.up(t) {
+		return
+	}
+	r.ops++
+	st := r.load(b, t, l)
+	now := r.clock.at(t)
+	if !l.IsZero() {
+		if d, err := bucket.Peek(st, now, l); err == nil && d.Remaining < l.Burst() {
+			// Give one token back and take it again: no tokens change hands,
+			// and the state is rewritten at t under l.
+			if _, s2, err := bucket.Return(st, now, l, 1); err == nil {
+				if got, _, s3, err := bucket.TakeUpTo(s2, now, l, 1); err == nil && got == 1 {
+					st = s3
+				}
+			}
+		}
+	}
+	r.store(b, t, st, 0)
 }
 
 // store writes budget b's new state and queues it for the replica.

@@ -17,6 +17,12 @@ type Options struct {
 	// BreakEscrow makes the allot system's allocator skip its escrow check,
 	// to prove the simulator catches a broken allocator. Tests only.
 	BreakEscrow bool
+	// LeakyLimitChanges leaves a change of a region's allocation to
+	// bucket/ alone: an increase is available at once and a decrease
+	// forgives what was spent beyond the new burst, so capacity moved
+	// between regions is spent twice. Tests only; it shows why the region
+	// must carry its bucket across allocation changes (see carry).
+	LeakyLimitChanges bool
 }
 
 // Systems lists every system a run can measure, allot first.

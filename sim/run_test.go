@@ -1,24 +1,167 @@
 package sim
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"testing"
 )
 
-func TestTry(t *testing.T) {
-	sc, err := LoadScenario("scenarios/01-steady-skewed.yaml")
+// testScale shrinks the library's load so every scenario runs on several
+// seeds under the race detector within the test budget; the timelines
+// (fault windows, TTLs) are unchanged. cmd/sim runs them at full scale.
+const testScale = 0.1
+
+var testSeeds = []uint64{1, 2, 3}
+
+func loadLibrary(t *testing.T) []*Scenario {
+	t.Helper()
+	scs, err := LoadDir("scenarios")
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Run(sc, 1, Options{})
+	if len(scs) < 10 {
+		t.Fatalf("library holds %d scenarios, want ≥ 10", len(scs))
+	}
+	return scs
+}
+
+// TestLibraryWithinBounds runs every scenario on several seeds and checks
+// that allot's measured overshoot is within the stated bound for every
+// rule; a fail-open scenario must say UNBOUNDED instead.
+func TestLibraryWithinBounds(t *testing.T) {
+	for _, sc := range loadLibrary(t) {
+		small, err := sc.Scaled(testScale)
+		if err != nil {
+			t.Fatalf("%s: %v", sc.Name, err)
+		}
+		for _, seed := range testSeeds {
+			res, err := Run(small, seed, Options{})
+			if err != nil {
+				t.Fatalf("%s seed=%d: %v", sc.Name, seed, err)
+			}
+			al := res.Systems[0]
+			if al.Name != "allot" {
+				t.Fatalf("first system is %q, want allot", al.Name)
+			}
+			for _, r := range al.Rules {
+				switch {
+				case r.Unbounded:
+					if small.Rules[0].Policy != PolicyOpen && !hasOpenRule(small) {
+						t.Errorf("%s seed=%d rule %s: UNBOUNDED without a fail-open rule", sc.Name, seed, r.Rule)
+					}
+				case r.Verdict != Pass:
+					t.Errorf("%s seed=%d rule %s: overshoot %.3f tokens > bound %.3f (%v); replay with: go run ./cmd/sim -seed %d -scale %v sim/scenarios/…%s",
+						sc.Name, seed, r.Rule, r.PeakTokens, *r.Bound, r.BoundTerms, seed, testScale, sc.Name)
+				}
+			}
+			if res.Arrivals == 0 || al.Admitted == 0 {
+				t.Errorf("%s seed=%d: nothing admitted (%d arrivals)", sc.Name, seed, res.Arrivals)
+			}
+		}
+	}
+}
+
+func hasOpenRule(sc *Scenario) bool {
+	for _, r := range sc.Rules {
+		if r.Policy == PolicyOpen {
+			return true
+		}
+	}
+	return false
+}
+
+// TestDeterministic runs the busiest scenario twice with one seed and
+// compares the JSON byte for byte, and checks that another seed differs.
+func TestDeterministic(t *testing.T) {
+	sc, err := LoadScenario("scenarios/15-everything.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range res.Systems {
-		s.AdmittedRate = nil
-		s.Overshoot = nil
-		b, _ := json.Marshal(s)
-		t.Logf("%s", b)
+	small, err := sc.Scaled(testScale)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("arrivals=%d decisions=%d events=%d verdict=%s", res.Arrivals, res.Decisions, res.Events, res.Verdict)
+	enc := func(seed uint64) []byte {
+		res, err := Run(small, seed, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	a, b, c := enc(42), enc(42), enc(43)
+	if !bytes.Equal(a, b) {
+		t.Fatalf("two runs with seed 42 differ (%d vs %d bytes)", len(a), len(b))
+	}
+	if bytes.Equal(a, c) {
+		t.Fatal("seeds 42 and 43 gave identical results: the seed is not used")
+	}
+}
+
+// TestBrokenAllocatorIsCaught hands every region the whole budget for each
+// hot key, as an allocator that skipped its escrow check would, and expects
+// the simulator to report FAIL.
+func TestBrokenAllocatorIsCaught(t *testing.T) {
+	sc, err := LoadScenario("scenarios/03-flash-crowd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := sc.Scaled(testScale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, err := Run(small, 1, Options{Systems: []string{"allot"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if good.Verdict != Pass {
+		t.Fatalf("the correct allocator fails: %+v", good.Systems[0].Rules)
+	}
+	bad, err := Run(small, 1, Options{Systems: []string{"allot"}, BreakEscrow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bad.Verdict != Fail {
+		t.Fatalf("broken allocator verdict = %s (overshoot %+v), want FAIL", bad.Verdict, bad.Systems[0].Rules)
+	}
+}
+
+// TestLeakyLimitChangesAreCaught shows why a region must debit an allocation's
+// burst increase: handing it out full lets the moved burst be spent twice.
+func TestLeakyLimitChangesAreCaught(t *testing.T) {
+	sc, err := LoadScenario("scenarios/13-bursty-diurnal.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(sc, 1, Options{Systems: []string{"allot"}, LeakyLimitChanges: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Verdict != Fail {
+		t.Fatalf("full increases: verdict %s, want FAIL: %+v", res.Verdict, res.Systems[0].Rules)
+	}
+}
+
+func TestScenarioErrorsNameTheField(t *testing.T) {
+	cases := map[string]string{
+		"unknown field": "name: x\nregions: [{name: a}]\nrules: [{name: r, count: 1, period: 1s}]\nbogus: 1\n",
+		"count":         "name: x\nregions: [{name: a}]\nrules: [{name: r, count: 0, period: 1s}]\n",
+		"region":        "name: x\nregions: [{name: a}]\nrules: [{name: r, count: 1, period: 1s}]\ntraffic: [{region: b, rule: r, rate: 1}]\n",
+		"latency":       "name: x\nregions: [{name: a}, {name: b}]\nrules: [{name: r, count: 1, period: 1s}]\n",
+		"fault":         "name: x\nregions: [{name: a}]\nrules: [{name: r, count: 1, period: 1s}]\nfaults: [{kind: meteor, region: a}]\n",
+	}
+	want := map[string]string{
+		"unknown field": "bogus", "count": "count=0", "region": `region="b"`, "latency": "no entry for a→b",
+		"fault": `kind="meteor"`,
+	}
+	for name, y := range cases {
+		_, err := ParseScenario([]byte(y))
+		if err == nil || !errors.Is(err, ErrScenario) || !bytes.Contains([]byte(err.Error()), []byte(want[name])) {
+			t.Errorf("%s: err = %v, want ErrScenario naming %q", name, err, want[name])
+		}
+	}
 }

@@ -590,3 +590,35 @@ func (sc *Scenario) oneWay(a, b string) (time.Duration, bool) {
 	}
 	return 0, false
 }
+
+// Scaled returns a copy of sc with every traffic rate and every budget
+// (count and burst) multiplied by f, keeping the timeline: the same
+// scenario with f times the load, for quick runs under the race detector.
+// Costs are capped at the scaled burst.
+func (sc *Scenario) Scaled(f float64) (*Scenario, error) {
+	if f <= 0 || f > 1000 {
+		return nil, bad("scale=%v must be in (0, 1000]", f)
+	}
+	c := *sc
+	c.Rules = append([]RuleSpec(nil), sc.Rules...)
+	c.Traffic = append([]TrafficSpec(nil), sc.Traffic...)
+	c.Faults = append([]FaultSpec(nil), sc.Faults...)
+	for i := range c.Rules {
+		r := &c.Rules[i]
+		r.Count = max(int64(float64(r.Count)*f), 1)
+		r.Burst = max(int64(float64(r.Burst)*f), 1)
+	}
+	for i := range c.Traffic {
+		t := &c.Traffic[i]
+		t.Rate *= f
+		burst := c.Rules[c.ruleIndex(t.Rule)].Burst
+		t.Cost = append([]CostSpec(nil), t.Cost...)
+		for j := range t.Cost {
+			t.Cost[j].Value = min(t.Cost[j].Value, burst)
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}

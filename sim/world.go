@@ -82,6 +82,9 @@ type world struct {
 	// testHooks configure deliberate bugs for the tests that prove the
 	// simulator catches them.
 	opts Options
+	cur  event
+	// trace, when set by a test, sees every admission.
+	trace func(si, region, b int, cost int64, t Micros, p path)
 }
 
 func (w *world) ruleOf(b int) *ruleRT { return &w.rules[w.ruleIdx[b]] }
@@ -173,6 +176,9 @@ func (w *world) addSystem(s system) int {
 func (w *world) admit(si, region, b int, cost int64, t Micros, p path, lat Micros) {
 	m := w.meters[si]
 	m.requests++
+	if w.trace != nil {
+		w.trace(si, region, b, cost, t, p)
+	}
 	m.admit(w, b, region, cost, t)
 	m.pathCount[p]++
 	m.lat[p].record(lat)
@@ -222,14 +228,17 @@ func (w *world) run() {
 		if !ok || at > w.end {
 			break
 		}
-		e, _ := g.pop()
+		// The event lives in w.cur so that handing its address to a
+		// system does not move every event to the heap.
+		w.cur, _ = g.pop()
+		e := &w.cur
 		switch e.kind {
 		case evArrival:
-			w.arrival(&e)
+			w.arrival(e)
 		case evFaultStart, evFaultEnd:
 			w.fault(int(e.i), e.kind == evFaultStart)
 		case evSystem:
-			w.systems[e.i].handle(w, &e)
+			w.systems[e.i].handle(w, e)
 		}
 		if w.progress != nil && e.at >= nextProgress {
 			w.progress(e.at, w.end)

@@ -1,0 +1,522 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/lease"
+)
+
+// leasePlane drives the real lease protocol: a lease.Holder per region
+// (held by the region's speaking agent, at the region's clock) and a
+// lease.Allocator on the coordinator leader (at the clock of the region it
+// runs in), exchanging lease.Messages over the simulated network. Agents
+// decide with Holder.Allocation.
+type leasePlane struct {
+	a       *allot
+	budgets []lease.Budget
+	cfg     lease.Config
+	subject [][]string // [rule][key] → subject
+	keys    []bucket.Key
+	floors  [][]bucket.Limit // [region][rule]
+
+	holders []*lease.Holder
+	speaker []int // speaking agent per region, −1 when none is alive
+	coords  []coordinator
+	leader  int // −1 during an election
+	term    uint64
+
+	// The allocation cache: Holder.Allocation answers change only when the
+	// Holder steps or ticks, or when its lease or hold ends, so each
+	// region keeps the answers it gave until then.
+	epoch      []uint32
+	validUntil []Micros // agent-local µs
+	cacheLim   [][]bucket.Limit
+	cacheEp    [][]uint32
+
+	// Demand: per region and budget, an exponentially decaying sum of
+	// arrival costs (time constant tau), and when Demand was last called.
+	dsum       [][]float64
+	dlast      [][]Micros
+	dcall      [][]Micros
+	lastSweep  []Micros
+	tau        float64
+	msgs       int64
+	tracked    []int // per rule: the budget whose allocation is charted
+	allocBins  [][][]float64
+	maxRate    [][]float64 // [region][rule] largest allocation rate seen, tokens/s
+	maxBurst   [][]int64
+	broken     bool
+	stepErrors int64
+	// applied is, per region, the limit last applied to the regional bucket
+	// of each budget not at its floor; settleAt the pending settle event.
+	applied  []map[int32]bucket.Limit
+	settleAt []Micros
+}
+
+type coordinator struct {
+	region int
+	alloc  *lease.Allocator
+}
+
+// Plane event kinds, carried in event.flag under alPlane.
+const (
+	plHolderTick int8 = iota
+	plAllocTick
+	plToCoord
+	plToRegion
+	plElected
+	plReconnect
+	plSettle
+)
+
+// tickEvery is how often the drivers tick the state machines: well inside
+// the refresh interval, as a real driver's timer would.
+const tickEvery = 100_000 // µs
+
+func newPlane(w *world, a *allot) (*leasePlane, error) {
+	sc := w.sc
+	p := &leasePlane{a: a, leader: 0, term: 1, tau: 1e6, broken: w.opts.BreakEscrow}
+	var names []string
+	for _, r := range w.regions {
+		names = append(names, r.name)
+	}
+	for _, r := range w.rules {
+		p.budgets = append(p.budgets, lease.Budget{Rule: r.spec.Name, Limit: r.limit, Regions: names,
+			Reserve: r.spec.Reserve, Policy: lease.MaxMin})
+		subs := make([]string, r.keys)
+		for k := range subs {
+			subs[k] = "s" + strconv.Itoa(k)
+			p.keys = append(p.keys, bucket.Key{Rule: r.spec.Name, Subject: subs[k]})
+		}
+		p.subject = append(p.subject, subs)
+		tr := 0
+		for _, ts := range sc.Traffic {
+			if ts.Rule == r.spec.Name && ts.Key != nil {
+				tr = *ts.Key
+			}
+		}
+		p.tracked = append(p.tracked, r.base+tr)
+	}
+	cfg := lease.DefaultConfig()
+	cfg.TTL = sc.Coordinator.LeaseTTL
+	cfg.Refresh = sc.Coordinator.Refresh
+	cfg.Drift = time.Duration(float64(cfg.TTL) * sc.Coordinator.Drift)
+	cfg.Hold = cfg.TTL + 2*cfg.Drift + cfg.Refresh + cfg.Refresh/2
+	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
+	cfg.Budgets = p.budgets
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("sim: scenario %s: coordinator: %w", sc.Name, err)
+	}
+	p.cfg = cfg
+	for _, name := range sc.Coordinator.Regions {
+		p.coords = append(p.coords, coordinator{region: sc.regionIndex(name)})
+	}
+	c0 := &p.coords[0]
+	alloc, err := lease.NewAllocator(cfg, p.term, p.coordNow(w, 0, 0))
+	if err != nil {
+		return nil, fmt.Errorf("sim: new allocator: %w", err)
+	}
+	c0.alloc = alloc
+	n := len(w.regions)
+	p.epoch = make([]uint32, n)
+	p.applied = make([]map[int32]bucket.Limit, n)
+	p.settleAt = make([]Micros, n)
+	for r := range p.applied {
+		p.applied[r] = map[int32]bucket.Limit{}
+		p.settleAt[r] = -1
+	}
+	p.validUntil = make([]Micros, n)
+	p.lastSweep = make([]Micros, n)
+	for r := range w.regions {
+		hc := lease.DefaultHolderConfig()
+		hc.Region = w.regions[r].name
+		hc.Session = w.sysRng[a.si].Uint64() | 1
+		hc.Budgets = p.budgets
+		hc.Drift = cfg.Drift
+		hc.Refresh = cfg.Refresh
+		h, err := lease.NewHolder(hc, p.regionNow(w, r, 0))
+		if err != nil {
+			return nil, fmt.Errorf("sim: new holder for %s: %w", hc.Region, err)
+		}
+		p.holders = append(p.holders, h)
+		p.speaker = append(p.speaker, 0)
+		fl := make([]bucket.Limit, len(w.rules))
+		for i, b := range p.budgets {
+			fl[i] = b.LimitOf(b.FloorCount(hc.Region))
+		}
+		p.floors = append(p.floors, fl)
+		p.cacheLim = append(p.cacheLim, make([]bucket.Limit, w.nb))
+		p.cacheEp = append(p.cacheEp, make([]uint32, w.nb))
+		p.dsum = append(p.dsum, make([]float64, w.nb))
+		p.dlast = append(p.dlast, make([]Micros, w.nb))
+		p.dcall = append(p.dcall, make([]Micros, w.nb))
+		p.maxRate = append(p.maxRate, make([]float64, len(w.rules)))
+		p.maxBurst = append(p.maxBurst, make([]int64, len(w.rules)))
+		for i := range w.rules {
+			p.maxRate[r][i] = fl[i].Rate()
+			p.maxBurst[r][i] = int64(fl[i].Burst())
+		}
+		p.epoch[r] = 1
+		// Stagger the regions' ticks so they do not all fire at once.
+		w.at(Micros(r+1)*997, a.si, event{sub: alPlane, flag: plHolderTick, aux: int32(r)})
+		p.flushHolder(w, r, 0)
+	}
+	p.allocBins = make([][][]float64, len(w.rules))
+	for i := range p.allocBins {
+		p.allocBins[i] = make([][]float64, n)
+		for r := range p.allocBins[i] {
+			p.allocBins[i][r] = make([]float64, w.sc.Bins)
+		}
+	}
+	w.at(tickEvery/2, a.si, event{sub: alPlane, flag: plAllocTick})
+	return p, nil
+}
+
+func (p *leasePlane) regionNow(w *world, r int, t Micros) time.Time { return w.regions[r].agent.at(t) }
+
+func (p *leasePlane) coordNow(w *world, c int, t Micros) time.Time {
+	return w.regions[p.coords[c].region].agent.at(t)
+}
+
+// limit is Holder.Allocation, cached until the Holder changes or its
+// lease or hold ends.
+func (p *leasePlane) limit(r, b int) (bucket.Limit, bool) {
+	w := p.a.w
+	now := w.regions[r].agent.local(w.eng.now)
+	if now >= p.validUntil[r] {
+		p.invalidate(w, r, w.eng.now)
+	}
+	if p.cacheEp[r][b] != p.epoch[r] {
+		l, _ := p.holders[r].Allocation(wall(now), p.keys[b])
+		p.cacheLim[r][b] = l
+		p.cacheEp[r][b] = p.epoch[r]
+		if rate := l.Rate(); rate > p.maxRate[r][w.ruleIdx[b]] {
+			p.maxRate[r][w.ruleIdx[b]] = rate
+		}
+		if bu := int64(l.Burst()); bu > p.maxBurst[r][w.ruleIdx[b]] {
+			p.maxBurst[r][w.ruleIdx[b]] = bu
+		}
+	}
+	l := p.cacheLim[r][b]
+	return l, l != p.floors[r][w.ruleIdx[b]]
+}
+
+// invalidate starts a new cache epoch for region r and works out until when
+// (on the region's clock) its answers stay valid.
+func (p *leasePlane) invalidate(w *world, r int, t Micros) {
+	p.epoch[r]++
+	local := w.regions[r].agent.local(t)
+	st := p.holders[r].Status(wall(local))
+	until := Micros(math.MaxInt64)
+	for _, x := range []time.Time{st.LeaseEnd, st.HoldUntil} {
+		if x.IsZero() {
+			continue
+		}
+		if v := x.UnixMicro() - epochMicros; v > local && v < until {
+			until = v
+		}
+	}
+	p.validUntil[r] = until
+	p.settle(w, r, t)
+	if until != math.MaxInt64 {
+		at := w.regions[r].agent.virtual(until) + 1
+		if at > t && at != p.settleAt[r] {
+			p.settleAt[r] = at
+			w.at(at, p.a.si, event{sub: alPlane, flag: plSettle, aux: int32(r)})
+		}
+	}
+}
+
+// settle applies every changed allocation of region r to its regional
+// buckets at t (see regionalRedis.settle): the keys in the Holder's table
+// and those that just left it.
+func (p *leasePlane) settle(w *world, r int, t Micros) {
+	if p.a.redis[r].last == nil {
+		return
+	}
+	now := p.regionNow(w, r, t)
+	var keys []int32
+	for _, e := range p.holders[r].Table() {
+		if b, ok := p.budgetOf(w, e.Key); ok {
+			keys = append(keys, int32(b))
+		}
+	}
+	for b := range p.applied[r] {
+		keys = append(keys, b)
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	for _, b := range keys {
+		l, _ := p.holders[r].Allocation(now, p.keys[b])
+		floor := p.floors[r][w.ruleIdx[b]]
+		prev, ok := p.applied[r][b]
+		if !ok {
+			prev = floor
+		}
+		if l == prev {
+			continue
+		}
+		p.a.redis[r].settle(int(b), t, l)
+		if l == floor {
+			delete(p.applied[r], b)
+		} else {
+			p.applied[r][b] = l
+		}
+	}
+}
+
+// observe feeds the region's demand estimate and, when a request was denied
+// at its allocation, tells the Holder the key presses on it.
+func (p *leasePlane) observe(w *world, r, b int, cost int64, admitted bool, t Micros) {
+	dt := float64(t - p.dlast[r][b])
+	p.dsum[r][b] = p.dsum[r][b]*math.Exp(-dt/p.tau) + float64(cost)
+	p.dlast[r][b] = t
+	if admitted || t-p.dcall[r][b] < 50_000 || p.speaker[r] < 0 {
+		return
+	}
+	p.dcall[r][b] = t
+	p.demand(w, r, b, t)
+	p.flushHolder(w, r, t)
+}
+
+// demand reports budget b's estimated demand in region r to its Holder, in
+// tokens per the budget's period.
+func (p *leasePlane) demand(w *world, r, b int, t Micros) {
+	rule := w.ruleOf(b)
+	dt := float64(t - p.dlast[r][b])
+	rate := p.dsum[r][b] * math.Exp(-dt/p.tau) / p.tau // tokens per µs
+	want := bucket.Tokens(math.Ceil(rate * float64(us(rule.spec.Period))))
+	p.holders[r].Demand(p.regionNow(w, r, t), p.keys[b], want)
+}
+
+func (p *leasePlane) handle(w *world, e *event) {
+	t := e.at
+	switch e.flag {
+	case plHolderTick:
+		r := int(e.aux)
+		if p.speaker[r] >= 0 {
+			if t-p.lastSweep[r] >= us(p.cfg.Refresh) {
+				// Every refresh, report the demand of every key in the table.
+				p.lastSweep[r] = t
+				for _, en := range p.holders[r].Table() {
+					if b, ok := p.budgetOf(w, en.Key); ok {
+						p.demand(w, r, b, t)
+					}
+				}
+			}
+			p.holders[r].Tick(p.regionNow(w, r, t))
+			p.flushHolder(w, r, t)
+		}
+		p.sample(w, r, t)
+		w.at(t+tickEvery, p.a.si, event{sub: alPlane, flag: plHolderTick, aux: e.aux})
+	case plAllocTick:
+		if p.leader >= 0 {
+			p.coords[p.leader].alloc.Tick(p.coordNow(w, p.leader, t))
+			p.flushAlloc(w, t)
+		}
+		w.at(t+tickEvery, p.a.si, event{sub: alPlane, flag: plAllocTick})
+	case plToCoord:
+		c := int(e.agt)
+		if c != p.leader {
+			return // the coordinator died or lost the leadership
+		}
+		m := e.p.(lease.Message)
+		if err := p.coords[c].alloc.Step(p.coordNow(w, c, t), m); err != nil {
+			p.stepErrors++
+		}
+		p.flushAlloc(w, t)
+	case plToRegion:
+		r := int(e.aux)
+		if p.speaker[r] < 0 || int(e.agt) != p.speaker[r] {
+			return // the speaking agent it was sent to is gone
+		}
+		m := e.p.(lease.Message)
+		if p.broken && m.Type == lease.MsgGrant {
+			m = breakGrant(p, m)
+		}
+		if err := p.holders[r].Step(p.regionNow(w, r, t), m); err != nil {
+			p.stepErrors++
+		}
+		p.invalidate(w, r, t)
+		p.flushHolder(w, r, t)
+	case plElected:
+		c := int(e.agt)
+		p.term++
+		alloc, err := lease.NewAllocator(p.cfg, p.term, p.coordNow(w, c, t))
+		if err != nil {
+			panic(fmt.Sprintf("sim: allocator for term %d: %v", p.term, err)) // the config was validated
+		}
+		p.coords[c].alloc = alloc
+		p.leader = c
+		// The regions' transports find the new leader through the other
+		// addresses they were given and open a new stream.
+		for r := range w.regions {
+			if p.speaker[r] < 0 {
+				continue
+			}
+			if at, ok := w.net.send(w.sysRng[p.a.si], p.coordNode(c), p.agentNode(r), t); ok {
+				w.at(at, p.a.si, event{sub: alPlane, flag: plReconnect, aux: int32(r)})
+			}
+		}
+	case plSettle:
+		r := int(e.aux)
+		if p.settleAt[r] == t {
+			p.settleAt[r] = -1
+		}
+		p.invalidate(w, r, t)
+	case plReconnect:
+		r := int(e.aux)
+		if p.speaker[r] >= 0 {
+			p.holders[r].Reconnect(p.regionNow(w, r, t))
+			p.flushHolder(w, r, t)
+		}
+	}
+}
+
+// breakGrant is the deliberately broken allocator of the tests: it hands
+// every region the whole budget for every key it grants, as an allocator
+// that skipped the escrow check could.
+func breakGrant(p *leasePlane, m lease.Message) lease.Message {
+	out := m
+	out.Entries = make([]lease.Entry, len(m.Entries))
+	for i, e := range m.Entries {
+		for _, b := range p.budgets {
+			if b.Rule == e.Key.Rule && !e.Drop {
+				e.Count = b.Limit.Count()
+				e.Burst = b.Limit.Burst()
+			}
+		}
+		out.Entries[i] = e
+	}
+	return out
+}
+
+func (p *leasePlane) budgetOf(w *world, k bucket.Key) (int, bool) {
+	for i, r := range w.rules {
+		if r.spec.Name == k.Rule {
+			n, err := strconv.Atoi(k.Subject[1:])
+			if err != nil || n < 0 || n >= r.keys {
+				return 0, false
+			}
+			return r.base + n, true
+		}
+		_ = i
+	}
+	return 0, false
+}
+
+func (p *leasePlane) agentNode(r int) node {
+	return node{kind: kindAgent, region: r, idx: max(p.speaker[r], 0)}
+}
+
+func (p *leasePlane) coordNode(c int) node {
+	return node{kind: kindCoordinator, region: p.coords[c].region, idx: c}
+}
+
+// flushHolder sends region r's queued messages to the leader.
+func (p *leasePlane) flushHolder(w *world, r int, t Micros) {
+	h := p.holders[r]
+	if !h.HasReady() {
+		return
+	}
+	p.invalidate(w, r, t)
+	for _, m := range h.Ready() {
+		p.msgs++
+		if p.leader < 0 {
+			continue // no leader: the stream is down
+		}
+		if at, ok := w.net.send(w.sysRng[p.a.si], p.agentNode(r), p.coordNode(p.leader), t); ok {
+			w.at(at, p.a.si, event{sub: alPlane, flag: plToCoord, agt: int32(p.leader), p: m})
+		}
+	}
+}
+
+// flushAlloc sends the leader's queued messages to the regions.
+func (p *leasePlane) flushAlloc(w *world, t Micros) {
+	a := p.coords[p.leader].alloc
+	if !a.HasReady() {
+		return
+	}
+	for _, m := range a.Ready() {
+		p.msgs++
+		r := w.sc.regionIndex(m.Region)
+		if r < 0 || p.speaker[r] < 0 {
+			continue
+		}
+		if at, ok := w.net.send(w.sysRng[p.a.si], p.coordNode(p.leader), p.agentNode(r), t); ok {
+			w.at(at, p.a.si, event{sub: alPlane, flag: plToRegion, aux: int32(r), agt: int32(p.speaker[r]), p: m})
+		}
+	}
+}
+
+// sample records the tracked budgets' allocations for the chart.
+func (p *leasePlane) sample(w *world, r int, t Micros) {
+	bin := int(t / (w.end / Micros(w.sc.Bins)))
+	if bin >= w.sc.Bins || t > w.end {
+		return
+	}
+	for ri, b := range p.tracked {
+		l, _ := p.limit(r, b)
+		p.allocBins[ri][r][bin] = round(l.Rate(), 3)
+	}
+}
+
+func (p *leasePlane) fault(w *world, f *FaultSpec, start bool) {
+	t := w.eng.now
+	switch f.Kind {
+	case FaultLeaderFailover:
+		if !start || p.leader < 0 {
+			return
+		}
+		next := (p.leader + 1) % len(p.coords)
+		p.coords[p.leader].alloc = nil
+		p.leader = -1
+		w.at(t+us(w.sc.Coordinator.Election), p.a.si, event{sub: alPlane, flag: plElected, agt: int32(next)})
+	case FaultAgentCrash:
+		r := w.sc.regionIndex(f.Region)
+		old := p.speaker[r]
+		p.speaker[r] = -1
+		for i, ag := range p.a.agents[r] {
+			if ag.alive {
+				p.speaker[r] = i
+				break
+			}
+		}
+		if p.speaker[r] >= 0 && p.speaker[r] != old {
+			// Another agent speaks for the region now; the table lives in
+			// the regional Redis, so it resumes the same lease.
+			p.holders[r].Reconnect(p.regionNow(w, r, t))
+			p.flushHolder(w, r, t)
+		}
+	}
+}
+
+func (p *leasePlane) maxLimit(r, ri int) bucket.Limit {
+	rt := p.a.w.rules[ri]
+	c := int64(math.Ceil(p.maxRate[r][ri] * rt.spec.Period.Seconds()))
+	return bucket.Per(bucket.Tokens(max(c, 1)), rt.spec.Period).WithBurst(bucket.Tokens(max(p.maxBurst[r][ri], 1)))
+}
+
+// boundTerms is the lease protocol's allowance: clocks that drift faster
+// than the margin shorten leases by ρ × TTL, worth ρ × TTL × R.
+func (p *leasePlane) boundTerms(w *world, ri int) (float64, []string) {
+	var rho float64
+	for _, r := range w.sc.Regions {
+		rho = math.Max(rho, math.Abs(r.Drift))
+	}
+	if rho == 0 {
+		return 0, nil
+	}
+	R := w.rules[ri].limit.Rate()
+	v := rho * w.sc.Coordinator.LeaseTTL.Seconds() * R
+	return v, []string{fmt.Sprintf("%.3f: clock drift ρ=%g × TTL %s × R %.3f/s", v, rho, w.sc.Coordinator.LeaseTTL, R)}
+}
+
+func (p *leasePlane) messages() int64 { return p.msgs }
+
+func (p *leasePlane) allocation(*world) [][][]float64 { return p.allocBins }
