@@ -41,6 +41,10 @@ type Allocator struct {
 	out   []Message
 	stats Stats
 
+	// starved lists keys where a region got less than its target because
+	// capacity was not yet provably free; an ack may free it.
+	starved, starvedSpare []*hotKey
+
 	// Scratch space for allocate, sized to the largest budget.
 	tgt, lb, want, base []int64
 	order               []int
@@ -74,6 +78,8 @@ type hotKey struct {
 	bud   *budget
 	slots []slot // one per bud.regions
 	sum   int64  // escrow sum at the last allocation
+	// starved is set while the key is in Allocator.starved.
+	starved bool
 }
 
 // slot is one region's allocation for one key. hist lists the values the
@@ -104,6 +110,9 @@ type region struct {
 	lastSeq  uint64 // latest message seen from the session
 	lastReq  uint64 // latest request (hello or report): leases are measured from it
 	heard    time.Time
+	// lastReport is when the latest report arrived: each report carries all
+	// of the region's demand, so a key not in it wants nothing.
+	lastReport time.Time
 
 	version uint64 // latest version sent
 	acked   uint64
@@ -325,7 +334,11 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 
 func (a *Allocator) report(now time.Time, r *region, m Message) {
 	r.heard = now
-	r.lastReq = max(r.lastReq, m.Seq)
+	if m.Seq < r.lastReq {
+		return // overtaken by a later report, which carries all demand
+	}
+	r.lastReq = m.Seq
+	r.lastReport = now
 	for _, d := range m.Demand {
 		k, i := a.slotFor(d.Key, r, d.Want > 0)
 		if k == nil {
@@ -333,7 +346,9 @@ func (a *Allocator) report(now time.Time, r *region, m Message) {
 		}
 		s := &k.slots[i]
 		s.want, s.wantAt = int64(d.Want), now
-		if !a.expiring && s.want > s.cur {
+		// A key pressing on its allocation, or one a region stopped using,
+		// is rebalanced at once rather than at the next round.
+		if !a.expiring && (s.want > s.cur || s.want == 0 && s.cur > k.bud.floors[i]) {
 			a.stats.Urgent++
 			a.allocate(now, k)
 		}
@@ -354,6 +369,18 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 		return
 	}
 	r.commitEnd = maxTime(r.commitEnd, g.at.Add(a.cfg.Hold-a.cfg.Drift))
+	// An acknowledged decrease may free what another region waits for.
+	if len(a.starved) > 0 && !a.expiring {
+		keys := a.starved
+		a.starved = a.starvedSpare[:0]
+		for _, k := range keys {
+			k.starved = false
+			if j, ok := a.keyIdx[k.key]; ok && a.keys[j] == k {
+				a.allocate(now, k)
+			}
+		}
+		a.starvedSpare = keys[:0]
+	}
 }
 
 func (a *Allocator) release(now time.Time, r *region) {
@@ -453,7 +480,6 @@ func (a *Allocator) lapse(now time.Time, r *region) {
 		return
 	}
 	r.lapsed = true
-	r.needFull = true
 	a.stats.Expired++
 	committed := now.Before(r.commitEnd)
 	for _, k := range a.keys {
@@ -468,7 +494,10 @@ func (a *Allocator) lapse(now time.Time, r *region) {
 		if !committed {
 			m = f
 		}
-		s.cur = min(s.cur, m)
+		if s.cur > m {
+			s.cur = m
+			r.needFull = true // tell the region what it holds now
+		}
 		s.hist[0] = hval{ver: r.version, count: m}
 		s.n = 1
 	}
@@ -481,7 +510,10 @@ func (a *Allocator) settle(r *region) {
 	for _, k := range a.keys {
 		if i := slices.Index(k.bud.regions, r); i >= 0 {
 			s := &k.slots[i]
-			s.cur = k.bud.floors[i]
+			if s.cur != k.bud.floors[i] {
+				s.cur = k.bud.floors[i]
+				r.needFull = true
+			}
 			s.hist[0] = hval{ver: r.version, count: s.cur}
 			s.n = 1
 		}
@@ -554,7 +586,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 			lb[i] = bud.floors[i] // its floor returns within the window
 		}
 		w := int64(0)
-		if s.want > 0 && now.Sub(s.wantAt) <= a.cfg.DemandTTL {
+		if s.want > 0 && !s.wantAt.Before(r.lastReport) && now.Sub(s.wantAt) <= a.cfg.DemandTTL {
 			w = s.want + int64(math.Ceil(float64(s.want)*a.cfg.Headroom))
 		}
 		want[i] = max(w, lb[i])
@@ -614,6 +646,12 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		if v > s.cur {
 			a.set(k, i, v)
 			a.stats.Increases++
+		}
+	}
+	for i := range k.slots {
+		if tgt[i] > k.slots[i].cur && !k.starved {
+			k.starved = true
+			a.starved = append(a.starved, k)
 		}
 	}
 	k.sum = sum
@@ -829,7 +867,9 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 	r.version = m.Version
 	// Whatever this grant carries must be settled again if the lease has
 	// run out: the next Tick caps it at the floors before any renewal.
-	r.lapsed, r.settled = false, false
+	if len(m.Entries) > 0 || renew {
+		r.lapsed, r.settled = false, false
+	}
 	r.grant++
 	m.Grant = r.grant
 	r.grants[r.grant%uint64(len(r.grants))] = grantRec{id: r.grant, at: now}

@@ -192,6 +192,7 @@ func (c *cluster) trace(format string, args ...any) {
 
 // step advances the timeline by d: demands are refreshed, messages
 // delivered and every state machine ticked.
+
 func (c *cluster) step(d time.Duration) {
 	c.now = c.now.Add(d)
 	for _, r := range c.regions {

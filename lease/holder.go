@@ -206,8 +206,11 @@ func (h *Holder) allocation(now time.Time, key bucket.Key, hb *holderBudget) (bu
 
 // Demand records that the region would use want tokens per the budget's
 // period of key (admitted plus denied, over recent arrivals). Call it for
-// keys that press on their allocation and, every refresh, for keys in the
-// table. A key pressing on its allocation is reported at once; the others
+// keys that press on their allocation and, at least once every refresh
+// interval, for every key the region wants more than its floor of or holds
+// an entry for: every report carries all demand recorded within the last
+// refresh interval, and a key missing from a report counts as wanting
+// nothing. A key pressing on its allocation is reported at once; the others
 // ride on the next periodic report. Keys of unknown rules are ignored.
 func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 	hb := h.budgets[key.Rule]
@@ -359,7 +362,15 @@ func (h *Holder) Reconnect(now time.Time) {
 func (h *Holder) hello(now time.Time) {
 	h.lastHello = now
 	h.lastReport = now
-	entries := h.Table()
+	// Only what the Holder may use now: entries of a lapsed lease are not
+	// held, and a new leader must not renew them as if they were.
+	var entries []Entry
+	for _, e := range h.Table() {
+		hb := h.budgets[e.Key.Rule]
+		if c, b := h.allocation(now, e.Key, hb); c != hb.floor {
+			entries = append(entries, Entry{Key: e.Key, Count: c, Burst: b})
+		}
+	}
 	h.send(Message{Type: MsgHello, Term: h.term, Version: h.version, Entries: entries}, now)
 }
 
@@ -368,9 +379,12 @@ func (h *Holder) report(now time.Time) {
 	h.urgent = false
 	var ds []Demand
 	for k, d := range h.demand {
-		if now.Sub(d.at) > 2*h.refresh {
-			delete(h.demand, k)
-			continue
+		if now.Sub(d.at) > h.refresh {
+			if d.want == 0 {
+				delete(h.demand, k)
+				continue
+			}
+			d.want = 0 // say once that the demand has gone
 		}
 		ds = append(ds, Demand{Key: k, Want: d.want})
 	}
