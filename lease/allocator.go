@@ -330,6 +330,12 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 		}
 		s.holdAtLeast(c)
 	}
+	r.lastReport = now
+	for _, d := range m.Demand {
+		if k, i := a.slotFor(d.Key, r, d.Want > 0); k != nil {
+			k.slots[i].want, k.slots[i].wantAt = int64(d.Want), now
+		}
+	}
 }
 
 func (a *Allocator) report(now time.Time, r *region, m Message) {

@@ -371,12 +371,18 @@ func (h *Holder) hello(now time.Time) {
 			entries = append(entries, Entry{Key: e.Key, Count: c, Burst: b})
 		}
 	}
-	h.send(Message{Type: MsgHello, Term: h.term, Version: h.version, Entries: entries}, now)
+	h.send(Message{Type: MsgHello, Term: h.term, Version: h.version, Entries: entries, Demand: h.demands(now)}, now)
 }
 
 func (h *Holder) report(now time.Time) {
 	h.lastReport = now
 	h.urgent = false
+	h.send(Message{Type: MsgReport, Term: h.term, Version: h.version, Demand: h.demands(now)}, now)
+}
+
+// demands lists the demand recorded within the last refresh interval, and
+// once more with Want 0 a key whose demand has gone.
+func (h *Holder) demands(now time.Time) []Demand {
 	var ds []Demand
 	for k, d := range h.demand {
 		if now.Sub(d.at) > h.refresh {
@@ -389,7 +395,7 @@ func (h *Holder) report(now time.Time) {
 		ds = append(ds, Demand{Key: k, Want: d.want})
 	}
 	slices.SortFunc(ds, func(a, b Demand) int { return cmpKey(a.Key, b.Key) })
-	h.send(Message{Type: MsgReport, Term: h.term, Version: h.version, Demand: ds}, now)
+	return ds
 }
 
 // send queues m; a nonzero at records it as a request the lease may be
