@@ -1,0 +1,855 @@
+package region
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"hash/maphash"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/rules"
+)
+
+// Path says how a decision was made.
+type Path uint8
+
+// Decision paths.
+const (
+	// PathStore: the regional store decided (one script call, or the batch
+	// refill that answered this request).
+	PathStore Path = iota
+	// PathBatch: decided locally from a batch taken from the regional
+	// bucket beforehand.
+	PathBatch
+	// PathDenyCache: denied locally because the regional bucket was empty
+	// moments ago and cannot have refilled yet.
+	PathDenyCache
+	// PathNoAllocation: denied because the region's allocation for the key
+	// is zero or smaller than the cost.
+	PathNoAllocation
+	// PathEmergency: the store was unavailable; an in-process bucket with
+	// the region's allocation divided by its live agents decided.
+	PathEmergency
+	// PathFailOpen: the store was unavailable and the rule fails open.
+	PathFailOpen
+	// PathFailClosed: the store was unavailable and the rule fails closed.
+	PathFailClosed
+	numPaths
+)
+
+var pathNames = [numPaths]string{"store", "batch", "deny-cache", "no-allocation", "emergency", "fail-open", "fail-closed"}
+
+// String returns the path's metric label.
+func (p Path) String() string {
+	if p < numPaths {
+		return pathNames[p]
+	}
+	return "unknown"
+}
+
+// Paths lists every path, for metrics.
+func Paths() []Path {
+	ps := make([]Path, numPaths)
+	for i := range ps {
+		ps[i] = Path(i)
+	}
+	return ps
+}
+
+// Result is one decision of the Core.
+type Result struct {
+	// Decision is the outcome; its Limit is the region's allocation.
+	Decision bucket.Decision
+	Path     Path
+	// Hot is set when the allocation is a coordinator entry, not a floor.
+	Hot bool
+	// Alloc is the region's allocation for the key at the time.
+	Alloc bucket.Limit
+}
+
+// Core is an agent's deterministic decision core: the region's allocation
+// per key, enforced in the regional store, with token batches for keys in
+// heavy local demand, the rule's failure policy and a circuit breaker when
+// the store fails, and buckets started empty after a detected Redis
+// failover. Time is an argument of every method; Core starts no goroutines
+// and reads no clock. Its only I/O is calls to its bucket.Store, made
+// synchronously by the caller's goroutine.
+//
+// The hot path (a key deciding from its batch) takes no lock and allocates
+// nothing: a read-locked shard lookup, a cached allocation and one
+// compare-and-swap on the key's token count. Core is safe for concurrent
+// use.
+type Core struct {
+	cfg     Config
+	store   bucket.Store
+	alloc   Allocations
+	breaker *Breaker
+	seed    maphash.Seed
+	mask    uint64
+	shards  []coreShard
+
+	rulesMu sync.Mutex
+	rules   atomic.Pointer[map[string]*ruleState]
+
+	live       atomic.Int64
+	failEpoch  atomic.Uint64
+	failAt     atomic.Int64 // µs
+	lastErr    atomic.Pointer[error]
+	stats      coreStats
+	tickBuf    []*keyState
+	tickMu     sync.Mutex
+	batchMinus float64 // MinBatch as a float, cached
+}
+
+type coreShard struct {
+	mu   sync.RWMutex
+	keys map[bucket.Key]*keyState
+	_    [32]byte // keep shards on separate cache lines
+}
+
+// ruleState is a rule's configuration and counters.
+type ruleState struct {
+	name     string
+	cfg      RuleConfig
+	admitted [numPaths]atomic.Int64
+	denied   [numPaths]atomic.Int64
+}
+
+type coreStats struct {
+	storeOps, storeErrors, refills, returns, returned, drains, drained, failovers, keys atomic.Int64
+}
+
+// keyState is what an agent keeps for one key in recent use.
+type keyState struct {
+	key bucket.Key
+	rs  atomic.Pointer[ruleState]
+
+	tokens      atomic.Int64 // batch tokens held, debited from the regional bucket
+	arrived     atomic.Int64 // tokens asked since the last sample
+	batched     atomic.Bool  // local demand is large enough to batch
+	deniedUntil atomic.Int64 // µs: requests of cost ≥ deniedCost are denied locally until then
+	deniedCost  atomic.Int64
+	alloc       atomic.Pointer[allocCache]
+
+	mu         sync.Mutex
+	refilling  bool
+	batchLimit bucket.Limit // the allocation the held tokens were taken under
+	takenAt    int64        // µs of the last refill
+	rate       float64      // demand estimate, tokens per second
+	lastSample int64        // µs
+	lastActive int64        // µs of the last sample with arrivals
+	emergency  bucket.State
+	drained    uint64 // failover epoch this key was emptied for
+}
+
+type allocCache struct {
+	epoch  uint64
+	global bucket.Limit
+	limit  bucket.Limit
+	hot    bool
+	until  int64 // µs
+}
+
+// sampleEvery is how often a key's demand estimate takes in its arrivals on
+// the decision path; Tick samples every key too.
+const sampleEvery = 10 * time.Millisecond
+
+// NewCore returns a Core deciding in store with the region's allocations.
+func NewCore(cfg Config, store bucket.Store, alloc Allocations) (*Core, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if store == nil {
+		return nil, errors.New("region: NewCore: store is nil")
+	}
+	if alloc == nil {
+		alloc = NewTableView(cfg.Region, cfg.Floors)
+	}
+	if cfg.DefaultRule.Scope == "" {
+		cfg.DefaultRule.Scope = rules.ScopeGlobal
+	}
+	if cfg.DefaultRule.OnUnavailable == "" {
+		cfg.DefaultRule.OnUnavailable = rules.FailClosed
+	}
+	n := 1
+	for n < cfg.Shards {
+		n <<= 1
+	}
+	c := &Core{
+		cfg:        cfg,
+		store:      store,
+		alloc:      alloc,
+		breaker:    NewBreaker(cfg.BreakerFailures, cfg.BreakerBackoff, cfg.BreakerMaxBackoff),
+		seed:       maphash.MakeSeed(),
+		mask:       uint64(n - 1),
+		shards:     make([]coreShard, n),
+		batchMinus: float64(cfg.MinBatch),
+	}
+	for i := range c.shards {
+		c.shards[i].keys = map[bucket.Key]*keyState{}
+	}
+	c.live.Store(1)
+	c.SetRules(cfg.Rules)
+	return c, nil
+}
+
+// SetRules replaces the per-rule settings (after a rules reload). Counters
+// of rules that stay are kept.
+func (c *Core) SetRules(rcs map[string]RuleConfig) {
+	c.rulesMu.Lock()
+	defer c.rulesMu.Unlock()
+	old := c.rules.Load()
+	m := make(map[string]*ruleState, len(rcs))
+	for name, rc := range rcs {
+		if rc.Scope == "" {
+			rc.Scope = rules.ScopeGlobal
+		}
+		if rc.OnUnavailable == "" {
+			rc.OnUnavailable = rules.FailClosed
+		}
+		rs := &ruleState{name: name, cfg: rc}
+		if old != nil {
+			if o := (*old)[name]; o != nil {
+				for i := range o.admitted {
+					rs.admitted[i].Store(o.admitted[i].Load())
+					rs.denied[i].Store(o.denied[i].Load())
+				}
+			}
+		}
+		m[name] = rs
+	}
+	c.rules.Store(&m)
+	// Keys hold their rule's state; let them pick up the new one.
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		for _, ks := range s.keys {
+			if rs := m[ks.key.Rule]; rs != nil {
+				ks.rs.Store(rs)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// rule returns the state of rule name, adding the default for a new name.
+func (c *Core) rule(name string) *ruleState {
+	if rs := (*c.rules.Load())[name]; rs != nil {
+		return rs
+	}
+	c.rulesMu.Lock()
+	defer c.rulesMu.Unlock()
+	old := *c.rules.Load()
+	if rs := old[name]; rs != nil {
+		return rs
+	}
+	m := make(map[string]*ruleState, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	rs := &ruleState{name: name, cfg: c.cfg.DefaultRule}
+	m[name] = rs
+	c.rules.Store(&m)
+	return rs
+}
+
+// SetLive sets the number of live agents in the region (this one
+// included), which divides the emergency limit.
+func (c *Core) SetLive(n int) { c.live.Store(int64(max(n, 1))) }
+
+// Live returns the number of live agents the core divides by.
+func (c *Core) Live() int { return int(c.live.Load()) }
+
+// Failover records a detected failover of the regional Redis at now: for
+// rules with EmptyOnFailover, every bucket counts as empty at now, so it
+// admits at most what refills after now.
+func (c *Core) Failover(now time.Time) {
+	c.failAt.Store(now.UnixMicro())
+	c.failEpoch.Add(1)
+	c.stats.failovers.Add(1)
+}
+
+// Breaker returns the core's circuit breaker on the store.
+func (c *Core) Breaker() *Breaker { return c.breaker }
+
+// Allocations returns the allocation source.
+func (c *Core) Allocations() Allocations { return c.alloc }
+
+func (c *Core) shard(k bucket.Key) *coreShard {
+	h := maphash.String(c.seed, k.Subject) + uint64(len(k.Rule))*0x9E3779B97F4A7C15
+	return &c.shards[(h>>7)&c.mask]
+}
+
+// state returns key's state, creating it on first use.
+func (c *Core) state(key bucket.Key, now int64) *keyState {
+	s := c.shard(key)
+	s.mu.RLock()
+	ks := s.keys[key]
+	s.mu.RUnlock()
+	if ks != nil {
+		return ks
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ks = s.keys[key]; ks != nil {
+		return ks
+	}
+	ks = &keyState{key: key, lastSample: now, lastActive: now}
+	ks.rs.Store(c.rule(key.Rule))
+	s.keys[key] = ks
+	c.stats.keys.Add(1)
+	return ks
+}
+
+// allocation returns the key's allocation at now, from the key's cache
+// while it holds.
+func (c *Core) allocation(ks *keyState, now time.Time, global bucket.Limit) *allocCache {
+	ep := c.alloc.Epoch()
+	nowUS := now.UnixMicro()
+	if ac := ks.alloc.Load(); ac != nil && ac.epoch == ep && ac.global == global && nowUS < ac.until {
+		return ac
+	}
+	ac := &allocCache{epoch: ep, global: global, limit: global, until: math.MaxInt64}
+	if ks.rs.Load().cfg.Scope == rules.ScopeGlobal {
+		l, hot, until := c.alloc.Allocation(now, ks.key, global)
+		ac.limit, ac.hot, ac.until = l, hot, until.UnixMicro()
+	}
+	ks.alloc.Store(ac)
+	return ac
+}
+
+// Allocation returns the region's allocation for key under global at now.
+func (c *Core) Allocation(now time.Time, key bucket.Key, global bucket.Limit) (bucket.Limit, bool) {
+	if c.rule(key.Rule).cfg.Scope != rules.ScopeGlobal {
+		return global, false
+	}
+	l, hot, _ := c.alloc.Allocation(now, key, global)
+	return l, hot
+}
+
+// take spends cost tokens of the batch if it holds them; left is what
+// remains.
+func (ks *keyState) take(cost bucket.Tokens) (left int64, ok bool) {
+	for {
+		t := ks.tokens.Load()
+		if t < int64(cost) {
+			return t, false
+		}
+		if ks.tokens.CompareAndSwap(t, t-int64(cost)) {
+			return t - int64(cost), true
+		}
+	}
+}
+
+func (ks *keyState) denyUntil(until int64, cost bucket.Tokens) {
+	ks.deniedCost.Store(int64(cost))
+	ks.deniedUntil.Store(until)
+}
+
+// Decide admits or denies cost tokens of key, whose global budget is
+// global, at now. The error is non-nil for an invalid limit or cost, a cost
+// above the global burst (bucket.ErrNeverFits), a canceled context, and
+// ErrFailClosed when the store is unavailable and the rule fails closed.
+// attemptID makes a retry idempotent on the store path; a decision from a
+// batch does not remember it.
+func (c *Core) Decide(ctx context.Context, now time.Time, key bucket.Key, global bucket.Limit, cost bucket.Tokens, attemptID string) (Result, error) {
+	if err := bucket.Check(global, cost); err != nil {
+		return Result{Decision: bucket.Decision{Limit: global}}, err
+	}
+	nowUS := now.UnixMicro()
+	ks := c.state(key, nowUS)
+	ks.arrived.Add(int64(cost))
+	ac := c.allocation(ks, now, global)
+	lim := ac.limit
+	res := Result{Hot: ac.hot, Alloc: lim, Decision: bucket.Decision{Limit: lim}}
+	if lim.IsZero() || cost > lim.Burst() {
+		res.Path, res.Decision.RetryAfter = PathNoAllocation, c.cfg.DenyRetry
+		return c.done(ks, res), nil
+	}
+	if du := ks.deniedUntil.Load(); nowUS < du && int64(cost) >= ks.deniedCost.Load() {
+		res.Path = PathDenyCache
+		res.Decision.RetryAfter = time.Duration(du-nowUS) * time.Microsecond
+		return c.done(ks, res), nil
+	}
+	if ks.tokens.Load() > 0 || ks.batched.Load() {
+		if left, ok := ks.take(cost); ok {
+			res.Path = PathBatch
+			res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
+			return c.done(ks, res), nil
+		}
+		if ks.batched.Load() {
+			return c.refill(ctx, now, ks, lim, cost, attemptID, res)
+		}
+	}
+	return c.exact(ctx, now, ks, lim, cost, attemptID, res)
+}
+
+// done counts res.
+func (c *Core) done(ks *keyState, res Result) Result {
+	if res.Decision.Allowed {
+		ks.rs.Load().admitted[res.Path].Add(1)
+	} else {
+		ks.rs.Load().denied[res.Path].Add(1)
+	}
+	return res
+}
+
+// isInputErr reports whether err is about the request, not the store.
+func isInputErr(err error) bool {
+	return errors.Is(err, bucket.ErrInvalidLimit) || errors.Is(err, bucket.ErrInvalidCost) || errors.Is(err, bucket.ErrNeverFits)
+}
+
+// exact decides one request in the store.
+func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, lim bucket.Limit, cost bucket.Tokens, attemptID string, res Result) (Result, error) {
+	c.sample(ks, now)
+	if !c.breaker.Allow(now) {
+		return c.fallback(now, ks, lim, cost, res)
+	}
+	c.drain(ctx, now, ks, lim)
+	d, err := c.store.Decide(ctx, ks.key, lim, cost, attemptID)
+	c.stats.storeOps.Add(1)
+	if err != nil {
+		if isInputErr(err) {
+			c.breaker.Success(now)
+			return res, err
+		}
+		if ctx.Err() != nil {
+			c.breaker.Success(now) // the caller gave up; the store is not to blame
+			return res, err
+		}
+		c.storeFailed(now, err)
+		return c.fallback(now, ks, lim, cost, res)
+	}
+	c.breaker.Success(now)
+	if !d.Allowed && d.RetryAfter > 0 {
+		ks.denyUntil(now.Add(d.RetryAfter).UnixMicro(), cost)
+	}
+	res.Decision, res.Path = d, PathStore
+	return c.done(ks, res), nil
+}
+
+// refill takes a batch for ks from the store and decides the request from
+// it. One refill per key runs at a time; a request that finds the batch
+// empty while another refills is decided exactly.
+func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim bucket.Limit, cost bucket.Tokens, attemptID string, res Result) (Result, error) {
+	c.sample(ks, now)
+	ks.mu.Lock()
+	if ks.refilling {
+		ks.mu.Unlock()
+		return c.exact(ctx, now, ks, lim, cost, attemptID, res)
+	}
+	if left, ok := ks.take(cost); ok {
+		ks.mu.Unlock()
+		res.Path = PathBatch
+		res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
+		return c.done(ks, res), nil
+	}
+	if !c.breaker.Allow(now) {
+		ks.mu.Unlock()
+		return c.fallback(now, ks, lim, cost, res)
+	}
+	want := c.batchSize(ks.rate, lim, cost)
+	ks.refilling = true
+	ks.mu.Unlock()
+
+	c.drain(ctx, now, ks, lim)
+	got, err := c.store.TakeUpTo(ctx, ks.key, lim, want)
+	c.stats.storeOps.Add(1)
+	ks.mu.Lock()
+	ks.refilling = false
+	if err == nil {
+		ks.batchLimit, ks.takenAt = lim, now.UnixMicro()
+		if got > 0 {
+			ks.tokens.Add(int64(got))
+		}
+	}
+	ks.mu.Unlock()
+	if err != nil {
+		if isInputErr(err) || ctx.Err() != nil {
+			c.breaker.Success(now)
+			return res, err
+		}
+		c.storeFailed(now, err)
+		return c.fallback(now, ks, lim, cost, res)
+	}
+	c.breaker.Success(now)
+	c.stats.refills.Add(1)
+	res.Path = PathStore
+	if left, ok := ks.take(cost); ok {
+		res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
+		return c.done(ks, res), nil
+	}
+	// The regional bucket held fewer than cost tokens: it is empty now, and
+	// the missing tokens refill one interval each.
+	held := ks.tokens.Load()
+	retry := time.Duration(max(int64(cost)-held, 1)) * lim.Interval()
+	ks.denyUntil(now.Add(retry).UnixMicro(), cost)
+	res.Decision.RetryAfter = retry
+	return c.done(ks, res), nil
+}
+
+// batchSize is the next batch for a key: its demand over BatchWindow, at
+// least the request's cost, at most BatchMaxFraction of the burst.
+func (c *Core) batchSize(rate float64, lim bucket.Limit, cost bucket.Tokens) bucket.Tokens {
+	n := bucket.Tokens(rate * c.cfg.BatchWindow.Seconds())
+	hi := bucket.Tokens(float64(lim.Burst()) * c.cfg.BatchMaxFraction)
+	return max(min(n, hi), cost, 1)
+}
+
+// sample takes ks's arrivals into its demand estimate when sampleEvery has
+// passed, and decides whether the key is batched. The estimate rises at
+// once (a flash crowd is batched and reported within one sample) and decays
+// with DemandHalfLife.
+func (c *Core) sample(ks *keyState, now time.Time) {
+	nowUS := now.UnixMicro()
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	c.sampleLocked(ks, nowUS)
+}
+
+// sampleLocked requires that ks.mu is held.
+func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
+	dt := nowUS - ks.lastSample
+	if dt < sampleEvery.Microseconds() {
+		return
+	}
+	a := ks.arrived.Swap(0)
+	inst := float64(a) / (float64(dt) / 1e6)
+	decay := math.Exp2(-float64(dt) / float64(c.cfg.DemandHalfLife.Microseconds()))
+	ks.rate = ks.rate*decay + inst*(1-decay)
+	if inst > ks.rate {
+		ks.rate = inst
+	}
+	if ks.rate < 1e-9 {
+		ks.rate = 0
+	}
+	ks.lastSample = nowUS
+	if a > 0 {
+		ks.lastActive = nowUS
+	}
+	batch := ks.rate*c.cfg.BatchWindow.Seconds() >= c.batchMinus
+	if ac := ks.alloc.Load(); ac != nil && batch {
+		batch = float64(ac.limit.Burst())*c.cfg.BatchMaxFraction >= c.batchMinus
+	}
+	ks.batched.Store(batch)
+}
+
+// storeFailed counts a store failure for the breaker.
+func (c *Core) storeFailed(now time.Time, err error) {
+	c.stats.storeErrors.Add(1)
+	c.lastErr.Store(&err)
+	c.breaker.Failure(now)
+}
+
+// LastError returns the last store error seen, nil if none.
+func (c *Core) LastError() error {
+	if p := c.lastErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// fallback decides a request the store could not, by the rule's policy.
+func (c *Core) fallback(now time.Time, ks *keyState, lim bucket.Limit, cost bucket.Tokens, res Result) (Result, error) {
+	rc := &ks.rs.Load().cfg
+	switch rc.OnUnavailable {
+	case rules.FailOpen:
+		res.Path = PathFailOpen
+		res.Decision = bucket.Decision{Allowed: true, Limit: lim}
+		return c.done(ks, res), nil
+	case rules.Emergency:
+		el := emergencyLimit(lim, rc, c.Live())
+		res.Path = PathEmergency
+		if el.IsZero() || cost > el.Burst() {
+			res.Decision = bucket.Decision{Limit: el, RetryAfter: c.cfg.DenyRetry}
+			return c.done(ks, res), nil
+		}
+		ks.mu.Lock()
+		d, ns, err := bucket.Decide(ks.emergency, now, el, cost)
+		if err == nil {
+			ks.emergency = ns
+		}
+		ks.mu.Unlock()
+		if err != nil {
+			d = bucket.Decision{Limit: el, RetryAfter: c.cfg.DenyRetry}
+		}
+		res.Decision = d
+		return c.done(ks, res), nil
+	}
+	res.Path = PathFailClosed
+	res.Decision = bucket.Decision{Limit: lim, RetryAfter: c.cfg.BreakerBackoff}
+	c.done(ks, res)
+	return res, ErrFailClosed
+}
+
+// drain empties ks's bucket once per detected failover, for rules with
+// EmptyOnFailover: what the bucket holds beyond what it would hold had it
+// been empty at the failover is taken and discarded. Agents that race only
+// drain more, never less.
+func (c *Core) drain(ctx context.Context, now time.Time, ks *keyState, lim bucket.Limit) {
+	if !ks.rs.Load().cfg.EmptyOnFailover {
+		return
+	}
+	ep := c.failEpoch.Load()
+	if ep == 0 {
+		return
+	}
+	ks.mu.Lock()
+	if ks.drained == ep {
+		ks.mu.Unlock()
+		return
+	}
+	ks.drained = ep
+	ks.mu.Unlock()
+	elapsed := now.UnixMicro() - c.failAt.Load()
+	iv := lim.Interval().Microseconds()
+	if iv <= 0 {
+		return
+	}
+	refilled := bucket.Tokens(max(elapsed, 0) / iv)
+	if refilled >= lim.Burst() {
+		return
+	}
+	d, err := c.store.Peek(ctx, ks.key, lim)
+	c.stats.storeOps.Add(1)
+	if err != nil {
+		return
+	}
+	if excess := d.Remaining - refilled; excess > 0 {
+		got, err := c.store.TakeUpTo(ctx, ks.key, lim, excess)
+		c.stats.storeOps.Add(1)
+		if err == nil {
+			c.stats.drains.Add(1)
+			c.stats.drained.Add(int64(got))
+		}
+	}
+}
+
+// Tick does the core's periodic work at now: it samples every key's
+// demand, gives back batch tokens that grew stale (BatchTTL) or that a
+// shrunk allocation no longer covers, and drops keys idle for IdleAfter.
+// Store calls are made in key order, so a deterministic store sees a
+// deterministic sequence.
+func (c *Core) Tick(ctx context.Context, now time.Time) {
+	c.tickMu.Lock()
+	defer c.tickMu.Unlock()
+	nowUS := now.UnixMicro()
+	ret := c.tickBuf[:0]
+	for i := range c.shards {
+		s := &c.shards[i]
+		var idle []bucket.Key
+		s.mu.RLock()
+		for k, ks := range s.keys {
+			ks.mu.Lock()
+			c.sampleLocked(ks, nowUS)
+			stale := ks.tokens.Load() > 0 && !ks.refilling && nowUS-ks.takenAt > c.cfg.BatchTTL.Microseconds()
+			if ks.tokens.Load() > 0 && !ks.refilling && !stale {
+				ac := c.allocation(ks, now, ks.allocGlobal())
+				stale = ac.limit != ks.batchLimit && ac.limit.Count() < ks.batchLimit.Count()
+			}
+			if stale {
+				ret = append(ret, ks)
+			} else if ks.tokens.Load() == 0 && !ks.refilling && nowUS-ks.lastActive > c.cfg.IdleAfter.Microseconds() {
+				idle = append(idle, k)
+			}
+			ks.mu.Unlock()
+		}
+		s.mu.RUnlock()
+		if len(idle) > 0 {
+			s.mu.Lock()
+			for _, k := range idle {
+				if ks := s.keys[k]; ks != nil && ks.tokens.Load() == 0 && ks.arrived.Load() == 0 {
+					delete(s.keys, k)
+					c.stats.keys.Add(-1)
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+	slices.SortFunc(ret, func(a, b *keyState) int { return cmpKey(a.key, b.key) })
+	for _, ks := range ret {
+		c.giveBack(ctx, now, ks)
+	}
+	clear(ret)
+	c.tickBuf = ret[:0]
+}
+
+// allocGlobal is the global limit the key was last decided under.
+func (ks *keyState) allocGlobal() bucket.Limit {
+	if ac := ks.alloc.Load(); ac != nil {
+		return ac.global
+	}
+	return bucket.Limit{}
+}
+
+// giveBack returns ks's batch tokens to the regional bucket under the key's
+// current allocation. Tokens that cannot be returned are lost, which only
+// ever under-admits.
+func (c *Core) giveBack(ctx context.Context, now time.Time, ks *keyState) {
+	n := ks.tokens.Swap(0)
+	if n <= 0 {
+		return
+	}
+	lim := ks.batchLimit
+	if g := ks.allocGlobal(); !g.IsZero() {
+		if ac := c.allocation(ks, now, g); !ac.limit.IsZero() {
+			lim = ac.limit
+		}
+	}
+	if lim.IsZero() || !c.breaker.Allow(now) {
+		return
+	}
+	err := c.store.Return(ctx, ks.key, lim, bucket.Tokens(n))
+	c.stats.storeOps.Add(1)
+	if err != nil {
+		if !isInputErr(err) {
+			c.storeFailed(now, err)
+		}
+		return
+	}
+	c.breaker.Success(now)
+	c.stats.returns.Add(1)
+	c.stats.returned.Add(n)
+}
+
+// Shutdown gives back every batch token, for a clean stop.
+func (c *Core) Shutdown(ctx context.Context, now time.Time) {
+	var all []*keyState
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.RLock()
+		for _, ks := range s.keys {
+			if ks.tokens.Load() > 0 {
+				all = append(all, ks)
+			}
+		}
+		s.mu.RUnlock()
+	}
+	slices.SortFunc(all, func(a, b *keyState) int { return cmpKey(a.key, b.key) })
+	for _, ks := range all {
+		c.giveBack(ctx, now, ks)
+	}
+}
+
+// KeyDemand is one key's local demand.
+type KeyDemand struct {
+	Key bucket.Key
+	// Want is the demand in tokens per the budget's period.
+	Want bucket.Tokens
+	// Rate is the demand in tokens per second.
+	Rate float64
+	// Alloc is the region's allocation for the key; Hot is set when it is a
+	// coordinator entry.
+	Alloc bucket.Limit
+	Hot   bool
+}
+
+// Demand lists, sorted by key, the keys of global rules this agent should
+// report to the coordinator at now: those whose demand reaches HotFraction
+// of their allocation, and those with a coordinator entry (so it follows
+// their demand down as well as up).
+func (c *Core) Demand(now time.Time) []KeyDemand {
+	var out []KeyDemand
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.RLock()
+		for _, ks := range s.keys {
+			if ks.rs.Load().cfg.Scope != rules.ScopeGlobal {
+				continue
+			}
+			ac := ks.alloc.Load()
+			if ac == nil {
+				continue
+			}
+			ks.mu.Lock()
+			rate := ks.rate
+			ks.mu.Unlock()
+			lim := ac.limit
+			want := bucket.Tokens(math.Ceil(rate * ac.global.Period().Seconds()))
+			if !ac.hot && float64(want) < c.cfg.HotFraction*float64(lim.Count()) {
+				continue
+			}
+			out = append(out, KeyDemand{Key: ks.key, Want: want, Rate: rate, Alloc: lim, Hot: ac.hot})
+		}
+		s.mu.RUnlock()
+	}
+	slices.SortFunc(out, func(a, b KeyDemand) int { return cmpKey(a.Key, b.Key) })
+	return out
+}
+
+// LeaseDemand converts demand to the lease protocol's form.
+func LeaseDemand(ds []KeyDemand) []lease.Demand {
+	out := make([]lease.Demand, len(ds))
+	for i, d := range ds {
+		out[i] = lease.Demand{Key: d.Key, Want: d.Want}
+	}
+	return out
+}
+
+func cmpKey(a, b bucket.Key) int {
+	if c := cmp.Compare(a.Rule, b.Rule); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Subject, b.Subject)
+}
+
+// Stats counts what a Core has done.
+type Stats struct {
+	// StoreOps is every call to the store; StoreErrors those that failed.
+	StoreOps, StoreErrors int64
+	// Refills is batches taken; Returns and Returned the give-backs and the
+	// tokens they returned.
+	Refills, Returns, Returned int64
+	// Drains and Drained are buckets emptied after failovers and the tokens
+	// taken; Failovers the failovers recorded.
+	Drains, Drained, Failovers int64
+	// BreakerOpened is how many times the breaker opened.
+	BreakerOpened int64
+	// Keys is the keys with local state.
+	Keys int64
+	// Rules holds per-rule counts by path, sorted by rule.
+	Rules []RuleStats
+}
+
+// RuleStats counts one rule's decisions by path.
+type RuleStats struct {
+	Rule     string
+	Policy   rules.Policy
+	Admitted [numPaths]int64
+	Denied   [numPaths]int64
+}
+
+// Stats returns the counters.
+func (c *Core) Stats() Stats {
+	s := &c.stats
+	st := Stats{
+		StoreOps: s.storeOps.Load(), StoreErrors: s.storeErrors.Load(), Refills: s.refills.Load(),
+		Returns: s.returns.Load(), Returned: s.returned.Load(), Drains: s.drains.Load(), Drained: s.drained.Load(),
+		Failovers: s.failovers.Load(), BreakerOpened: c.breaker.Opened(), Keys: s.keys.Load(),
+	}
+	for name, rs := range *c.rules.Load() {
+		r := RuleStats{Rule: name, Policy: rs.cfg.OnUnavailable}
+		for i := range rs.admitted {
+			r.Admitted[i] = rs.admitted[i].Load()
+			r.Denied[i] = rs.denied[i].Load()
+		}
+		st.Rules = append(st.Rules, r)
+	}
+	slices.SortFunc(st.Rules, func(a, b RuleStats) int { return cmp.Compare(a.Rule, b.Rule) })
+	return st
+}
+
+// Total sums a RuleStats over paths.
+func (r RuleStats) Total() (admitted, denied int64) {
+	for i := range r.Admitted {
+		admitted += r.Admitted[i]
+		denied += r.Denied[i]
+	}
+	return admitted, denied
+}

@@ -1,0 +1,658 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/rules"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// countingStore wraps a store, counts its calls by kind, records their
+// order and can be made to fail.
+type countingStore struct {
+	bucket.Store
+	mu    sync.Mutex
+	down  bool
+	calls map[string]int
+	log   []string
+	taken bucket.Tokens // tokens debited by Decide and TakeUpTo
+	back  bucket.Tokens // tokens given back
+}
+
+func newCounting(s bucket.Store) *countingStore {
+	return &countingStore{Store: s, calls: map[string]int{}}
+}
+
+func (c *countingStore) note(op string, k bucket.Key) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls[op]++
+	c.log = append(c.log, op+" "+k.Subject)
+	if c.down {
+		return fmt.Errorf("%w: test store is down", bucket.ErrUnavailable)
+	}
+	return nil
+}
+
+func (c *countingStore) setDown(v bool) { c.mu.Lock(); c.down = v; c.mu.Unlock() }
+
+func (c *countingStore) count(op string) int { c.mu.Lock(); defer c.mu.Unlock(); return c.calls[op] }
+
+func (c *countingStore) total() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, v := range c.calls {
+		n += v
+	}
+	return n
+}
+
+func (c *countingStore) Decide(ctx context.Context, k bucket.Key, l bucket.Limit, cost bucket.Tokens, id string) (bucket.Decision, error) {
+	if err := c.note("decide", k); err != nil {
+		return bucket.Decision{}, err
+	}
+	d, err := c.Store.Decide(ctx, k, l, cost, id)
+	if err == nil && d.Allowed {
+		c.mu.Lock()
+		c.taken += cost
+		c.mu.Unlock()
+	}
+	return d, err
+}
+
+func (c *countingStore) TakeUpTo(ctx context.Context, k bucket.Key, l bucket.Limit, n bucket.Tokens) (bucket.Tokens, error) {
+	if err := c.note("take", k); err != nil {
+		return 0, err
+	}
+	got, err := c.Store.TakeUpTo(ctx, k, l, n)
+	c.mu.Lock()
+	c.taken += got
+	c.mu.Unlock()
+	return got, err
+}
+
+func (c *countingStore) Return(ctx context.Context, k bucket.Key, l bucket.Limit, n bucket.Tokens) error {
+	if err := c.note("return", k); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.back += n
+	c.mu.Unlock()
+	return c.Store.Return(ctx, k, l, n)
+}
+
+func (c *countingStore) Peek(ctx context.Context, k bucket.Key, l bucket.Limit) (bucket.Decision, error) {
+	if err := c.note("peek", k); err != nil {
+		return bucket.Decision{}, err
+	}
+	return c.Store.Peek(ctx, k, l)
+}
+
+type fixture struct {
+	clk   *clock.Manual
+	store *countingStore
+	view  *TableView
+	core  *Core
+}
+
+// newFixture makes a core of region "a" among a, b, c with no reserve, so
+// a global 300/s budget gives a floor of 100/s, burst 100.
+func newFixture(t *testing.T, mod func(*Config)) *fixture {
+	t.Helper()
+	clk := clock.NewManual(t0)
+	cfg := DefaultConfig()
+	cfg.Region = "a"
+	cfg.Floors = FloorSpec{Regions: []string{"a", "b", "c"}}
+	if mod != nil {
+		mod(&cfg)
+	}
+	st := newCounting(bucket.NewMemory(bucket.MemoryOptions{Clock: clk}))
+	view := NewTableView(cfg.Region, cfg.Floors)
+	core, err := NewCore(cfg, st, view)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{clk: clk, store: st, view: view, core: core}
+}
+
+var global300 = bucket.PerSecond(300)
+
+func key(s string) bucket.Key { return bucket.Key{Rule: "api", Subject: s} }
+
+func (f *fixture) decide(t *testing.T, k bucket.Key, cost bucket.Tokens) Result {
+	t.Helper()
+	r, err := f.core.Decide(context.Background(), f.clk.Now(), k, global300, cost, "")
+	if err != nil {
+		t.Fatalf("decide %v cost %d: %v", k, cost, err)
+	}
+	return r
+}
+
+func TestColdKeyIsExactAtItsFloor(t *testing.T) {
+	f := newFixture(t, nil)
+	admitted := 0
+	for i := 0; i < 150; i++ {
+		r := f.decide(t, key("cold"), 1)
+		if r.Path != PathStore && r.Path != PathDenyCache {
+			t.Fatalf("request %d: path %s, want store or deny-cache", i, r.Path)
+		}
+		if r.Alloc != bucket.PerSecond(100) {
+			t.Fatalf("allocation %v, want the floor 100 per 1s, burst 100", r.Alloc)
+		}
+		if r.Decision.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 100 {
+		t.Fatalf("admitted %d at one instant, want the floor's burst 100", admitted)
+	}
+	// The denial is cached: the store saw 101 decisions, not 150.
+	if n := f.store.count("decide"); n != 101 {
+		t.Fatalf("store decides %d, want 101 (deny cache for the rest)", n)
+	}
+	f.clk.Advance(10 * time.Millisecond)
+	if r := f.decide(t, key("cold"), 1); !r.Decision.Allowed {
+		t.Fatalf("after 10 ms one token has refilled, got %+v", r)
+	}
+}
+
+func TestHotEntryLeaseExpiryAndLentFloor(t *testing.T) {
+	f := newFixture(t, nil)
+	now := f.clk.Now()
+	tab := &Table{Region: "a", Term: 1, Version: 1, LeaseEnd: now.Add(10 * time.Second), HoldUntil: now.Add(20 * time.Second),
+		Entries: []lease.Entry{{Key: key("hot"), Count: 250, Burst: 250}, {Key: key("lent"), Count: 40, Burst: 40}}}
+	if !f.view.Set(tab) {
+		t.Fatal("first table not installed")
+	}
+	cases := []struct {
+		at   time.Duration
+		key  string
+		want bucket.Limit
+		hot  bool
+	}{
+		{0, "hot", bucket.PerSecond(250), true},
+		{0, "lent", bucket.PerSecond(40), true},
+		{0, "cold", bucket.PerSecond(100), false},
+		{11 * time.Second, "hot", bucket.PerSecond(100), false},  // lease over: floor
+		{11 * time.Second, "lent", bucket.PerSecond(40), true},   // a lent floor stays lent until the hold ends
+		{21 * time.Second, "lent", bucket.PerSecond(100), false}, // hold over: floor
+	}
+	for _, c := range cases {
+		f.clk.Set(t0.Add(c.at))
+		r := f.decide(t, key(c.key), 1)
+		if r.Alloc != c.want || r.Hot != c.hot {
+			t.Errorf("at +%s key %s: alloc %v hot %v, want %v hot %v", c.at, c.key, r.Alloc, r.Hot, c.want, c.hot)
+		}
+	}
+	// An older table never replaces a newer one.
+	if f.view.Set(&Table{Region: "a", Term: 1, Version: 0}) {
+		t.Fatal("older table installed")
+	}
+}
+
+// TestTableViewMatchesHolder checks that every agent's view of the table
+// answers as the speaking agent's lease.Holder does.
+func TestTableViewMatchesHolder(t *testing.T) {
+	b := lease.Budget{Rule: "api", Limit: global300, Regions: []string{"a", "b", "c"}, Reserve: 0.25}
+	hc := lease.DefaultHolderConfig()
+	hc.Region, hc.Session, hc.Budgets = "a", 7, []lease.Budget{b}
+	st := lease.HolderState{Session: 7, Term: 2, Version: 3, LeaseEnd: t0.Add(10 * time.Second), HoldUntil: t0.Add(25 * time.Second),
+		Entries: []lease.Entry{{Key: key("x"), Count: 180, Burst: 180}, {Key: key("y"), Count: 10, Burst: 10}, {Key: key("z"), Count: 0, Burst: 0}}}
+	h, err := lease.RestoreHolder(hc, st, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := NewTableView("a", FloorSpec{Regions: b.Regions, Reserve: b.Reserve})
+	v.Set(TableOf("a", "agent-1", h.Snapshot(), t0))
+	for _, at := range []time.Duration{0, 9 * time.Second, 10 * time.Second, 24 * time.Second, 25 * time.Second, time.Minute} {
+		now := t0.Add(at)
+		for _, s := range []string{"x", "y", "z", "cold"} {
+			want, _ := h.Allocation(now, key(s))
+			got, _, _ := v.Allocation(now, key(s), global300)
+			if got != want {
+				t.Errorf("at +%s key %s: view %v, holder %v", at, s, got, want)
+			}
+		}
+	}
+}
+
+func TestBatchesFollowDemandAndNeverOvershoot(t *testing.T) {
+	f := newFixture(t, nil)
+	now := f.clk.Now()
+	f.view.Set(&Table{Region: "a", Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour), HoldUntil: now.Add(time.Hour),
+		Entries: []lease.Entry{{Key: key("hot"), Count: 200_000, Burst: 200_000}}})
+	global := bucket.PerSecond(600_000)
+	admitted, decisions := 0, 0
+	// 100 requests every millisecond (100k/s) for 2 s, below the 200k/s
+	// allocation.
+	for ms := 0; ms < 2000; ms++ {
+		for i := 0; i < 100; i++ {
+			r, err := f.core.Decide(context.Background(), f.clk.Now(), key("hot"), global, 1, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			decisions++
+			if r.Decision.Allowed {
+				admitted++
+			}
+		}
+		f.clk.Advance(time.Millisecond)
+		if ms%50 == 0 {
+			f.core.Tick(context.Background(), f.clk.Now())
+		}
+	}
+	if admitted != decisions {
+		t.Fatalf("admitted %d of %d below the allocation", admitted, decisions)
+	}
+	ops := f.store.total()
+	perThousand := float64(ops) * 1000 / float64(decisions)
+	t.Logf("%d decisions, %d store ops (%.2f per 1000), %d refills", decisions, ops, perThousand, f.core.Stats().Refills)
+	if perThousand > 10 {
+		t.Fatalf("store ops per 1000 decisions = %.2f, want ≤ 10", perThousand)
+	}
+	// I3: every admitted token was debited from the regional bucket first.
+	f.store.mu.Lock()
+	debited := f.store.taken - f.store.back
+	f.store.mu.Unlock()
+	if bucket.Tokens(admitted) > debited {
+		t.Fatalf("admitted %d tokens but only %d were debited", admitted, debited)
+	}
+}
+
+func TestBatchedKeyOverItsAllocation(t *testing.T) {
+	f := newFixture(t, nil)
+	// 1000 requests per ms (1M/s) against a floor of 100/s, burst 100: the
+	// admitted count in any window stays within burst + rate×t, and the
+	// deny cache keeps the store quiet.
+	global := bucket.PerSecond(300)
+	admitted := 0
+	for ms := 0; ms < 1000; ms++ {
+		for i := 0; i < 1000; i++ {
+			r, err := f.core.Decide(context.Background(), f.clk.Now(), key("flood"), global, 1, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Decision.Allowed {
+				admitted++
+			}
+		}
+		f.clk.Advance(time.Millisecond)
+		if ms%20 == 0 {
+			f.core.Tick(context.Background(), f.clk.Now())
+		}
+	}
+	if bound := 100 + 100*1; admitted > bound {
+		t.Fatalf("admitted %d in 1 s, bound burst+rate×t = %d", admitted, bound)
+	}
+	if admitted < 150 {
+		t.Fatalf("admitted only %d of a possible 200", admitted)
+	}
+	if ops := f.store.total(); ops > 1000*1000/100 {
+		t.Fatalf("%d store ops for 1M decisions", ops)
+	}
+}
+
+func TestTokensReturnedOnShrinkStaleAndShutdown(t *testing.T) {
+	f := newFixture(t, nil)
+	now := f.clk.Now()
+	tab := &Table{Region: "a", Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour), HoldUntil: now.Add(time.Hour),
+		Entries: []lease.Entry{{Key: key("hot"), Count: 10_000, Burst: 10_000}}}
+	f.view.Set(tab)
+	global := bucket.PerSecond(30_000)
+	run := func(ms int) {
+		for i := 0; i < ms; i++ {
+			for j := 0; j < 50; j++ {
+				if _, err := f.core.Decide(context.Background(), f.clk.Now(), key("hot"), global, 1, ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.clk.Advance(time.Millisecond)
+		}
+	}
+	run(30)
+	held := func() int64 {
+		ks := f.core.state(key("hot"), 0)
+		return ks.tokens.Load()
+	}
+	if held() == 0 {
+		t.Fatal("no batch held after 30 ms at 50k/s")
+	}
+	// The allocation shrinks: the next tick gives the held tokens back.
+	tab2 := *tab
+	tab2.Version = 2
+	tab2.Entries = []lease.Entry{{Key: key("hot"), Count: 1000, Burst: 1000}}
+	tab2.index = nil
+	f.view.Set(&tab2)
+	f.core.Tick(context.Background(), f.clk.Now())
+	if held() != 0 || f.store.count("return") != 1 {
+		t.Fatalf("after shrink: held %d, returns %d; want 0 held, 1 return", held(), f.store.count("return"))
+	}
+	// Stale tokens go back after BatchTTL. The shrunk bucket refills first.
+	f.clk.Advance(time.Second)
+	for i := 0; i < 30 && held() == 0; i++ {
+		run(1)
+	}
+	if held() == 0 {
+		t.Fatal("no batch held")
+	}
+	f.clk.Advance(f.core.cfg.BatchTTL + time.Millisecond)
+	f.core.Tick(context.Background(), f.clk.Now())
+	if held() != 0 || f.store.count("return") != 2 {
+		t.Fatalf("after batch_ttl: held %d, returns %d", held(), f.store.count("return"))
+	}
+	f.clk.Advance(time.Second)
+	for i := 0; i < 30 && held() == 0; i++ {
+		run(1)
+	}
+	if held() == 0 {
+		t.Fatal("no batch held before shutdown")
+	}
+	f.core.Shutdown(context.Background(), f.clk.Now())
+	if held() != 0 || f.store.count("return") != 3 {
+		t.Fatalf("after shutdown: held %d, returns %d", held(), f.store.count("return"))
+	}
+}
+
+func TestFailurePolicies(t *testing.T) {
+	f := newFixture(t, func(c *Config) {
+		c.Rules = map[string]RuleConfig{
+			"closed":    {OnUnavailable: rules.FailClosed},
+			"open":      {OnUnavailable: rules.FailOpen},
+			"emergency": {OnUnavailable: rules.Emergency},
+		}
+		c.BreakerFailures = 1000 // this test is about the policies, not the breaker
+	})
+	f.core.SetLive(2)
+	f.store.setDown(true)
+	ctx := context.Background()
+	k := func(rule string) bucket.Key { return bucket.Key{Rule: rule, Subject: "s"} }
+
+	r, err := f.core.Decide(ctx, f.clk.Now(), k("closed"), global300, 1, "")
+	if !errors.Is(err, ErrFailClosed) || !errors.Is(err, bucket.ErrUnavailable) || r.Path != PathFailClosed || r.Decision.Allowed {
+		t.Fatalf("fail closed: %+v, %v", r, err)
+	}
+	for i := 0; i < 500; i++ {
+		r, err = f.core.Decide(ctx, f.clk.Now(), k("open"), global300, 1, "")
+		if err != nil || !r.Decision.Allowed || r.Path != PathFailOpen {
+			t.Fatalf("fail open: %+v, %v", r, err)
+		}
+	}
+	// Emergency: the floor (100/s, burst 100) divided by 2 live agents.
+	admitted := 0
+	for i := 0; i < 200; i++ {
+		r, err = f.core.Decide(ctx, f.clk.Now(), k("emergency"), global300, 1, "")
+		if err != nil || r.Path != PathEmergency {
+			t.Fatalf("emergency: %+v, %v", r, err)
+		}
+		if r.Decision.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 50 {
+		t.Fatalf("emergency admitted %d at once, want burst/live = 50", admitted)
+	}
+	f.clk.Advance(time.Second)
+	admitted = 0
+	for i := 0; i < 200; i++ {
+		if r, _ = f.core.Decide(ctx, f.clk.Now(), k("emergency"), global300, 1, ""); r.Decision.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 50 {
+		t.Fatalf("emergency admitted %d after 1 s, want rate/live = 50", admitted)
+	}
+	st := f.core.Stats()
+	for _, rs := range st.Rules {
+		if rs.Rule == "open" && rs.Admitted[PathFailOpen] != 500 {
+			t.Fatalf("fail-open count %d, want 500", rs.Admitted[PathFailOpen])
+		}
+	}
+	// The Store adapter hands fail open to the edge as an unavailable store.
+	s := NewStore(f.core, f.clk, nil, nil)
+	if _, err := s.Decide(ctx, k("open"), global300, 1, ""); !errors.Is(err, ErrFailOpen) {
+		t.Fatalf("store fail open: %v", err)
+	}
+	if d, err := s.Decide(ctx, k("emergency"), global300, 1, ""); err != nil || d.Limit != bucket.PerSecond(50) {
+		t.Fatalf("store emergency: %+v %v", d, err)
+	}
+}
+
+func TestBreakerOpensProbesAndCloses(t *testing.T) {
+	f := newFixture(t, func(c *Config) {
+		c.DefaultRule = RuleConfig{OnUnavailable: rules.Emergency}
+		c.BreakerFailures = 3
+		c.BreakerBackoff = time.Second
+	})
+	ctx := context.Background()
+	f.store.setDown(true)
+	for i := 0; i < 10; i++ {
+		r, err := f.core.Decide(ctx, f.clk.Now(), key("k"), global300, 1, "")
+		if err != nil || r.Path != PathEmergency {
+			t.Fatalf("request %d: %+v %v", i, r, err)
+		}
+	}
+	if n := f.store.total(); n != 3 {
+		t.Fatalf("store called %d times, want 3 before the breaker opened", n)
+	}
+	if s := f.core.Breaker().State(f.clk.Now()); s != BreakerOpen {
+		t.Fatalf("breaker %s, want open", s)
+	}
+	// After the back-off one probe goes through; it fails: open for 2 s.
+	f.clk.Advance(time.Second)
+	f.core.Decide(ctx, f.clk.Now(), key("k"), global300, 1, "")
+	f.core.Decide(ctx, f.clk.Now(), key("k"), global300, 1, "")
+	if n := f.store.total(); n != 4 {
+		t.Fatalf("store called %d times, want one probe (4)", n)
+	}
+	f.clk.Advance(time.Second)
+	f.core.Decide(ctx, f.clk.Now(), key("k"), global300, 1, "")
+	if n := f.store.total(); n != 4 {
+		t.Fatalf("store called %d times during the doubled back-off, want 4", n)
+	}
+	f.store.setDown(false)
+	f.clk.Advance(time.Second)
+	r, _ := f.core.Decide(ctx, f.clk.Now(), key("k"), global300, 1, "")
+	if r.Path != PathStore || f.core.Breaker().State(f.clk.Now()) != BreakerClosed {
+		t.Fatalf("probe after recovery: path %s, breaker %s", r.Path, f.core.Breaker().State(f.clk.Now()))
+	}
+	if f.core.Stats().BreakerOpened != 2 {
+		t.Fatalf("breaker opened %d times, want 2", f.core.Stats().BreakerOpened)
+	}
+}
+
+func TestFailoverStartsBucketsEmpty(t *testing.T) {
+	for _, empty := range []bool{false, true} {
+		t.Run(fmt.Sprint("empty=", empty), func(t *testing.T) {
+			f := newFixture(t, func(c *Config) { c.DefaultRule.EmptyOnFailover = empty })
+			f.core.Failover(f.clk.Now())
+			f.clk.Advance(100 * time.Millisecond)
+			admitted := 0
+			for i := 0; i < 200; i++ {
+				if r := f.decide(t, key("k"), 1); r.Decision.Allowed {
+					admitted++
+				}
+			}
+			want := 100
+			if empty {
+				want = 10 // refilled in the 100 ms since the failover at 100/s
+			}
+			if admitted != want {
+				t.Fatalf("admitted %d, want %d", admitted, want)
+			}
+		})
+	}
+}
+
+func TestDeterministic(t *testing.T) {
+	run := func() string {
+		f := newFixture(t, func(c *Config) { c.DefaultRule = RuleConfig{OnUnavailable: rules.Emergency} })
+		var b strings.Builder
+		for ms := 0; ms < 300; ms++ {
+			if ms == 150 {
+				f.store.setDown(true)
+			}
+			if ms == 200 {
+				f.store.setDown(false)
+			}
+			for i := 0; i < 20; i++ {
+				r := f.decide(t, key(fmt.Sprint("k", i%3)), bucket.Tokens(1+i%2))
+				fmt.Fprintf(&b, "%d %s %v %d|", ms, r.Path, r.Decision.Allowed, r.Decision.Remaining)
+			}
+			f.clk.Advance(time.Millisecond)
+			if ms%25 == 0 {
+				f.core.Tick(context.Background(), f.clk.Now())
+			}
+		}
+		f.core.Shutdown(context.Background(), f.clk.Now())
+		return b.String() + strings.Join(f.store.log, ",")
+	}
+	if a, b := run(), run(); a != b {
+		t.Fatal("two runs with the same inputs differ")
+	}
+}
+
+func TestNoAllocationDenies(t *testing.T) {
+	f := newFixture(t, nil)
+	now := f.clk.Now()
+	f.view.Set(&Table{Region: "a", Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour),
+		Entries: []lease.Entry{{Key: key("zero"), Count: 0}}})
+	r := f.decide(t, key("zero"), 1)
+	if r.Decision.Allowed || r.Path != PathNoAllocation || r.Decision.RetryAfter <= 0 {
+		t.Fatalf("zero allocation: %+v", r)
+	}
+	// A cost above the region's burst but within the global burst waits for
+	// more allocation; it is not "can never fit".
+	r = f.decide(t, key("big"), 200)
+	if r.Decision.Allowed || r.Path != PathNoAllocation {
+		t.Fatalf("cost 200 over floor burst 100: %+v", r)
+	}
+	if _, err := f.core.Decide(context.Background(), now, key("big"), global300, 301, ""); !errors.Is(err, bucket.ErrNeverFits) {
+		t.Fatalf("cost over the global burst: %v, want ErrNeverFits", err)
+	}
+}
+
+func TestDemandReportsPressingAndHotKeys(t *testing.T) {
+	f := newFixture(t, nil)
+	now := f.clk.Now()
+	f.view.Set(&Table{Region: "a", Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour),
+		Entries: []lease.Entry{{Key: key("hot"), Count: 250, Burst: 250}}})
+	// "press" asks 200/s against a floor of 100/s; "calm" 10/s; "hot" 5/s.
+	for ms := 0; ms < 1000; ms++ {
+		if ms%5 == 0 {
+			f.decide(t, key("press"), 1)
+		}
+		if ms%100 == 0 {
+			f.decide(t, key("calm"), 1)
+		}
+		if ms%200 == 0 {
+			f.decide(t, key("hot"), 1)
+		}
+		f.clk.Advance(time.Millisecond)
+		if ms%100 == 99 {
+			f.core.Tick(context.Background(), f.clk.Now())
+		}
+	}
+	ds := f.core.Demand(f.clk.Now())
+	var got []string
+	for _, d := range ds {
+		got = append(got, fmt.Sprintf("%s hot=%v", d.Key.Subject, d.Hot))
+		if d.Key.Subject == "press" && (d.Want < 150 || d.Want > 260) {
+			t.Errorf("press want %d/s, want about 200", d.Want)
+		}
+	}
+	if strings.Join(got, ",") != "hot hot=true,press hot=false" {
+		t.Fatalf("demand %v, want hot and press", got)
+	}
+}
+
+func TestIdleKeysAreDropped(t *testing.T) {
+	f := newFixture(t, nil)
+	for i := 0; i < 100; i++ {
+		f.decide(t, key(fmt.Sprint("k", i)), 1)
+	}
+	if n := f.core.Stats().Keys; n != 100 {
+		t.Fatalf("keys %d, want 100", n)
+	}
+	// The first tick takes the arrivals in; the next, IdleAfter later,
+	// finds none since.
+	f.clk.Advance(time.Second)
+	f.core.Tick(context.Background(), f.clk.Now())
+	f.clk.Advance(f.core.cfg.IdleAfter + time.Second)
+	f.core.Tick(context.Background(), f.clk.Now())
+	if n := f.core.Stats().Keys; n != 0 {
+		t.Fatalf("keys %d after idle, want 0", n)
+	}
+}
+
+func TestConfigValidateNamesField(t *testing.T) {
+	cases := map[string]func(*Config){
+		"region is empty":      func(c *Config) { c.Region = "" },
+		"batch_max_fraction":   func(c *Config) { c.BatchMaxFraction = 2 },
+		"breaker_failures=0":   func(c *Config) { c.BreakerFailures = 0 },
+		"do not include":       func(c *Config) { c.Floors.Regions = []string{"x"} },
+		"on_unavailable=\"x\"": func(c *Config) { c.Rules = map[string]RuleConfig{"r": {OnUnavailable: "x"}} },
+	}
+	for want, mod := range cases {
+		c := DefaultConfig()
+		c.Region = "a"
+		mod(&c)
+		err := c.Validate()
+		if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v", want, err)
+		}
+	}
+}
+
+func TestConcurrentDecisionsStayWithinAllocation(t *testing.T) {
+	clk := clock.NewManual(t0)
+	cfg := DefaultConfig()
+	cfg.Region = "a"
+	st := newCounting(bucket.NewMemory(bucket.MemoryOptions{Clock: clk}))
+	core, err := NewCore(cfg, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := bucket.PerSecond(10_000)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := 0
+			for i := 0; i < 5000; i++ {
+				r, err := core.Decide(context.Background(), clk.Now(), key("hot"), l, 1, "")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if r.Decision.Allowed {
+					n++
+				}
+				if i%500 == 0 {
+					core.Tick(context.Background(), clk.Now())
+				}
+			}
+			mu.Lock()
+			admitted += n
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	// The clock never moved: at most the burst is admitted, batches or not.
+	if admitted > 10_000 {
+		t.Fatalf("admitted %d, burst 10000", admitted)
+	}
+}

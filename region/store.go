@@ -1,0 +1,95 @@
+package region
+
+import (
+	"context"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
+)
+
+// Store is a Core behind the bucket.Store interface, so the edge (package
+// limiter) uses a regional agent as it would any store. The limit a caller
+// passes is the rule's global limit; the Store charges the key's budget
+// (Namer) at the region's allocation for it.
+//
+// A store outage surfaces as the edge expects: a rule that fails closed or
+// fails open gets an error wrapping bucket.ErrUnavailable (ErrFailClosed,
+// ErrFailOpen), so the edge applies and counts the same policy; a rule with
+// an emergency limit is decided here, by the region's allocation divided
+// among its live agents, and returns a normal decision. Store is safe for
+// concurrent use.
+type Store struct {
+	core    *Core
+	clock   clock.Clock
+	namer   *Namer
+	observe func(Result, time.Duration)
+}
+
+var _ bucket.Store = (*Store)(nil)
+
+// NewStore returns the bucket.Store of core on clk; namer may be nil.
+// observe, when set, receives every Decide's result and how long it took
+// (for metrics); it must be quick and safe for concurrent use.
+func NewStore(core *Core, clk clock.Clock, namer *Namer, observe func(Result, time.Duration)) *Store {
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	return &Store{core: core, clock: clk, namer: namer, observe: observe}
+}
+
+// Core returns the decision core.
+func (s *Store) Core() *Core { return s.core }
+
+// Decide implements bucket.Store.
+func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (bucket.Decision, error) {
+	now := s.clock.Now()
+	r, err := s.core.Decide(ctx, now, s.namer.Budget(key, l), l, cost, attemptID)
+	if s.observe != nil {
+		s.observe(r, s.clock.Now().Sub(now))
+	}
+	if err == nil && r.Path == PathFailOpen {
+		err = ErrFailOpen
+	}
+	return r.Decision, err
+}
+
+// TakeUpTo implements bucket.Store on the key's regional bucket, at the
+// region's allocation.
+func (s *Store) TakeUpTo(ctx context.Context, key bucket.Key, l bucket.Limit, n bucket.Tokens) (bucket.Tokens, error) {
+	bk, lim, err := s.resolve(key, l)
+	if err != nil {
+		return 0, err
+	}
+	return s.core.store.TakeUpTo(ctx, bk, lim, n)
+}
+
+// Return implements bucket.Store on the key's regional bucket.
+func (s *Store) Return(ctx context.Context, key bucket.Key, l bucket.Limit, n bucket.Tokens) error {
+	bk, lim, err := s.resolve(key, l)
+	if err != nil {
+		return err
+	}
+	return s.core.store.Return(ctx, bk, lim, n)
+}
+
+// Peek implements bucket.Store on the key's regional bucket.
+func (s *Store) Peek(ctx context.Context, key bucket.Key, l bucket.Limit) (bucket.Decision, error) {
+	bk, lim, err := s.resolve(key, l)
+	if err != nil {
+		return bucket.Decision{Limit: l}, err
+	}
+	return s.core.store.Peek(ctx, bk, lim)
+}
+
+func (s *Store) resolve(key bucket.Key, l bucket.Limit) (bucket.Key, bucket.Limit, error) {
+	if err := bucket.Check(l, 1); err != nil {
+		return key, l, err
+	}
+	bk := s.namer.Budget(key, l)
+	lim, _ := s.core.Allocation(s.clock.Now(), bk, l)
+	if lim.IsZero() {
+		return bk, lim, bucket.Check(lim, 1)
+	}
+	return bk, lim, nil
+}

@@ -1,0 +1,289 @@
+package region
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/lease"
+)
+
+// Allocations answers what the region may use of a key. Implementations
+// are safe for concurrent use and allocation-free.
+type Allocations interface {
+	// Allocation returns the region's limit for key, whose global budget is
+	// global, at now. hot is set when the limit is a coordinator entry
+	// (not the floor). The answer holds until validUntil unless Epoch
+	// changes first. A zero Limit means the region may admit nothing.
+	Allocation(now time.Time, key bucket.Key, global bucket.Limit) (l bucket.Limit, hot bool, validUntil time.Time)
+	// Epoch changes whenever an answer may have changed before its
+	// validUntil (a new table).
+	Epoch() uint64
+}
+
+// farFuture is the validUntil of answers that only a new table changes.
+var farFuture = time.Unix(1<<40, 0)
+
+// Table is a region's allocation table: the lease.Holder's state as every
+// agent of the region uses it. The speaking agent writes it to the regional
+// Redis after every change; the others read it from there.
+type Table struct {
+	Region  string
+	Speaker string
+	// Term, Version, LeaseEnd, HoldUntil and Released are the Holder's, as
+	// in lease.HolderState.
+	Term      uint64
+	Version   uint64
+	LeaseEnd  time.Time
+	HoldUntil time.Time
+	Released  bool
+	// Entries are the hot keys' allocations, sorted by key.
+	Entries []lease.Entry
+	// Written is when the speaker wrote the table (its clock).
+	Written time.Time
+
+	index map[bucket.Key]int
+}
+
+// TableOf returns the table of a Holder snapshot.
+func TableOf(region, speaker string, st lease.HolderState, now time.Time) *Table {
+	t := &Table{Region: region, Speaker: speaker, Term: st.Term, Version: st.Version,
+		LeaseEnd: st.LeaseEnd, HoldUntil: st.HoldUntil, Released: st.Released,
+		Entries: slices.Clone(st.Entries), Written: now}
+	t.build()
+	return t
+}
+
+// HolderState returns the table as a lease.HolderState for session, so a
+// new speaking agent can resume the region's lease (lease.RestoreHolder).
+func (t *Table) HolderState(session uint64) lease.HolderState {
+	return lease.HolderState{Session: session, Term: t.Term, Version: t.Version, LeaseEnd: t.LeaseEnd,
+		HoldUntil: t.HoldUntil, Released: t.Released, Entries: slices.Clone(t.Entries)}
+}
+
+func (t *Table) build() {
+	slices.SortFunc(t.Entries, func(a, b lease.Entry) int {
+		if c := cmp.Compare(a.Key.Rule, b.Key.Rule); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Key.Subject, b.Key.Subject)
+	})
+	t.index = make(map[bucket.Key]int, len(t.Entries))
+	for i, e := range t.Entries {
+		t.index[e.Key] = i
+	}
+}
+
+// Newer reports whether t supersedes u: a later term, a later version, or
+// the same table with a later lease end.
+func (t *Table) Newer(u *Table) bool {
+	switch {
+	case u == nil:
+		return true
+	case t.Term != u.Term:
+		return t.Term > u.Term
+	case t.Version != u.Version:
+		return t.Version > u.Version
+	case !t.LeaseEnd.Equal(u.LeaseEnd):
+		return t.LeaseEnd.After(u.LeaseEnd)
+	case !t.HoldUntil.Equal(u.HoldUntil):
+		return t.HoldUntil.After(u.HoldUntil)
+	}
+	return t.Released && !u.Released
+}
+
+// Live reports whether the table's lease lives at now.
+func (t *Table) Live(now time.Time) bool { return t != nil && !t.Released && now.Before(t.LeaseEnd) }
+
+// floors computes a region's floor of a global budget from a FloorSpec,
+// with the lease package's formula, caching the last answers.
+type floors struct {
+	region string
+	spec   FloorSpec
+	mu     sync.Mutex
+	cache  map[bucket.Limit]floorLimit
+}
+
+type floorLimit struct {
+	count, burst bucket.Tokens
+	limit        bucket.Limit
+}
+
+func newFloors(region string, spec FloorSpec) *floors {
+	if spec.Regions == nil {
+		spec.Regions = []string{region}
+	}
+	return &floors{region: region, spec: spec, cache: map[bucket.Limit]floorLimit{}}
+}
+
+// of returns the region's floor of global.
+func (f *floors) of(global bucket.Limit) floorLimit {
+	f.mu.Lock()
+	fl, ok := f.cache[global]
+	f.mu.Unlock()
+	if ok {
+		return fl
+	}
+	b := lease.Budget{Rule: "floor", Limit: global, Regions: f.spec.Regions, Weights: f.spec.Weights, Reserve: f.spec.Reserve}
+	c := b.FloorCount(f.region)
+	fl = floorLimit{count: c, burst: b.BurstOf(c), limit: b.LimitOf(c)}
+	f.mu.Lock()
+	if len(f.cache) > 4096 {
+		clear(f.cache) // limits come from rules: a few; never grow without bound
+	}
+	f.cache[global] = fl
+	f.mu.Unlock()
+	return fl
+}
+
+// TableView is the Allocations of a region: the current Table (nil: no
+// lease ever seen, every key at its floor) and the region's floors. Set
+// swaps tables atomically; readers never lock. It is safe for concurrent
+// use.
+type TableView struct {
+	floors *floors
+	cur    atomic.Pointer[Table]
+	epoch  atomic.Uint64
+}
+
+var _ Allocations = (*TableView)(nil)
+
+// NewTableView returns a view with no table: every key at its floor.
+func NewTableView(region string, spec FloorSpec) *TableView {
+	return &TableView{floors: newFloors(region, spec)}
+}
+
+// Set installs t if it supersedes the current table and reports whether it
+// did.
+func (v *TableView) Set(t *Table) bool {
+	for {
+		old := v.cur.Load()
+		if old != nil && !t.Newer(old) {
+			return false
+		}
+		if t.index == nil {
+			t.build()
+		}
+		if v.cur.CompareAndSwap(old, t) {
+			v.epoch.Add(1)
+			return true
+		}
+	}
+}
+
+// Table returns the current table, nil if none.
+func (v *TableView) Table() *Table { return v.cur.Load() }
+
+// Epoch implements Allocations.
+func (v *TableView) Epoch() uint64 { return v.epoch.Load() }
+
+// Floor returns the region's floor of global.
+func (v *TableView) Floor(global bucket.Limit) bucket.Limit { return v.floors.of(global).limit }
+
+// Allocation implements Allocations with the Holder's rule: a key's entry
+// while the lease lives; after it, an entry below the floor (a lent floor)
+// until the hold ends; the floor otherwise.
+func (v *TableView) Allocation(now time.Time, key bucket.Key, global bucket.Limit) (bucket.Limit, bool, time.Time) {
+	fl := v.floors.of(global)
+	t := v.cur.Load()
+	if t == nil {
+		return fl.limit, false, farFuture
+	}
+	i, ok := t.index[key]
+	if !ok {
+		return fl.limit, false, farFuture
+	}
+	e := t.Entries[i]
+	if !t.Released && now.Before(t.LeaseEnd) {
+		return entryLimit(global, e.Count, e.Burst), true, t.LeaseEnd
+	}
+	if e.Count < fl.count && now.Before(t.HoldUntil) {
+		return entryLimit(global, e.Count, min(e.Burst, fl.burst)), true, t.HoldUntil
+	}
+	return fl.limit, false, farFuture
+}
+
+func entryLimit(global bucket.Limit, count, burst bucket.Tokens) bucket.Limit {
+	if count <= 0 || burst <= 0 {
+		return bucket.Limit{}
+	}
+	return bucket.Per(count, global.Period()).WithBurst(burst)
+}
+
+// HolderAllocations adapts a lease.Holder to Allocations for a driver that
+// holds the Holder itself (the simulator, a single-agent region). Calls are
+// serialized by a mutex; the driver calls Touch after every Step, Tick or
+// Release of the Holder so that cached answers are dropped, and must hold
+// no other lock on the Holder meanwhile.
+type HolderAllocations struct {
+	mu     sync.Mutex
+	h      *lease.Holder
+	region string
+	floors map[string]bucket.Limit // by budget rule
+	epoch  atomic.Uint64
+}
+
+// NewHolderAllocations returns the Allocations of h, a Holder of region
+// serving budgets.
+func NewHolderAllocations(h *lease.Holder, region string, budgets []lease.Budget) *HolderAllocations {
+	a := &HolderAllocations{h: h, region: region, floors: map[string]bucket.Limit{}}
+	for _, b := range budgets {
+		a.floors[b.Rule] = b.LimitOf(b.FloorCount(region))
+	}
+	return a
+}
+
+// Touch marks that the Holder changed.
+func (a *HolderAllocations) Touch() { a.epoch.Add(1) }
+
+// Epoch implements Allocations.
+func (a *HolderAllocations) Epoch() uint64 { return a.epoch.Load() }
+
+// Lock runs fn with the Holder while no decision reads it, then Touches.
+func (a *HolderAllocations) Lock(fn func(h *lease.Holder)) {
+	a.mu.Lock()
+	fn(a.h)
+	a.mu.Unlock()
+	a.Touch()
+}
+
+// Allocation implements Allocations. Keys of rules the Holder has no
+// budget for get the global limit itself.
+func (a *HolderAllocations) Allocation(now time.Time, key bucket.Key, global bucket.Limit) (bucket.Limit, bool, time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	l, ok := a.h.Allocation(now, key)
+	if !ok {
+		return global, false, farFuture
+	}
+	st := a.h.Status(now)
+	until := farFuture
+	if st.Live {
+		until = st.LeaseEnd
+	} else if now.Before(st.HoldUntil) {
+		until = st.HoldUntil
+	}
+	return l, l != a.floors[key.Rule], until
+}
+
+// emergencyLimit is the region's allocation a divided among live agents,
+// capped by the rule's emergency limit: count and burst rounded down, so
+// the agents' emergency buckets together never exceed the allocation.
+func emergencyLimit(a bucket.Limit, rc *RuleConfig, live int) bucket.Limit {
+	if a.IsZero() {
+		return a
+	}
+	if el := rc.EmergencyLimit; !el.IsZero() && el.Rate() < a.Rate() {
+		a = el
+	}
+	live = max(live, 1)
+	c := a.Count() / bucket.Tokens(live)
+	b := a.Burst() / bucket.Tokens(live)
+	if c <= 0 || b <= 0 {
+		return bucket.Limit{}
+	}
+	return bucket.Per(c, a.Period()).WithBurst(b)
+}
