@@ -1,0 +1,209 @@
+package region
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Membership tells an agent which agents of its region are alive.
+type Membership interface {
+	// Self is this agent's name.
+	Self() string
+	// Members returns the live agents' names, sorted, this one included.
+	Members() []string
+}
+
+// Speaker returns the agent that speaks to the coordinator for a region
+// whose live agents are members: the lowest name. Every agent computes the
+// same answer from the same membership, so at most one speaks once
+// membership has converged, and another takes over when it dies.
+func Speaker(members []string) string {
+	if len(members) == 0 {
+		return ""
+	}
+	return slices.Min(members)
+}
+
+// StaticMembership is a fixed membership: a single agent, or tests.
+type StaticMembership struct {
+	mu      sync.Mutex
+	self    string
+	members []string
+}
+
+// NewStaticMembership returns a membership of self and others.
+func NewStaticMembership(self string, others ...string) *StaticMembership {
+	m := &StaticMembership{self: self}
+	m.Set(append([]string{self}, others...))
+	return m
+}
+
+// Self implements Membership.
+func (m *StaticMembership) Self() string { return m.self }
+
+// Members implements Membership.
+func (m *StaticMembership) Members() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.members)
+}
+
+// Set replaces the live members.
+func (m *StaticMembership) Set(members []string) {
+	ms := slices.Clone(members)
+	slices.Sort(ms)
+	ms = slices.Compact(ms)
+	m.mu.Lock()
+	m.members = ms
+	m.mu.Unlock()
+}
+
+// GossipConfig configures memberlist membership within a region.
+type GossipConfig struct {
+	// Name is this agent's name, unique in the region.
+	Name string
+	// Region labels every packet, so agents of different regions that
+	// reach each other never merge.
+	Region string
+	// BindAddr and BindPort are where memberlist listens (TCP and UDP).
+	// Port 0 picks a free port.
+	BindAddr string
+	BindPort int
+	// Join lists host:port of agents to join; empty starts a new region.
+	Join []string
+	// ProbeInterval, ProbeTimeout and SuspicionMult set how fast a dead
+	// agent is noticed (about ProbeInterval×SuspicionMult).
+	ProbeInterval time.Duration
+	ProbeTimeout  time.Duration
+	SuspicionMult int
+	// GossipInterval is how often state is gossiped.
+	GossipInterval time.Duration
+	// Logger receives memberlist's log; nil discards it.
+	Logger *log.Logger
+}
+
+// DefaultGossipConfig returns settings for agents on one LAN or host: a dead
+// agent is noticed within about two seconds.
+func DefaultGossipConfig() GossipConfig {
+	return GossipConfig{
+		BindAddr:       "127.0.0.1",
+		ProbeInterval:  500 * time.Millisecond, // a region's agents are close: probe often
+		ProbeTimeout:   200 * time.Millisecond, // far above a LAN round trip
+		SuspicionMult:  3,                      // suspect for ~3 probe rounds before declaring death
+		GossipInterval: 100 * time.Millisecond, // spread changes within a few hundred ms
+	}
+}
+
+// Validate reports the first problem with c, naming the field.
+func (c GossipConfig) Validate() error {
+	switch {
+	case c.Name == "":
+		return fmt.Errorf("%w: gossip name is empty", ErrInvalidConfig)
+	case c.Region == "":
+		return fmt.Errorf("%w: gossip region is empty", ErrInvalidConfig)
+	case c.BindPort < 0 || c.BindPort > 65535:
+		return fmt.Errorf("%w: gossip bind_port=%d out of range", ErrInvalidConfig, c.BindPort)
+	case net.ParseIP(c.BindAddr) == nil:
+		return fmt.Errorf("%w: gossip bind_addr=%q is not an IP address", ErrInvalidConfig, c.BindAddr)
+	case c.ProbeInterval <= 0 || c.ProbeTimeout <= 0 || c.ProbeTimeout >= c.ProbeInterval:
+		return fmt.Errorf("%w: gossip probe_timeout=%s must be in (0, probe_interval=%s)", ErrInvalidConfig, c.ProbeTimeout, c.ProbeInterval)
+	case c.SuspicionMult < 1:
+		return fmt.Errorf("%w: gossip suspicion_mult=%d must be ≥ 1", ErrInvalidConfig, c.SuspicionMult)
+	case c.GossipInterval <= 0:
+		return fmt.Errorf("%w: gossip gossip_interval=%s must be > 0", ErrInvalidConfig, c.GossipInterval)
+	}
+	return nil
+}
+
+// Gossip is Membership over hashicorp/memberlist: the agents of a region
+// gossip to know who is alive. It is safe for concurrent use.
+type Gossip struct {
+	cfg GossipConfig
+	ml  *memberlist.Memberlist
+}
+
+var _ Membership = (*Gossip)(nil)
+
+// StartGossip creates the memberlist and joins the agents in cfg.Join. A
+// join that reaches nobody is not an error: the agent starts alone and the
+// others join it.
+func StartGossip(cfg GossipConfig) (*Gossip, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	g := &Gossip{cfg: cfg}
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = cfg.Name
+	mc.Label = "allot-region:" + cfg.Region
+	mc.BindAddr, mc.BindPort = cfg.BindAddr, cfg.BindPort
+	mc.AdvertiseAddr, mc.AdvertisePort = cfg.BindAddr, cfg.BindPort
+	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = cfg.ProbeInterval, cfg.ProbeTimeout, cfg.SuspicionMult
+	mc.GossipInterval = cfg.GossipInterval
+	mc.PushPullInterval = 5 * time.Second
+	mc.TCPTimeout = time.Second
+	if cfg.Logger != nil {
+		mc.Logger = cfg.Logger
+	} else {
+		mc.LogOutput = io.Discard
+	}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("region: memberlist on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
+	}
+	g.ml = ml
+	if cfg.BindPort == 0 {
+		// Advertise the port the OS picked.
+		g.cfg.BindPort = int(ml.LocalNode().Port)
+	}
+	if len(cfg.Join) > 0 {
+		// Errors mean nobody answered yet; gossip keeps the agent alone
+		// until someone joins it.
+		_, _ = ml.Join(cfg.Join)
+	}
+	return g, nil
+}
+
+// Addr returns host:port of this agent's memberlist, for others to join.
+func (g *Gossip) Addr() string {
+	n := g.ml.LocalNode()
+	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+}
+
+// Self implements Membership.
+func (g *Gossip) Self() string { return g.cfg.Name }
+
+// Members implements Membership.
+func (g *Gossip) Members() []string {
+	var out []string
+	for _, n := range g.ml.Members() {
+		out = append(out, n.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Join joins more agents.
+func (g *Gossip) Join(addrs []string) error {
+	if _, err := g.ml.Join(addrs); err != nil {
+		return fmt.Errorf("region: join %v: %w", addrs, err)
+	}
+	return nil
+}
+
+// Leave tells the others this agent is going, then stops gossiping.
+func (g *Gossip) Leave(timeout time.Duration) error {
+	err := g.ml.Leave(timeout)
+	return errors.Join(err, g.ml.Shutdown())
+}
+
+// Shutdown stops gossiping without telling anyone, as a crash would.
+func (g *Gossip) Shutdown() error { return g.ml.Shutdown() }
