@@ -247,3 +247,17 @@ func TestRedisUnavailable(t *testing.T) {
 		t.Fatalf("never-fit cost on a stopped server: err = %v, want ErrNeverFits", err)
 	}
 }
+
+// The same store on a Sentinel-managed primary: the one setting that
+// changes is the address list plus a master name.
+func TestRedisSentinelConformance(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a primary, a replica and a sentinel")
+	}
+	s := testenv.StartSentinel(t)
+	c := bucket.NewUniversalClient([]string{s.Addr}, s.Master, "")
+	t.Cleanup(func() { c.Close() })
+	storetest.Run(t, func(t *testing.T, clk clock.Clock) bucket.Store {
+		return newRedisStore(t, c, bucket.RedisOptions{Now: clk.Now, Timeout: 5 * time.Second})
+	})
+}

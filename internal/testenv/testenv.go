@@ -242,3 +242,49 @@ func StartRedisCluster(t testing.TB, n int) []string {
 	t.Fatalf("testenv: redis cluster %v did not reach cluster_state:ok", addrs)
 	return nil
 }
+
+// Sentinel is a primary, a replica and one Sentinel watching them, all owned
+// by one test.
+type Sentinel struct {
+	Primary, Replica *RedisServer
+	Addr             string // the Sentinel's address
+	Master           string // the monitored master's name
+}
+
+// StartSentinel starts a primary, a replica of it and a Sentinel that
+// monitors them as master "allot" with quorum 1 and fast failover timings.
+func StartSentinel(t testing.TB) *Sentinel {
+	t.Helper()
+	if _, err := exec.LookPath("redis-sentinel"); err != nil {
+		missing(t, "testenv: redis-sentinel not installed (make test installs it): %v", err)
+	}
+	primary := StartRedis(t)
+	replica := StartRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
+	dir := t.TempDir()
+	port := FreePort(t)
+	conf := filepath.Join(dir, "sentinel.conf")
+	body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor allot 127.0.0.1 %d 1\n"+
+		"sentinel down-after-milliseconds allot 1000\nsentinel failover-timeout allot 5000\n"+
+		"sentinel parallel-syncs allot 1\n", port, dir, primary.Port)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("redis-sentinel", conf)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("testenv: start redis-sentinel: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	s := &Sentinel{Primary: primary, Replica: replica, Addr: fmt.Sprintf("127.0.0.1:%d", port), Master: "allot"}
+	c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		addr, err := c.GetMasterAddrByName(context.Background(), s.Master).Result()
+		if err == nil && len(addr) == 2 && addr[1] == strconv.Itoa(primary.Port) {
+			return s
+		}
+		time.Sleep(50 * time.Millisecond) // waiting for the sentinel to find its master
+	}
+	t.Fatalf("testenv: sentinel on %s did not report master %s", s.Addr, primary.Addr)
+	return nil
+}
