@@ -335,10 +335,16 @@ func SetQuotaHeaders(h http.Header, d limiter.Decision) {
 	r := strconv.FormatInt(int64(max(d.Remaining, 0)), 10)
 	t := strconv.FormatInt(d.ResetSeconds(), 10)
 	h.Set("RateLimit-Policy", PolicyHeader(d.Policy, d.Limit))
-	h.Set("RateLimit", sfString(d.Policy)+";r="+r+";t="+t)
+	h.Set("RateLimit", RateLimitItem(d))
 	h.Set("X-RateLimit-Limit", strconv.FormatInt(q, 10))
 	h.Set("X-RateLimit-Remaining", r)
 	h.Set("X-RateLimit-Reset", t)
+}
+
+// RateLimitItem renders one RateLimit item: "name";r=<remaining>;t=<reset seconds>.
+func RateLimitItem(d limiter.Decision) string {
+	return sfString(d.Policy) + ";r=" + strconv.FormatInt(int64(max(d.Remaining, 0)), 10) +
+		";t=" + strconv.FormatInt(d.ResetSeconds(), 10)
 }
 
 // PolicyHeader renders one RateLimit-Policy item: "name";q=<burst>;w=<seconds>.

@@ -1,102 +1,94 @@
 package sim
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"time"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/region"
+	"github.com/allot-dev/allot/rules"
 )
 
-// allot is the system under test: per region, agents deciding from the
-// region's allocation of each budget, enforced exactly by the regional Redis
-// bucket (bucket/ functions at the primary's clock), token batches for hot
-// keys, the rule's failure policy when Redis is unreachable, and a control
-// plane (the lease protocol) that moves allocations between regions.
+// allot is the system under test, built from the real code: per region,
+// agents each running a region.Core (allocations per key, exact buckets,
+// token batches, failure policies, circuit breaker, failover draining)
+// against the regional Redis model, and the lease protocol (leasePlane:
+// lease.Holder per region, lease.Allocator on the coordinator leader)
+// moving allocations between regions.
 type allot struct {
 	si     int
 	w      *world
-	plane  plane
+	plane  *leasePlane
 	redis  []*regionalRedis
-	agents [][]*agent
+	agents [][]*agentRT
 	rr     []int // round-robin position per region
-	policy []string
-	// cut[r][a] marks an agent cut off from its Redis by a fault, for the
-	// bound; outage[r][rule] accumulates the cut time per policy.
-	outage    [][]Micros
-	cutStart  [][]Micros
+	allocs []*region.HolderAllocations
+	cfg    []region.Config // per region
+	ctx    context.Context
+
+	// lat accumulates the store round trips of the decision in progress.
+	lat       Micros
 	failovers []int
-	batched   []bool // per rule: some agent took a batch
+	batched   []bool      // per rule: some agent decided from a batch
+	maxRate   [][]float64 // [region][rule] largest allocation used, tokens/s
+	maxBurst  [][]int64
 }
 
-// agent is one agent process of a region.
-type agent struct {
-	alive        bool
-	batches      map[int32]*batch
-	emergency    map[int32]bucket.State
-	failures     int
-	breakerUntil Micros
-	inflight     map[int32]bool // a batch refill is on its way
+// agentRT is one agent process of a region.
+type agentRT struct {
+	alive bool
+	core  *region.Core
+	store *simStore
 }
 
-// batch is the tokens an agent holds for one hot budget, taken from the
-// regional bucket before they are spent (invariant I3).
-type batch struct {
-	tokens  int64
-	takenAt Micros
-	// demand is an exponentially weighted estimate of the agent's local
-	// demand for the budget, tokens per µs, sizing the next batch.
-	demand float64
-	lastT  Micros
+// simStore is an agent's bucket.Store: the regional Redis model reached
+// over the simulated link. A call is answered at once in virtual time, at
+// the primary's clock one one-way latency later, and its round trip is
+// charged to the decision's latency; a call that cannot reach the primary
+// (partition, loss, failover) fails with bucket.ErrUnavailable after the
+// agent's timeout.
+type simStore struct {
+	a      *allot
+	region int
+	agent  int
 }
 
-// plane is the control plane as the agents see it: the region's current
-// allocation of a budget, and the demand the region observes.
-type plane interface {
-	// limit returns region r's allocation of budget b now, and whether the
-	// budget is hot there (served from a coordinator allocation, batched).
-	limit(r, b int) (bucket.Limit, bool)
-	// observe tells the plane about one request in region r.
-	observe(w *world, r, b int, cost int64, admitted bool, t Micros)
-	handle(w *world, e *event)
-	fault(w *world, f *FaultSpec, start bool)
-	// boundTerms adds the plane's own overshoot allowance for a rule.
-	boundTerms(w *world, rule int) (float64, []string)
-	messages() int64
-	allocation(w *world) [][][]float64
-}
+var _ bucket.Store = (*simStore)(nil)
 
 // allot's own events.
 const (
-	alRedisOp uint8 = iota + 16
-	alTimeout
-	alReply
-	alPlane // routed to the plane
+	alTick  uint8 = iota + 16 // an agent core's periodic tick
+	alPlane                   // routed to the plane
+	alFailoverDetected
 )
 
+// coreTick is how often an agent ticks its core (batch give-back, demand
+// sampling), as the agent's driver does.
+const coreTick = 100_000 // µs
+
 func newAllot(w *world) error {
-	a := &allot{w: w}
+	a := &allot{w: w, ctx: context.Background()}
 	n := len(w.regions)
 	replicate := false
 	for _, f := range w.sc.Faults {
 		replicate = replicate || f.Kind == FaultRedisFailover
 	}
+	var names []string
+	for _, rg := range w.regions {
+		names = append(names, rg.name)
+	}
 	for r := range w.regions {
 		rg := w.regions[r]
-		a.redis = append(a.redis, newRegionalRedis(w.nb, rg.redis, rg.replica, us(w.sc.Redis.Lag),
-			replicate, w.sc.Redis.OnFailover == "empty"))
-		var ags []*agent
-		for i := 0; i < rg.agents; i++ {
-			ags = append(ags, &agent{alive: true, batches: map[int32]*batch{}, emergency: map[int32]bucket.State{}, inflight: map[int32]bool{}})
-		}
-		a.agents = append(a.agents, ags)
-		a.outage = append(a.outage, make([]Micros, 1))
-		a.cutStart = append(a.cutStart, make([]Micros, rg.agents+1))
+		a.redis = append(a.redis, newRegionalRedis(w.nb, rg.redis, rg.replica, us(w.sc.Redis.Lag), replicate))
+		a.maxRate = append(a.maxRate, make([]float64, len(w.rules)))
+		a.maxBurst = append(a.maxBurst, make([]int64, len(w.rules)))
 	}
 	a.rr = make([]int, n)
 	a.failovers = make([]int, n)
-	for _, r := range w.rules {
-		a.policy = append(a.policy, r.spec.Policy)
-	}
 	a.batched = make([]bool, len(w.rules))
 	a.si = w.addSystem(a)
 	p, err := newPlane(w, a)
@@ -113,12 +105,83 @@ func newAllot(w *world) error {
 			rd.floors = p.floors[r]
 		}
 	}
+	for r := range w.regions {
+		cfg := region.DefaultConfig()
+		cfg.Region = w.regions[r].name
+		var reserve float64
+		if len(w.rules) > 0 {
+			reserve = w.rules[0].spec.Reserve
+		}
+		cfg.Floors = region.FloorSpec{Regions: names, Reserve: reserve}
+		cfg.Rules = map[string]region.RuleConfig{}
+		for _, ru := range w.rules {
+			cfg.Rules[ru.spec.Name] = region.RuleConfig{Scope: rules.ScopeGlobal, OnUnavailable: policyOf(ru.spec.Policy),
+				EmptyOnFailover: w.sc.Redis.OnFailover == "empty"}
+		}
+		ag := w.sc.Agent
+		cfg.BatchWindow, cfg.BatchMaxFraction, cfg.BatchTTL = ag.BatchWindow, ag.BatchMaxFraction, ag.BatchTTL
+		cfg.BreakerFailures, cfg.BreakerBackoff = ag.BreakerFailures, ag.BreakerBackoff
+		cfg.BreakerMaxBackoff = max(cfg.BreakerMaxBackoff, ag.BreakerBackoff)
+		cfg.Shards = 1 // one goroutine drives it
+		a.cfg = append(a.cfg, cfg)
+		a.allocs = append(a.allocs, region.NewHolderAllocations(p.holders[r], cfg.Region, p.budgets))
+		var ags []*agentRT
+		for i := 0; i < w.regions[r].agents; i++ {
+			rt := &agentRT{alive: true, store: &simStore{a: a, region: r, agent: i}}
+			if err := a.startCore(r, rt); err != nil {
+				return err
+			}
+			ags = append(ags, rt)
+			w.at(Micros(r*7919+i*1013+coreTick/3)%coreTick+1, a.si, event{sub: alTick, aux: int32(r), agt: int32(i)})
+		}
+		a.agents = append(a.agents, ags)
+	}
+	for r := range w.regions {
+		a.setLive(r)
+	}
 	return nil
+}
+
+// rule policies map onto the rules package's names.
+func policyOf(p string) rules.Policy {
+	switch p {
+	case PolicyOpen:
+		return rules.FailOpen
+	case PolicyEmergency:
+		return rules.Emergency
+	}
+	return rules.FailClosed
+}
+
+func (a *allot) startCore(r int, rt *agentRT) error {
+	c, err := region.NewCore(a.cfg[r], rt.store, a.allocs[r])
+	if err != nil {
+		return fmt.Errorf("sim: region core for %s: %w", a.cfg[r].Region, err)
+	}
+	rt.core = c
+	return nil
+}
+
+// setLive tells every live agent of region r how many live agents it has,
+// as membership would.
+func (a *allot) setLive(r int) {
+	live := 0
+	for _, ag := range a.agents[r] {
+		if ag.alive {
+			live++
+		}
+	}
+	for _, ag := range a.agents[r] {
+		if ag.alive {
+			ag.core.SetLive(live)
+		}
+	}
 }
 
 func (a *allot) name() string { return "allot" }
 
-// pick returns the next live agent of region r, or −1.
+// pick returns the next live agent of region r, or −1: the region's load
+// balancer spreads requests over its live agents.
 func (a *allot) pick(r int) int {
 	ags := a.agents[r]
 	for i := 0; i < len(ags); i++ {
@@ -130,228 +193,157 @@ func (a *allot) pick(r int) int {
 	return -1
 }
 
-const (
-	flagIdeal = 1 << iota
-	flagRefill
-)
-
 func (a *allot) arrive(w *world, t Micros, r, b int, cost int64, idealOK bool) {
 	ai := a.pick(r)
 	if ai < 0 {
 		w.reject(a.si, idealOK, pathClosed, 0, true)
-		a.plane.observe(w, r, b, cost, false, t)
 		return
 	}
 	ag := a.agents[r][ai]
-	l, hot := a.plane.limit(r, b)
-	var flag int8
-	if idealOK {
-		flag |= flagIdeal
+	rule := w.ruleOf(b)
+	a.lat = 0
+	w.decisions++
+	res, err := ag.core.Decide(a.ctx, w.regions[r].agent.at(t), a.plane.keys[b], rule.limit, bucket.Tokens(cost), "")
+	if l := res.Alloc; !l.IsZero() {
+		ri := rule.idx
+		if v := l.Rate(); v > a.maxRate[r][ri] {
+			a.maxRate[r][ri] = v
+		}
+		if v := int64(l.Burst()); v > a.maxBurst[r][ri] {
+			a.maxBurst[r][ri] = v
+		}
 	}
-	if t < ag.breakerUntil {
-		a.policyDecide(w, t, r, ai, b, cost, flag, 0)
+	p := pathOf(res.Path)
+	if res.Path == region.PathBatch {
+		a.batched[rule.idx] = true
+	}
+	if err != nil && !errors.Is(err, region.ErrFailClosed) {
+		w.reject(a.si, idealOK, p, a.lat, true)
 		return
 	}
-	var want int64
-	if hot {
-		bt := ag.batches[int32(b)]
-		if bt == nil {
-			bt = &batch{}
-			ag.batches[int32(b)] = bt
-		}
-		bt.observe(t, cost)
-		if bt.tokens > 0 && t-bt.takenAt > us(w.sc.Agent.BatchTTL) {
-			// Stale tokens go back: a batch is a few tens of ms of demand,
-			// never a reserve kept for later.
-			a.giveBack(w, t, r, ai, b, l, bt.tokens)
-			bt.tokens = 0
-		}
-		if bt.tokens >= cost {
-			bt.tokens -= cost
-			w.decisions++
-			w.admit(a.si, r, b, cost, t, pathLocal, 0)
-			a.plane.observe(w, r, b, cost, true, t)
-			return
-		}
-		if !ag.inflight[int32(b)] {
-			want = bt.size(w, l, cost)
-			ag.inflight[int32(b)] = true
-			flag |= flagRefill
-			a.batched[w.ruleIdx[b]] = true
-		}
+	if res.Decision.Allowed {
+		w.admit(a.si, r, b, cost, t, p, a.lat)
+		return
 	}
-	at, ok := w.net.send(w.sysRng[a.si], node{kind: kindAgent, region: r, idx: ai}, node{kind: kindRedis, region: r}, t)
+	w.reject(a.si, idealOK, p, a.lat, res.Path == region.PathFailClosed)
+}
+
+func pathOf(p region.Path) path {
+	switch p {
+	case region.PathStore:
+		return pathRedis
+	case region.PathEmergency, region.PathFailOpen:
+		return pathEmergency
+	case region.PathFailClosed:
+		return pathClosed
+	}
+	return pathLocal // batch, deny cache, no allocation: decided in process
+}
+
+// reach is one store call from agent ai of region r at now: it returns the
+// virtual instant the call executes at the primary, or false when it cannot
+// reach one (and charges the timeout).
+func (s *simStore) reach() (Micros, bool) {
+	a, w := s.a, s.a.w
+	t := w.eng.now
+	w.meters[a.si].redisOps++
+	rng := w.sysRng[a.si]
+	from, to := node{kind: kindAgent, region: s.region, idx: s.agent}, node{kind: kindRedis, region: s.region}
+	if len(w.net.cuts) > 0 && w.net.blocked(from, to) {
+		a.lat += us(w.sc.Agent.Timeout)
+		return 0, false
+	}
+	if p := w.net.loss + w.net.extraLoss; p > 0 && rng.Float64() < p {
+		a.lat += us(w.sc.Agent.Timeout)
+		return 0, false
+	}
+	out := w.net.delay(rng, s.region, s.region)
+	at := t + out
+	if !a.redis[s.region].up(at) {
+		a.lat += us(w.sc.Agent.Timeout)
+		return 0, false
+	}
+	a.lat += out + w.net.delay(rng, s.region, s.region)
+	return at, true
+}
+
+func (s *simStore) unavailable(op string, key bucket.Key) error {
+	return fmt.Errorf("%w: sim: %s %s/%s: regional redis of %s unreachable", bucket.ErrUnavailable, op, key.Rule, key.Subject, s.a.w.regions[s.region].name)
+}
+
+func (s *simStore) budget(key bucket.Key) int {
+	b, _ := s.a.plane.budgetOf(s.a.w, key)
+	return b
+}
+
+// Decide implements bucket.Store.
+func (s *simStore) Decide(_ context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, _ string) (bucket.Decision, error) {
+	if err := bucket.Check(l, cost); err != nil {
+		return bucket.Decision{Limit: l}, err
+	}
+	at, ok := s.reach()
 	if !ok {
-		w.at(t+us(w.sc.Agent.Timeout), a.si, event{sub: alTimeout, aux: int32(r), agt: int32(ai), j: int32(b), k: cost, sent: t, flag: flag})
-		return
+		return bucket.Decision{Limit: l}, s.unavailable("decide", key)
 	}
-	w.at(at, a.si, event{sub: alRedisOp, aux: int32(r), agt: int32(ai), j: int32(b), k: cost | want<<32, sent: t, flag: flag})
+	return s.a.redis[s.region].decide(s.budget(key), at, l, int64(cost)), nil
 }
 
-// observe updates the agent's estimate of its demand for a hot budget.
-func (bt *batch) observe(t Micros, cost int64) {
-	const halfLife = 200_000.0 // µs: follow demand within a few refreshes
-	dt := float64(t - bt.lastT)
-	if bt.lastT == 0 || dt > 5*halfLife {
-		bt.demand = 0
-	} else if dt > 0 {
-		decay := 1 / (1 + dt/halfLife)
-		bt.demand *= decay
+// TakeUpTo implements bucket.Store.
+func (s *simStore) TakeUpTo(_ context.Context, key bucket.Key, l bucket.Limit, n bucket.Tokens) (bucket.Tokens, error) {
+	if err := bucket.Check(l, 1); err != nil {
+		return 0, err
 	}
-	bt.demand += float64(cost) / halfLife
-	bt.lastT = t
+	at, ok := s.reach()
+	if !ok {
+		return 0, s.unavailable("take", key)
+	}
+	return bucket.Tokens(s.a.redis[s.region].takeUpTo(s.budget(key), at, l, int64(n))), nil
 }
 
-// size is the next batch: the agent's demand over the batch window, at
-// least one request's cost, at most a fraction of the region's burst.
-func (bt *batch) size(w *world, l bucket.Limit, cost int64) int64 {
-	n := int64(bt.demand * float64(us(w.sc.Agent.BatchWindow)))
-	hi := int64(float64(l.Burst()) * w.sc.Agent.BatchMaxFraction)
-	n = min(n, hi)
-	return max(n, cost, 1)
+// Return implements bucket.Store.
+func (s *simStore) Return(_ context.Context, key bucket.Key, l bucket.Limit, n bucket.Tokens) error {
+	if err := bucket.Check(l, 1); err != nil {
+		return err
+	}
+	at, ok := s.reach()
+	if !ok {
+		return s.unavailable("return", key)
+	}
+	s.a.redis[s.region].giveBack(s.budget(key), at, l, int64(n))
+	return nil
+}
+
+// Peek implements bucket.Store.
+func (s *simStore) Peek(_ context.Context, key bucket.Key, l bucket.Limit) (bucket.Decision, error) {
+	if err := bucket.Check(l, 1); err != nil {
+		return bucket.Decision{Limit: l}, err
+	}
+	at, ok := s.reach()
+	if !ok {
+		return bucket.Decision{Limit: l}, s.unavailable("peek", key)
+	}
+	return s.a.redis[s.region].peek(s.budget(key), at, l), nil
 }
 
 func (a *allot) handle(w *world, e *event) {
 	switch e.sub {
-	case alRedisOp:
-		a.redisOp(w, e)
-	case alTimeout:
-		a.timeout(w, e)
-	case alReply:
-		r, ai, b := int(e.aux), int(e.agt), int32(e.j)
-		ag := a.agents[r][ai]
-		delete(ag.inflight, b)
-		if !ag.alive {
-			return // a crashed agent's tokens are lost: under-admission only
+	case alTick:
+		r, ai := int(e.aux), int(e.agt)
+		if ag := a.agents[r][ai]; ag.alive {
+			ag.core.Tick(a.ctx, w.regions[r].agent.at(e.at))
 		}
-		if e.k > 0 {
-			bt := ag.batches[b]
-			if bt == nil {
-				bt = &batch{}
-				ag.batches[b] = bt
+		w.at(e.at+coreTick, a.si, event{sub: alTick, aux: e.aux, agt: e.agt})
+	case alFailoverDetected:
+		// The agents see the Redis role or run id change and tell their
+		// cores, which drain buckets of rules that start empty.
+		r := int(e.aux)
+		for _, ag := range a.agents[r] {
+			if ag.alive {
+				ag.core.Failover(w.regions[r].agent.at(e.at))
 			}
-			// The batch ages from its debit at Redis; tokens still held from
-			// an older batch keep their older age, so no token is ever kept
-			// longer than the batch TTL.
-			if bt.tokens == 0 {
-				bt.takenAt = e.sent
-			}
-			bt.tokens += e.k
 		}
 	case alPlane:
 		a.plane.handle(w, e)
-	}
-}
-
-// redisOp runs one script call at the regional primary: decide the request,
-// and take a batch when the agent asked for one. The request counts as
-// admitted at the instant Redis debits it, if the answer reaches the agent.
-func (a *allot) redisOp(w *world, e *event) {
-	r, ai, b := int(e.aux), int(e.agt), int(e.j)
-	cost, want := e.k&(1<<32-1), e.k>>32
-	rd := a.redis[r]
-	ag := a.agents[r][ai]
-	if !rd.up(e.at) {
-		w.at(e.sent+us(w.sc.Agent.Timeout), a.si, event{sub: alTimeout, aux: e.aux, agt: e.agt, j: e.j, k: cost, sent: e.sent, flag: e.flag})
-		return
-	}
-	l, _ := a.plane.limit(r, b)
-	w.decisions++
-	w.meters[a.si].redisOps++
-	ok := rd.decide(b, e.at, l, cost)
-	var got int64
-	if want > 0 {
-		got = rd.takeUpTo(b, e.at, l, want)
-	}
-	back, delivered := w.net.send(w.sysRng[a.si], node{kind: kindRedis, region: r}, node{kind: kindAgent, region: r, idx: ai}, e.at)
-	if e.flag&flagRefill != 0 {
-		if delivered {
-			w.at(back, a.si, event{sub: alReply, aux: e.aux, agt: e.agt, j: e.j, k: got, sent: e.at})
-		} else {
-			delete(ag.inflight, int32(b))
-		}
-	}
-	if !delivered {
-		w.at(e.sent+us(w.sc.Agent.Timeout), a.si, event{sub: alTimeout, aux: e.aux, agt: e.agt, j: e.j, k: cost, sent: e.sent, flag: e.flag &^ flagRefill})
-		return
-	}
-	ag.failures = 0
-	if ok {
-		w.admit(a.si, r, b, cost, e.at, pathRedis, back-e.sent)
-	} else {
-		w.reject(a.si, e.flag&flagIdeal != 0, pathRedis, back-e.sent, false)
-	}
-	a.plane.observe(w, r, b, cost, ok, e.at)
-}
-
-// timeout is an agent giving up on Redis: it counts the failure (opening
-// the breaker after enough of them) and applies the rule's policy.
-func (a *allot) timeout(w *world, e *event) {
-	r, ai := int(e.aux), int(e.agt)
-	ag := a.agents[r][ai]
-	if e.flag&flagRefill != 0 {
-		delete(ag.inflight, e.j)
-	}
-	ag.failures++
-	if ag.failures >= w.sc.Agent.BreakerFailures && e.at >= ag.breakerUntil {
-		ag.breakerUntil = e.at + us(w.sc.Agent.BreakerBackoff)
-		ag.failures = 0
-	}
-	a.policyDecide(w, e.at, r, ai, int(e.j), e.k, e.flag, e.at-e.sent)
-}
-
-// policyDecide decides a request without Redis under the rule's failure
-// policy: closed rejects, open admits, emergency admits from a local bucket
-// holding the region's allocation divided by its live agents.
-func (a *allot) policyDecide(w *world, t Micros, r, ai, b int, cost int64, flag int8, lat Micros) {
-	idealOK := flag&flagIdeal != 0
-	switch a.policy[w.ruleIdx[b]] {
-	case PolicyClosed:
-		w.reject(a.si, idealOK, pathClosed, lat, true)
-		a.plane.observe(w, r, b, cost, false, t)
-	case PolicyOpen:
-		w.admit(a.si, r, b, cost, t, pathEmergency, lat)
-	case PolicyEmergency:
-		ag := a.agents[r][ai]
-		l, _ := a.plane.limit(r, b)
-		live := 0
-		for _, x := range a.agents[r] {
-			if x.alive {
-				live++
-			}
-		}
-		el := share(l, 1, int64(max(live, 1)))
-		w.decisions++
-		d, ns, err := bucket.Decide(ag.emergency[int32(b)], w.regions[r].agent.at(t), el, bucket.Tokens(cost))
-		if err != nil || !d.Allowed {
-			w.reject(a.si, idealOK, pathEmergency, lat, false)
-			return
-		}
-		ag.emergency[int32(b)] = ns
-		w.admit(a.si, r, b, cost, t, pathEmergency, lat)
-	}
-}
-
-// giveBack sends unused batch tokens back to the regional bucket.
-func (a *allot) giveBack(w *world, t Micros, r, ai, b int, l bucket.Limit, n int64) {
-	if n <= 0 {
-		return
-	}
-	if _, ok := w.net.send(w.sysRng[a.si], node{kind: kindAgent, region: r, idx: ai}, node{kind: kindRedis, region: r}, t); !ok || !a.redis[r].up(t) {
-		return // lost tokens only ever under-admit
-	}
-	w.meters[a.si].redisOps++
-	a.redis[r].giveBack(b, t, l, n)
-}
-
-// returnBatches gives back every batch of region r's agents for budget b,
-// when its allocation shrinks.
-func (a *allot) returnBatches(w *world, t Micros, r, b int, l bucket.Limit) {
-	for ai, ag := range a.agents[r] {
-		if bt := ag.batches[int32(b)]; bt != nil && bt.tokens > 0 {
-			a.giveBack(w, t, r, ai, b, l, bt.tokens)
-			bt.tokens = 0
-		}
 	}
 }
 
@@ -360,8 +352,11 @@ func (a *allot) fault(w *world, f *FaultSpec, start bool) {
 	switch f.Kind {
 	case FaultRedisFailover:
 		if start {
-			a.redis[r].failover(us(f.At), us(w.sc.Redis.Failover))
+			t := us(f.At)
+			down := us(w.sc.Redis.Failover)
+			a.redis[r].failover(t, down)
 			a.failovers[r]++
+			w.at(t+down, a.si, event{sub: alFailoverDetected, aux: int32(r)})
 		}
 	case FaultAgentCrash:
 		ai := 0
@@ -370,14 +365,16 @@ func (a *allot) fault(w *world, f *FaultSpec, start bool) {
 		}
 		ag := a.agents[r][ai]
 		if start {
+			// A crash loses the core's state, batch tokens included: that
+			// only ever under-admits.
 			ag.alive = false
-			ag.batches = map[int32]*batch{}
-			ag.emergency = map[int32]bucket.State{}
 		} else {
 			ag.alive = true
-			ag.failures = 0
-			ag.breakerUntil = 0
+			if err := a.startCore(r, ag); err != nil {
+				panic(err) // the config was validated at start
+			}
 		}
+		a.setLive(r)
 	}
 	a.plane.fault(w, f, start)
 }
@@ -389,15 +386,38 @@ func (a *allot) finish(w *world) map[string]any {
 			lost += v
 		}
 	}
-	return map[string]any{"redis_lost_tokens": lost}
+	var st region.Stats
+	out := map[string]any{"redis_lost_tokens": lost, "lease_step_errors": a.plane.stepErrors}
+	var refills, returns, drains, storeErrors int64
+	for _, ags := range a.agents {
+		for _, ag := range ags {
+			st = ag.core.Stats()
+			refills += st.Refills
+			returns += st.Returns
+			drains += st.Drains
+			storeErrors += st.StoreErrors
+		}
+	}
+	out["batch_refills"], out["batch_returns"], out["failover_drains"], out["store_errors"] = refills, returns, drains, storeErrors
+	return out
 }
 
 func (a *allot) coordinatorMessages() int64        { return a.plane.messages() }
 func (a *allot) allocation(w *world) [][][]float64 { return a.plane.allocation(w) }
 
+// maxLimit is the largest allocation region r used for any budget of rule
+// ri, as a limit.
+func (a *allot) maxLimit(w *world, r, ri int) bucket.Limit {
+	rt := w.rules[ri]
+	rate := math.Max(a.maxRate[r][ri], a.plane.floors[r][ri].Rate())
+	burst := max(a.maxBurst[r][ri], int64(a.plane.floors[r][ri].Burst()))
+	c := int64(math.Ceil(rate * rt.spec.Period.Seconds()))
+	return bucket.Per(bucket.Tokens(max(c, 1)), rt.spec.Period).WithBurst(bucket.Tokens(max(burst, 1)))
+}
+
 // bound is the overshoot the design allows for rule ri under the
 // scenario's faults: the sum of one term per fault, each from the table in
-// the design, plus the plane's own terms (lease drift, batches).
+// the design, plus the batch and lease drift allowances.
 func (a *allot) bound(w *world, ri int) (float64, []string, bool) {
 	rule := &w.rules[ri]
 	R := rule.limit.Rate() // tokens per second
@@ -409,14 +429,19 @@ func (a *allot) bound(w *world, ri int) (float64, []string, bool) {
 	}
 	unbounded := false
 	policy := rule.spec.Policy
-	outages := map[string]float64{} // region → seconds without Redis for this rule
+	outages := map[string]float64{} // region → seconds without Redis
 	for _, f := range w.sc.Faults {
 		switch f.Kind {
 		case FaultRedisCut:
 			outages[f.Region] += (f.For + w.sc.Agent.Timeout).Seconds()
+		case FaultLoss:
+			// Lost store calls fail like a short outage everywhere.
+			for _, rg := range w.sc.Regions {
+				outages[rg.Name] += f.For.Seconds()
+			}
 		case FaultRedisFailover:
-			ri2 := w.sc.regionIndex(f.Region)
-			rd := a.redis[ri2]
+			r := w.sc.regionIndex(f.Region)
+			rd := a.redis[r]
 			outages[f.Region] += (w.sc.Redis.Failover + w.sc.Agent.Timeout).Seconds()
 			if w.sc.Redis.OnFailover == "keep" {
 				var worst int64
@@ -424,13 +449,18 @@ func (a *allot) bound(w *world, ri int) (float64, []string, bool) {
 					worst = max(worst, rd.lost[rule.base+k])
 				}
 				add(float64(worst), "redis failover in %s lost %d debited tokens (writes in the last lag=%s)", f.Region, worst, w.sc.Redis.Lag)
-				reg := w.sc.Regions[ri2]
+				reg := w.sc.Regions[r]
 				if d := reg.ReplicaSkew - reg.RedisSkew; d > 0 {
 					add(d.Seconds()*R, "replica clock ahead of the primary by %s × R", d)
 				}
 			} else {
 				terms = append(terms, "0: redis failover in "+f.Region+" with buckets started empty")
 			}
+		}
+	}
+	if w.sc.Loss > 0 {
+		for _, rg := range w.sc.Regions {
+			outages[rg.Name] += w.sc.Duration.Seconds()
 		}
 	}
 	for _, reg := range sortedKeys(outages) {
@@ -455,16 +485,17 @@ func (a *allot) bound(w *world, ri int) (float64, []string, bool) {
 	if a.batched[ri] {
 		// I3 holds for debits: batch tokens are taken from the regional
 		// bucket before use. They are spent a little later, though, so in a
-		// window the spends can exceed the debits by what agents held:
-		// at most R × the batch TTL, and at most every agent's largest batch.
-		held := R * w.sc.Agent.BatchTTL.Seconds()
+		// window the spends can exceed the debits by what agents held: at
+		// most R × the longest hold (batch TTL, checked at each core tick),
+		// and at most every agent's largest batch.
+		hold := w.sc.Agent.BatchTTL + coreTick*time.Microsecond
+		held := R * hold.Seconds()
 		var most float64
 		for r := range w.regions {
 			l := a.maxLimit(w, r, ri)
 			most += float64(w.regions[r].agents) * math.Max(1, math.Floor(float64(l.Burst())*w.sc.Agent.BatchMaxFraction))
 		}
-		add(math.Min(held, most), "batches spent after their debit: min(R × batch_ttl %s, Σ agents × largest batch %.0f)",
-			w.sc.Agent.BatchTTL, most)
+		add(math.Min(held, most), "batches spent after their debit: min(R × hold %s, Σ agents × largest batch %.0f)", hold, most)
 	}
 	v, t := a.plane.boundTerms(w, ri)
 	if v > 0 || len(t) > 0 {
@@ -477,13 +508,11 @@ func (a *allot) bound(w *world, ri int) (float64, []string, bool) {
 	return total, terms, unbounded
 }
 
-// maxLimit is the largest allocation region r held for any budget of rule ri.
-func (a *allot) maxLimit(w *world, r, ri int) bucket.Limit {
-	if m, ok := a.plane.(interface {
-		maxLimit(r, ri int) bucket.Limit
-	}); ok {
-		return m.maxLimit(r, ri)
+// subjectIndex parses the subject "s<k>" the simulator gives key k.
+func subjectIndex(s string) (int, bool) {
+	if len(s) < 2 || s[0] != 's' {
+		return 0, false
 	}
-	l, _ := a.plane.limit(r, w.rules[ri].base)
-	return l
+	n, err := strconv.Atoi(s[1:])
+	return n, err == nil
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
@@ -38,13 +39,6 @@ type leasePlane struct {
 	cacheLim   [][]bucket.Limit
 	cacheEp    [][]uint32
 
-	// Demand: per region and budget, an exponentially decaying sum of
-	// arrival costs (time constant tau), and when Demand was last called.
-	dsum       [][]float64
-	dlast      [][]Micros
-	dcall      [][]Micros
-	lastSweep  []Micros
-	tau        float64
 	msgs       int64
 	tracked    []int // per rule: the budget whose allocation is charted
 	allocBins  [][][]float64
@@ -80,7 +74,7 @@ const tickEvery = 100_000 // µs
 
 func newPlane(w *world, a *allot) (*leasePlane, error) {
 	sc := w.sc
-	p := &leasePlane{a: a, leader: 0, term: 1, tau: 1e6, broken: w.opts.BreakEscrow}
+	p := &leasePlane{a: a, leader: 0, term: 1, broken: w.opts.BreakEscrow}
 	var names []string
 	for _, r := range w.regions {
 		names = append(names, r.name)
@@ -131,7 +125,6 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 		p.settleAt[r] = -1
 	}
 	p.validUntil = make([]Micros, n)
-	p.lastSweep = make([]Micros, n)
 	for r := range w.regions {
 		hc := lease.DefaultHolderConfig()
 		hc.Region = w.regions[r].name
@@ -152,9 +145,6 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 		p.floors = append(p.floors, fl)
 		p.cacheLim = append(p.cacheLim, make([]bucket.Limit, w.nb))
 		p.cacheEp = append(p.cacheEp, make([]uint32, w.nb))
-		p.dsum = append(p.dsum, make([]float64, w.nb))
-		p.dlast = append(p.dlast, make([]Micros, w.nb))
-		p.dcall = append(p.dcall, make([]Micros, w.nb))
 		p.maxRate = append(p.maxRate, make([]float64, len(w.rules)))
 		p.maxBurst = append(p.maxBurst, make([]int64, len(w.rules)))
 		for i := range w.rules {
@@ -210,6 +200,9 @@ func (p *leasePlane) limit(r, b int) (bucket.Limit, bool) {
 // (on the region's clock) its answers stay valid.
 func (p *leasePlane) invalidate(w *world, r int, t Micros) {
 	p.epoch[r]++
+	if r < len(p.a.allocs) {
+		p.a.allocs[r].Touch()
+	}
 	local := w.regions[r].agent.local(t)
 	st := p.holders[r].Status(wall(local))
 	until := Micros(math.MaxInt64)
@@ -270,28 +263,34 @@ func (p *leasePlane) settle(w *world, r int, t Micros) {
 	}
 }
 
-// observe feeds the region's demand estimate and, when a request was denied
-// at its allocation, tells the Holder the key presses on it.
-func (p *leasePlane) observe(w *world, r, b int, cost int64, admitted bool, t Micros) {
-	dt := float64(t - p.dlast[r][b])
-	p.dsum[r][b] = p.dsum[r][b]*math.Exp(-dt/p.tau) + float64(cost)
-	p.dlast[r][b] = t
-	if admitted || t-p.dcall[r][b] < 50_000 || p.speaker[r] < 0 {
-		return
+// demand reports the region's demand to its Holder: the sum over its live
+// agents of what each core says it should report (region.Core.Demand), in
+// tokens per the budget's period. In the agent this travels to the speaking
+// agent through the regional Redis.
+func (p *leasePlane) demand(w *world, r int, t Micros) {
+	now := p.regionNow(w, r, t)
+	sum := map[bucket.Key]bucket.Tokens{}
+	var order []bucket.Key
+	for _, ag := range p.a.agents[r] {
+		if !ag.alive {
+			continue
+		}
+		for _, d := range ag.core.Demand(now) {
+			if _, ok := sum[d.Key]; !ok {
+				order = append(order, d.Key)
+			}
+			sum[d.Key] += d.Want
+		}
 	}
-	p.dcall[r][b] = t
-	p.demand(w, r, b, t)
-	p.flushHolder(w, r, t)
-}
-
-// demand reports budget b's estimated demand in region r to its Holder, in
-// tokens per the budget's period.
-func (p *leasePlane) demand(w *world, r, b int, t Micros) {
-	rule := w.ruleOf(b)
-	dt := float64(t - p.dlast[r][b])
-	rate := p.dsum[r][b] * math.Exp(-dt/p.tau) / p.tau // tokens per µs
-	want := bucket.Tokens(math.Ceil(rate * float64(us(rule.spec.Period))))
-	p.holders[r].Demand(p.regionNow(w, r, t), p.keys[b], want)
+	slices.SortFunc(order, func(x, y bucket.Key) int {
+		if x.Rule != y.Rule {
+			return strings.Compare(x.Rule, y.Rule)
+		}
+		return strings.Compare(x.Subject, y.Subject)
+	})
+	for _, k := range order {
+		p.holders[r].Demand(now, k, sum[k])
+	}
 }
 
 func (p *leasePlane) handle(w *world, e *event) {
@@ -300,15 +299,7 @@ func (p *leasePlane) handle(w *world, e *event) {
 	case plHolderTick:
 		r := int(e.aux)
 		if p.speaker[r] >= 0 {
-			if t-p.lastSweep[r] >= us(p.cfg.Refresh) {
-				// Every refresh, report the demand of every key in the table.
-				p.lastSweep[r] = t
-				for _, en := range p.holders[r].Table() {
-					if b, ok := p.budgetOf(w, en.Key); ok {
-						p.demand(w, r, b, t)
-					}
-				}
-			}
+			p.demand(w, r, t)
 			p.holders[r].Tick(p.regionNow(w, r, t))
 			p.flushHolder(w, r, t)
 		}
@@ -396,16 +387,22 @@ func breakGrant(p *leasePlane, m lease.Message) lease.Message {
 	return out
 }
 
+// budgetOf returns the budget index of key k.
 func (p *leasePlane) budgetOf(w *world, k bucket.Key) (int, bool) {
-	for i, r := range w.rules {
-		if r.spec.Name == k.Rule {
-			n, err := strconv.Atoi(k.Subject[1:])
-			if err != nil || n < 0 || n >= r.keys {
-				return 0, false
-			}
+	n, ok := subjectIndex(k.Subject)
+	if !ok {
+		return 0, false
+	}
+	if len(w.rules) == 1 {
+		if n < w.rules[0].keys {
+			return n, true
+		}
+		return 0, false
+	}
+	for _, r := range w.rules {
+		if r.spec.Name == k.Rule && n < r.keys {
 			return r.base + n, true
 		}
-		_ = i
 	}
 	return 0, false
 }

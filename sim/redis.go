@@ -19,11 +19,7 @@ type regionalRedis struct {
 	logHead int
 	// downUntil is the end of a failover: no primary answers before it.
 	downUntil Micros
-	// empty, when set, starts a bucket empty the first time it is touched
-	// after a detected failover; epoch[b] < failovers marks it untouched.
-	empty     bool
 	failovers uint32
-	epoch     []uint32
 	// lost counts, per budget, tokens debited in writes the failover lost.
 	lost  []int64
 	ops   int64
@@ -46,14 +42,11 @@ type repWrite struct {
 	st    bucket.State
 }
 
-func newRegionalRedis(nb int, clk, repClk nodeClock, lag Micros, replicate, empty bool) *regionalRedis {
-	r := &regionalRedis{states: make([]bucket.State, nb), clock: clk, repClk: repClk, lag: lag, empty: empty}
+func newRegionalRedis(nb int, clk, repClk nodeClock, lag Micros, replicate bool) *regionalRedis {
+	r := &regionalRedis{states: make([]bucket.State, nb), clock: clk, repClk: repClk, lag: lag}
 	if replicate {
 		r.replica = make([]bucket.State, nb)
 		r.lost = make([]int64, nb)
-	}
-	if empty {
-		r.epoch = make([]uint32, nb)
 	}
 	return r
 }
@@ -61,18 +54,11 @@ func newRegionalRedis(nb int, clk, repClk nodeClock, lag Micros, replicate, empt
 // up reports whether a primary answers at t.
 func (r *regionalRedis) up(t Micros) bool { return t >= r.downUntil }
 
-// load returns budget b's state at t, emptying it first if it has not been
-// touched since a detected failover.
+// load returns budget b's state at t, carried to the limit l.
 func (r *regionalRedis) load(b int, t Micros, l bucket.Limit) bucket.State {
 	st := r.states[b]
 	if r.last != nil {
 		st = r.carry(b, t, l, st)
-	}
-	if r.empty && r.epoch[b] != r.failovers {
-		r.epoch[b] = r.failovers
-		if _, _, ns, err := bucket.TakeUpTo(bucket.State{}, r.clock.at(t), l, l.Burst()); err == nil {
-			st = ns
-		}
 	}
 	return st
 }
@@ -173,15 +159,28 @@ func (r *regionalRedis) replicate(t Micros) {
 }
 
 // decide is the script's decide: one atomic read-refill-check-debit.
-func (r *regionalRedis) decide(b int, t Micros, l bucket.Limit, cost int64) bool {
+func (r *regionalRedis) decide(b int, t Micros, l bucket.Limit, cost int64) bucket.Decision {
 	r.ops++
 	st := r.load(b, t, l)
 	d, ns, err := bucket.Decide(st, r.clock.at(t), l, bucket.Tokens(cost))
 	if err != nil || !d.Allowed {
-		return false
+		if err != nil {
+			d = bucket.Decision{Limit: l}
+		}
+		return d
 	}
 	r.store(b, t, ns, cost)
-	return true
+	return d
+}
+
+// peek reports budget b's bucket at t without changing it.
+func (r *regionalRedis) peek(b int, t Micros, l bucket.Limit) bucket.Decision {
+	r.ops++
+	d, err := bucket.Peek(r.load(b, t, l), r.clock.at(t), l)
+	if err != nil {
+		return bucket.Decision{Limit: l}
+	}
+	return d
 }
 
 // takeUpTo debits up to n tokens and returns how many.
