@@ -44,6 +44,7 @@ type Allocator struct {
 	// starved lists keys where a region got less than its target because
 	// capacity was not yet provably free; an ack may free it.
 	starved, starvedSpare []*hotKey
+	recheck               bool // an ack arrived while keys were starved
 
 	// Scratch space for allocate, sized to the largest budget.
 	tgt, lb, want, base []int64
@@ -375,18 +376,27 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 		return
 	}
 	r.commitEnd = maxTime(r.commitEnd, g.at.Add(a.cfg.Hold-a.cfg.Drift))
-	// An acknowledged decrease may free what another region waits for.
-	if len(a.starved) > 0 && !a.expiring {
-		keys := a.starved
-		a.starved = a.starvedSpare[:0]
-		for _, k := range keys {
-			k.starved = false
-			if j, ok := a.keyIdx[k.key]; ok && a.keys[j] == k {
-				a.allocate(now, k)
-			}
-		}
-		a.starvedSpare = keys[:0]
+	// An acknowledged decrease may free what another region waits for; the
+	// next Tick rebalances the keys waiting, once for all acks since.
+	a.recheck = len(a.starved) > 0
+}
+
+// feed rebalances the keys where a region got less than its target.
+func (a *Allocator) feed(now time.Time) {
+	a.recheck = false
+	if a.expiring {
+		return
 	}
+	keys := a.starved
+	a.starved = a.starvedSpare[:0]
+	for _, k := range keys {
+		k.starved = false
+		if j, ok := a.keyIdx[k.key]; ok && a.keys[j] == k {
+			a.allocate(now, k)
+		}
+	}
+	clear(keys)
+	a.starvedSpare = keys[:0]
 }
 
 func (a *Allocator) release(now time.Time, r *region) {
@@ -435,9 +445,18 @@ func (a *Allocator) Tick(now time.Time) {
 		}
 	}
 	if now.Sub(a.lastRound) < a.cfg.Refresh {
+		if a.recheck {
+			a.feed(now)
+		}
 		a.flush(now)
 		return
 	}
+	a.recheck = false
+	for _, k := range a.starved {
+		k.starved = false
+	}
+	clear(a.starved)
+	a.starved = a.starved[:0]
 	a.lastRound = now
 	a.stats.Rounds++
 	for _, r := range a.regions {
@@ -645,6 +664,11 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 			g := cost
 			if need > avail {
 				g = mulDiv(avail, cost, need)
+			}
+			// A sliver short of the target waits for more to free up, so
+			// allocations do not creep up one acknowledgement at a time.
+			if g < cost && g < h {
+				g = 0
 			}
 			v += g
 			sum += g
