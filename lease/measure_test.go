@@ -166,4 +166,3 @@ func TestUtilization(t *testing.T) {
 		}
 	}
 }
-
