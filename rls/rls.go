@@ -1,0 +1,277 @@
+// Package rls serves Envoy's rate limit service v3
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) on a
+// limiter.Limiter, so that Envoy, Istio and Envoy Gateway use allot as
+// they would any external rate limit service.
+//
+// Each descriptor of a request is one limiter request: its entries are the
+// rules' descriptor, matched to a rule as usual; the value of the subject
+// key (Config.SubjectKey) is the identity unless the rule builds its subject
+// from other keys; hits_addend — the descriptor's, else the request's — is
+// the cost, and when neither is set the rules' cost applies. Statuses come
+// back in request order with current_limit, limit_remaining and
+// duration_until_reset. overall_code is OVER_LIMIT when any descriptor is
+// denied and OK otherwise, never UNKNOWN. response_headers_to_add carries
+// RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-10)
+// for every limited descriptor, and X-RateLimit-* and Retry-After for the
+// most restrictive one, so Envoy forwards them to the client.
+//
+// Descriptors are charged in order and a later denial does not refund an
+// earlier admission, as in Envoy's own reference service. A descriptor
+// limit override (descriptor.limit) is ignored: the rules decide limits.
+// Negative hits (is_negative_hits) charge nothing and report OK.
+package rls
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/httplimit"
+	"github.com/allot-dev/allot/limiter"
+	"github.com/allot-dev/allot/rules"
+)
+
+// ServiceName is the gRPC service name, as health checks know it.
+const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// MaxDescriptors bounds the descriptors of one request.
+const MaxDescriptors = 64
+
+// Config configures a Server.
+type Config struct {
+	// Limiter decides. Required.
+	Limiter limiter.Limiter
+	// Rules, when set, restricts the server to the rules' domain: a request
+	// for another domain is answered OK without limits, as no rule covers it.
+	Rules rules.Source
+	// SubjectKey is the descriptor key whose value is the request's
+	// identity.
+	SubjectKey string
+	// Logger records requests that cannot be decided; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the defaults; Limiter must still be set.
+func DefaultConfig() Config {
+	return Config{SubjectKey: rules.KeySubject, Logger: slog.Default()}
+}
+
+// Validate reports a missing field.
+func (c Config) Validate() error {
+	if c.Limiter == nil {
+		return errors.New("rls: Config.Limiter is nil")
+	}
+	if c.SubjectKey == "" {
+		return errors.New("rls: Config.SubjectKey is empty")
+	}
+	return nil
+}
+
+// Server implements rlsv3.RateLimitServiceServer.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	cfg Config
+}
+
+var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
+
+// New returns a Server; zero optional fields take DefaultConfig's values.
+func New(cfg Config) (*Server, error) {
+	def := DefaultConfig()
+	if cfg.SubjectKey == "" {
+		cfg.SubjectKey = def.SubjectKey
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = def.Logger
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Server{cfg: cfg}, nil
+}
+
+// Register registers s on g and marks it serving in hs, when hs is non-nil.
+func Register(g grpc.ServiceRegistrar, s *Server, hs *health.Server) {
+	rlsv3.RegisterRateLimitServiceServer(g, s)
+	if hs != nil {
+		hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
+	}
+}
+
+// ShouldRateLimit implements the Envoy rate limit service.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if n := len(req.GetDescriptors()); n > MaxDescriptors {
+		return nil, status.Errorf(codes.InvalidArgument, "rls: %d descriptors, more than the %d allowed", n, MaxDescriptors)
+	}
+	otherDomain := false
+	if s.cfg.Rules != nil {
+		if d := s.cfg.Rules.Current().Domain(); d != "" && d != req.GetDomain() {
+			otherDomain = true
+		}
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	decisions := make([]limiter.Decision, 0, len(req.GetDescriptors()))
+	for i, desc := range req.GetDescriptors() {
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		resp.Statuses = append(resp.Statuses, st)
+		if otherDomain || desc.GetIsNegativeHits() {
+			continue
+		}
+		lr, err := s.request(i, req, desc)
+		if err != nil {
+			return nil, err
+		}
+		d, err := s.cfg.Limiter.Allow(ctx, lr)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+			s.cfg.Logger.Error("rls: cannot decide", "domain", req.GetDomain(), "descriptor", i, "err", err)
+			return nil, status.Errorf(codes.InvalidArgument, "rls: descriptor %d (%s): %v", i, lr.Descriptor, err)
+		}
+		decisions = append(decisions, d)
+		fill(st, d)
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+	}
+	resp.ResponseHeadersToAdd = headers(decisions)
+	return resp, nil
+}
+
+// request turns descriptor i into a limiter request.
+func (s *Server) request(i int, req *rlsv3.RateLimitRequest, desc *rlcommon.RateLimitDescriptor) (limiter.Request, error) {
+	lr := limiter.Request{Descriptor: make(rules.Descriptor, 0, len(desc.GetEntries()))}
+	for j, e := range desc.GetEntries() {
+		if e.GetKey() == "" {
+			return lr, status.Errorf(codes.InvalidArgument, "rls: descriptor %d entry %d has an empty key", i, j)
+		}
+		lr.Descriptor = append(lr.Descriptor, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
+	}
+	lr.Subject, _ = lr.Descriptor.Get(s.cfg.SubjectKey)
+	var hits uint64
+	switch {
+	case desc.GetHitsAddend() != nil:
+		hits = desc.GetHitsAddend().GetValue()
+	case req.GetHitsAddend() > 0:
+		hits = uint64(req.GetHitsAddend())
+	}
+	if hits > 0 {
+		c, err := bucket.CostOf(float64(hits))
+		if err != nil || uint64(c) != hits {
+			return lr, status.Errorf(codes.InvalidArgument, "rls: descriptor %d (%s): hits_addend=%d is not a usable cost", i, lr.Descriptor, hits)
+		}
+		lr.Cost = c
+	}
+	return lr, nil
+}
+
+// fill sets a descriptor status from a decision.
+func fill(st *rlsv3.RateLimitResponse_DescriptorStatus, d limiter.Decision) {
+	if !d.Allowed {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if !d.Limited() || d.Shadow || (d.Allowed && d.Fallback != "") {
+		return
+	}
+	st.CurrentLimit = currentLimit(d.Policy, d.Limit)
+	st.LimitRemaining = uint32(min(max(int64(d.Remaining), 0), math.MaxUint32))
+	st.DurationUntilReset = durationpb.New(d.ResetAfter)
+}
+
+// currentLimit expresses a limit in Envoy's units: count per unit, with a
+// multiplier for periods such as 10 minutes.
+func currentLimit(name string, l bucket.Limit) *rlsv3.RateLimitResponse_RateLimit {
+	rl := &rlsv3.RateLimitResponse_RateLimit{
+		Name:            name,
+		RequestsPerUnit: uint32(min(int64(l.Count()), math.MaxUint32)),
+	}
+	p := l.Period()
+	for _, u := range []struct {
+		d    time.Duration
+		unit rlsv3.RateLimitResponse_RateLimit_Unit
+	}{
+		{24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+		{time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
+		{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+		{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
+	} {
+		if p%u.d == 0 {
+			rl.Unit = u.unit
+			if m := p / u.d; m != 1 {
+				rl.UnitMultiplier = wrapperspb.UInt32(uint32(min(int64(m), math.MaxUint32)))
+			}
+			return rl
+		}
+	}
+	// A sub-second period: scale to a rate per second, rounded down.
+	rl.Unit = rlsv3.RateLimitResponse_RateLimit_SECOND
+	rl.RequestsPerUnit = uint32(min(l.Rate(), math.MaxUint32))
+	return rl
+}
+
+// headers lists the quota of every limited descriptor in RateLimit-Policy
+// and RateLimit, and the most restrictive one in X-RateLimit-* and
+// Retry-After.
+func headers(ds []limiter.Decision) []*corev3.HeaderValue {
+	var policies, items []string
+	seen := map[string]bool{}
+	var worst *limiter.Decision
+	for i := range ds {
+		d := &ds[i]
+		if !d.Limited() || d.Shadow || (d.Allowed && d.Fallback != "") {
+			continue
+		}
+		if !seen[d.Policy] {
+			seen[d.Policy] = true
+			policies = append(policies, httplimit.PolicyHeader(d.Policy, d.Limit))
+			items = append(items, httplimit.RateLimitItem(*d))
+		}
+		if worst == nil || moreRestrictive(d, worst) {
+			worst = d
+		}
+	}
+	var out []*corev3.HeaderValue
+	add := func(k, v string) { out = append(out, &corev3.HeaderValue{Key: k, Value: v}) }
+	if len(policies) > 0 {
+		add("RateLimit-Policy", strings.Join(policies, ", "))
+		add("RateLimit", strings.Join(items, ", "))
+	}
+	if worst != nil {
+		add("X-RateLimit-Limit", strconv.FormatInt(int64(worst.Limit.Burst()), 10))
+		add("X-RateLimit-Remaining", strconv.FormatInt(int64(max(worst.Remaining, 0)), 10))
+		add("X-RateLimit-Reset", strconv.FormatInt(worst.ResetSeconds(), 10))
+	}
+	var retry int64
+	for _, d := range ds {
+		retry = max(retry, d.RetryAfterSeconds())
+	}
+	if retry > 0 {
+		add("Retry-After", strconv.FormatInt(retry, 10))
+	}
+	return out
+}
+
+// moreRestrictive prefers a denial, then the fewest tokens remaining.
+func moreRestrictive(a, b *limiter.Decision) bool {
+	if a.Allowed != b.Allowed {
+		return !a.Allowed
+	}
+	return a.Remaining < b.Remaining
+}
