@@ -23,7 +23,7 @@ func benchStore(b *testing.B, st bucket.Store) (*Store, bucket.Limit) {
 	cfg.Floors = FloorSpec{Regions: []string{"a", "b", "c"}}
 	view := NewTableView("a", cfg.Floors)
 	now := time.Now()
-	view.Set(&Table{Region: "a", Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour), HoldUntil: now.Add(time.Hour),
+	view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour), HoldUntil: now.Add(time.Hour),
 		Entries: []lease.Entry{{Key: key("hot"), Count: 1 << 30, Burst: 1 << 30}}})
 	core, err := NewCore(cfg, st, view)
 	if err != nil {

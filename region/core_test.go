@@ -170,7 +170,7 @@ func TestColdKeyIsExactAtItsFloor(t *testing.T) {
 func TestHotEntryLeaseExpiryAndLentFloor(t *testing.T) {
 	f := newFixture(t, nil)
 	now := f.clk.Now()
-	tab := &Table{Region: "a", Term: 1, Version: 1, LeaseEnd: now.Add(10 * time.Second), HoldUntil: now.Add(20 * time.Second),
+	tab := &Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: now.Add(10 * time.Second), HoldUntil: now.Add(20 * time.Second),
 		Entries: []lease.Entry{{Key: key("hot"), Count: 250, Burst: 250}, {Key: key("lent"), Count: 40, Burst: 40}}}
 	if !f.view.Set(tab) {
 		t.Fatal("first table not installed")
@@ -196,7 +196,7 @@ func TestHotEntryLeaseExpiryAndLentFloor(t *testing.T) {
 		}
 	}
 	// An older table never replaces a newer one.
-	if f.view.Set(&Table{Region: "a", Term: 1, Version: 0}) {
+	if f.view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 0}) {
 		t.Fatal("older table installed")
 	}
 }
@@ -214,7 +214,7 @@ func TestTableViewMatchesHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := NewTableView("a", FloorSpec{Regions: b.Regions, Reserve: b.Reserve})
-	v.Set(TableOf("a", "agent-1", h.Snapshot(), t0))
+	v.Set(TableOf("a", "agent-1", 1, h.Snapshot(), t0))
 	for _, at := range []time.Duration{0, 9 * time.Second, 10 * time.Second, 24 * time.Second, 25 * time.Second, time.Minute} {
 		now := t0.Add(at)
 		for _, s := range []string{"x", "y", "z", "cold"} {
@@ -230,7 +230,7 @@ func TestTableViewMatchesHolder(t *testing.T) {
 func TestBatchesFollowDemandAndNeverOvershoot(t *testing.T) {
 	f := newFixture(t, nil)
 	now := f.clk.Now()
-	f.view.Set(&Table{Region: "a", Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour), HoldUntil: now.Add(time.Hour),
+	f.view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour), HoldUntil: now.Add(time.Hour),
 		Entries: []lease.Entry{{Key: key("hot"), Count: 200_000, Burst: 200_000}}})
 	global := bucket.PerSecond(600_000)
 	admitted, decisions := 0, 0
@@ -306,7 +306,7 @@ func TestBatchedKeyOverItsAllocation(t *testing.T) {
 func TestTokensReturnedOnShrinkStaleAndShutdown(t *testing.T) {
 	f := newFixture(t, nil)
 	now := f.clk.Now()
-	tab := &Table{Region: "a", Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour), HoldUntil: now.Add(time.Hour),
+	tab := &Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour), HoldUntil: now.Add(time.Hour),
 		Entries: []lease.Entry{{Key: key("hot"), Count: 10_000, Burst: 10_000}}}
 	f.view.Set(tab)
 	global := bucket.PerSecond(30_000)
@@ -330,7 +330,7 @@ func TestTokensReturnedOnShrinkStaleAndShutdown(t *testing.T) {
 	}
 	// The allocation shrinks: the next tick gives the held tokens back.
 	tab2 := *tab
-	tab2.Version = 2
+	tab2.Version, tab2.Pub = 2, 2
 	tab2.Entries = []lease.Entry{{Key: key("hot"), Count: 1000, Burst: 1000}}
 	tab2.index = nil
 	f.view.Set(&tab2)
@@ -525,7 +525,7 @@ func TestDeterministic(t *testing.T) {
 func TestNoAllocationDenies(t *testing.T) {
 	f := newFixture(t, nil)
 	now := f.clk.Now()
-	f.view.Set(&Table{Region: "a", Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour),
+	f.view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour),
 		Entries: []lease.Entry{{Key: key("zero"), Count: 0}}})
 	r := f.decide(t, key("zero"), 1)
 	if r.Decision.Allowed || r.Path != PathNoAllocation || r.Decision.RetryAfter <= 0 {
@@ -545,7 +545,7 @@ func TestNoAllocationDenies(t *testing.T) {
 func TestDemandReportsPressingAndHotKeys(t *testing.T) {
 	f := newFixture(t, nil)
 	now := f.clk.Now()
-	f.view.Set(&Table{Region: "a", Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour),
+	f.view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour),
 		Entries: []lease.Entry{{Key: key("hot"), Count: 250, Burst: 250}}})
 	// "press" asks 200/s against a floor of 100/s; "calm" 10/s; "hot" 5/s.
 	for ms := 0; ms < 1000; ms++ {

@@ -33,6 +33,10 @@ var farFuture = time.Unix(1<<40, 0)
 type Table struct {
 	Region  string
 	Speaker string
+	// Pub numbers the speaker's publications. A new speaking agent goes on
+	// from the stored table's Pub, so a higher Pub is always the newer
+	// table, even when an expiry shortened the lease.
+	Pub uint64
 	// Term, Version, LeaseEnd, HoldUntil and Released are the Holder's, as
 	// in lease.HolderState.
 	Term      uint64
@@ -48,9 +52,9 @@ type Table struct {
 	index map[bucket.Key]int
 }
 
-// TableOf returns the table of a Holder snapshot.
-func TableOf(region, speaker string, st lease.HolderState, now time.Time) *Table {
-	t := &Table{Region: region, Speaker: speaker, Term: st.Term, Version: st.Version,
+// TableOf returns the table of a Holder snapshot, publication pub.
+func TableOf(region, speaker string, pub uint64, st lease.HolderState, now time.Time) *Table {
+	t := &Table{Region: region, Speaker: speaker, Pub: pub, Term: st.Term, Version: st.Version,
 		LeaseEnd: st.LeaseEnd, HoldUntil: st.HoldUntil, Released: st.Released,
 		Entries: slices.Clone(st.Entries), Written: now}
 	t.build()
@@ -77,22 +81,14 @@ func (t *Table) build() {
 	}
 }
 
-// Newer reports whether t supersedes u: a later term, a later version, or
-// the same table with a later lease end.
-func (t *Table) Newer(u *Table) bool {
-	switch {
-	case u == nil:
-		return true
-	case t.Term != u.Term:
-		return t.Term > u.Term
-	case t.Version != u.Version:
-		return t.Version > u.Version
-	case !t.LeaseEnd.Equal(u.LeaseEnd):
-		return t.LeaseEnd.After(u.LeaseEnd)
-	case !t.HoldUntil.Equal(u.HoldUntil):
-		return t.HoldUntil.After(u.HoldUntil)
-	}
-	return t.Released && !u.Released
+// Newer reports whether t supersedes u: a later publication.
+func (t *Table) Newer(u *Table) bool { return u == nil || t.Pub > u.Pub }
+
+// Same reports whether t and u give the same allocations: same lease,
+// hold and entries (Pub, Speaker and Written aside).
+func (t *Table) Same(u *Table) bool {
+	return u != nil && t.Term == u.Term && t.Version == u.Version && t.LeaseEnd.Equal(u.LeaseEnd) &&
+		t.HoldUntil.Equal(u.HoldUntil) && t.Released == u.Released && slices.Equal(t.Entries, u.Entries)
 }
 
 // Live reports whether the table's lease lives at now.

@@ -1,0 +1,367 @@
+package region
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/lease"
+)
+
+// AgentConfig configures an Agent.
+type AgentConfig struct {
+	// Name is this agent's name, unique in its region.
+	Name string
+	// Core configures the decision core; Core.Region is the region.
+	Core Config
+	// Speaker configures the lease client this agent runs while it speaks
+	// for the region. Region and Agent are filled in from Core and Name.
+	Speaker SpeakerConfig
+	// Tick is how often the agent ticks its core, reports its demand,
+	// reads membership and (when not speaking) the shared table.
+	Tick time.Duration
+	// FailoverPoll is how often the regional Redis's run id and role are
+	// read to detect a failover; 0 turns detection off.
+	FailoverPoll time.Duration
+}
+
+// DefaultAgentConfig returns an AgentConfig with production defaults;
+// Name and Core.Region are left to the caller.
+func DefaultAgentConfig() AgentConfig {
+	return AgentConfig{
+		Core:         DefaultConfig(),
+		Speaker:      DefaultSpeakerConfig(),
+		Tick:         100 * time.Millisecond, // tables and demand move within a tenth of a refresh
+		FailoverPoll: 500 * time.Millisecond, // a failover takes seconds; notice it within half of one
+	}
+}
+
+// Validate reports the first problem with c, naming the field.
+func (c AgentConfig) Validate() error {
+	switch {
+	case c.Name == "":
+		return fmt.Errorf("%w: agent name is empty", ErrInvalidConfig)
+	case c.Tick <= 0:
+		return fmt.Errorf("%w: agent tick=%s must be > 0", ErrInvalidConfig, c.Tick)
+	case c.FailoverPoll < 0:
+		return fmt.Errorf("%w: agent failover_poll=%s must be ≥ 0", ErrInvalidConfig, c.FailoverPoll)
+	case c.Speaker.Tick <= 0 || c.Speaker.Refresh <= 0 || c.Speaker.Redial <= 0 || c.Speaker.DemandMaxAge <= 0:
+		return fmt.Errorf("%w: speaker tick=%s, refresh=%s, redial=%s and demand_max_age=%s must be > 0",
+			ErrInvalidConfig, c.Speaker.Tick, c.Speaker.Refresh, c.Speaker.Redial, c.Speaker.DemandMaxAge)
+	}
+	return c.Core.Validate()
+}
+
+// AgentDeps are what an Agent runs on. Store is required; the rest is
+// optional.
+type AgentDeps struct {
+	// Store is the regional store: bucket.Redis, or bucket.Memory for the
+	// embedded default.
+	Store bucket.Store
+	// Redis, when set, is watched for failovers (run id or role changes).
+	Redis redis.UniversalClient
+	// Shared is the region's shared state; nil means a MemShared private
+	// to this agent.
+	Shared Shared
+	// Membership lists the region's live agents; nil means this agent
+	// alone.
+	Membership Membership
+	// Transport reaches the coordinator; nil means floors alone.
+	Transport LeaseTransport
+	// Namer maps edge keys to budget keys; nil maps keys to themselves.
+	Namer *Namer
+	// Clock is the agent's clock; nil means clock.Real{}.
+	Clock clock.Clock
+	// Logger receives the agent's log; nil means slog.Default().
+	Logger *slog.Logger
+	// Metrics, when set, receives the agent's metrics.
+	Metrics *Metrics
+	// Seed seeds the agent's random source (lease sessions).
+	Seed uint64
+}
+
+// Agent is a regional agent: a Core driven by a clock, membership of the
+// region's agents, the lease client while it speaks for the region, the
+// shared allocation table, failover detection and metrics. Store returns
+// the bucket.Store the edge uses.
+type Agent struct {
+	cfg   AgentConfig
+	deps  AgentDeps
+	core  *Core
+	view  *TableView
+	store *Store
+	log   *slog.Logger
+	rng   *rand.Rand
+
+	mu        sync.Mutex
+	speaking  bool
+	spk       *speaker
+	stopSpk   context.CancelFunc
+	spkDone   chan struct{}
+	members   []string
+	runID     string
+	role      string
+	closing   bool
+	lastError error
+}
+
+// NewAgent returns an agent; Run starts it.
+func NewAgent(cfg AgentConfig, deps AgentDeps) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Store == nil {
+		return nil, errors.New("region: NewAgent: AgentDeps.Store is nil")
+	}
+	if deps.Clock == nil {
+		deps.Clock = clock.Real{}
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
+	}
+	if deps.Shared == nil {
+		deps.Shared = NewMemShared()
+	}
+	if deps.Membership == nil {
+		deps.Membership = NewStaticMembership(cfg.Name)
+	}
+	cfg.Speaker.Region, cfg.Speaker.Agent = cfg.Core.Region, cfg.Name
+	view := NewTableView(cfg.Core.Region, cfg.Core.Floors)
+	core, err := NewCore(cfg.Core, deps.Store, view)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, deps: deps, core: core, view: view, log: deps.Logger,
+		rng: rand.New(rand.NewPCG(deps.Seed, 0x616c6c6f74))}
+	var observe func(Result, time.Duration)
+	if deps.Metrics != nil {
+		observe = deps.Metrics.observe
+		deps.Metrics.attach(a)
+	}
+	a.store = NewStore(core, deps.Clock, deps.Namer, observe)
+	return a, nil
+}
+
+// Store returns the bucket.Store the edge decides with.
+func (a *Agent) Store() *Store { return a.store }
+
+// Core returns the decision core.
+func (a *Agent) Core() *Core { return a.core }
+
+// View returns the agent's view of the region's allocation table.
+func (a *Agent) View() *TableView { return a.view }
+
+// Name is the agent's name.
+func (a *Agent) Name() string { return a.cfg.Name }
+
+// Region is the agent's region.
+func (a *Agent) Region() string { return a.cfg.Core.Region }
+
+// Run drives the agent until ctx ends, then stops it cleanly: batch tokens
+// go back and, if this was the region's last agent, the lease is released.
+func (a *Agent) Run(ctx context.Context) error {
+	t := time.NewTicker(a.cfg.Tick)
+	defer t.Stop()
+	var lastPoll time.Time
+	a.tick(ctx, &lastPoll)
+	for {
+		select {
+		case <-ctx.Done():
+			a.stop()
+			return nil
+		case <-t.C:
+			a.tick(ctx, &lastPoll)
+		}
+	}
+}
+
+// tick is one round of the agent's periodic work.
+func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
+	now := a.deps.Clock.Now()
+	members := a.deps.Membership.Members()
+	if !slices.Contains(members, a.cfg.Name) {
+		members = append(members, a.cfg.Name)
+		slices.Sort(members)
+	}
+	a.core.SetLive(len(members))
+	speak := a.deps.Transport != nil && Speaker(members) == a.cfg.Name
+	a.mu.Lock()
+	a.members = members
+	a.mu.Unlock()
+	a.setSpeaking(ctx, speak)
+
+	if a.cfg.FailoverPoll > 0 && a.deps.Redis != nil && now.Sub(*lastPoll) >= a.cfg.FailoverPoll {
+		*lastPoll = now
+		a.pollFailover(ctx, now)
+	}
+	a.core.Tick(ctx, now)
+	if err := a.deps.Shared.PutDemand(ctx, ReportOf(a.cfg.Name, now, a.core.Demand(now))); err != nil {
+		a.noteErr(err)
+	}
+	if !speak {
+		if t, err := a.deps.Shared.LoadTable(ctx); err != nil {
+			a.noteErr(err)
+		} else if t != nil {
+			a.view.Set(t)
+		}
+	}
+}
+
+func (a *Agent) noteErr(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.lastError == nil || a.lastError.Error() != err.Error() {
+		a.log.Warn("region: agent", "region", a.Region(), "agent", a.cfg.Name, "err", err)
+	}
+	a.lastError = err
+}
+
+// setSpeaking starts or stops the lease client.
+func (a *Agent) setSpeaking(ctx context.Context, speak bool) {
+	a.mu.Lock()
+	if speak == a.speaking || a.closing {
+		a.mu.Unlock()
+		return
+	}
+	a.speaking = speak
+	if !speak {
+		cancel, done := a.stopSpk, a.spkDone
+		a.spk, a.stopSpk, a.spkDone = nil, nil, nil
+		a.mu.Unlock()
+		a.log.Info("region: another agent speaks for the region now", "region", a.Region(), "agent", a.cfg.Name)
+		cancel()
+		<-done
+		return
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	s := &speaker{cfg: a.cfg.Speaker, clock: a.deps.Clock, shared: a.deps.Shared, view: a.view,
+		transport: a.deps.Transport, members: a.Members, log: a.log, rng: rand.New(rand.NewPCG(a.rng.Uint64(), a.rng.Uint64()))}
+	done := make(chan struct{})
+	a.spk, a.stopSpk, a.spkDone = s, cancel, done
+	a.mu.Unlock()
+	a.log.Info("region: speaking for the region", "region", a.Region(), "agent", a.cfg.Name)
+	go func() {
+		defer close(done)
+		if err := s.run(sctx, a.releaseOnStop); err != nil {
+			a.noteErr(err)
+		}
+	}()
+}
+
+// releaseOnStop reports whether the speaker should release the lease as it
+// stops: only when the agent is closing and no other agent is alive.
+func (a *Agent) releaseOnStop() bool {
+	a.mu.Lock()
+	closing := a.closing
+	a.mu.Unlock()
+	return closing && len(a.deps.Membership.Members()) <= 1
+}
+
+// stop returns batch tokens and stops the speaker.
+func (a *Agent) stop() {
+	a.mu.Lock()
+	a.closing = true
+	cancel, done := a.stopSpk, a.spkDone
+	a.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+	ctx, c := context.WithTimeout(context.Background(), time.Second)
+	defer c()
+	a.core.Shutdown(ctx, a.deps.Clock.Now())
+}
+
+// Members returns the live agents of the region as last seen.
+func (a *Agent) Members() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.members)
+}
+
+// pollFailover reads the Redis server's run id and role; a change of
+// either from what was seen before is a failover or a restart, after which
+// buckets may have lost writes.
+func (a *Agent) pollFailover(ctx context.Context, now time.Time) {
+	if _, ok := a.deps.Redis.(*redis.ClusterClient); ok {
+		return // each shard fails over on its own; not detected here
+	}
+	c, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	info, err := a.deps.Redis.Info(c, "server", "replication").Result()
+	if err != nil {
+		return
+	}
+	runID, role := infoField(info, "run_id"), infoField(info, "role")
+	a.mu.Lock()
+	changed := a.runID != "" && (runID != a.runID || role != a.role)
+	a.runID, a.role = runID, role
+	a.mu.Unlock()
+	if changed {
+		a.log.Warn("region: regional Redis failed over or restarted", "region", a.Region(), "run_id", runID, "role", role)
+		a.core.Failover(now)
+	}
+}
+
+// infoField returns field's value in a Redis INFO reply.
+func infoField(info, field string) string {
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// AgentStatus describes an agent for health checks, metrics and the demo.
+type AgentStatus struct {
+	Region   string
+	Agent    string
+	Members  []string
+	Speaking bool
+	// Lease is the region's lease as the shared table says (zero without
+	// a table).
+	LeaseLive bool
+	LeaseEnd  time.Time
+	Table     *Table
+	Breaker   BreakerState
+	LastError error
+}
+
+// Status reports the agent's state at its clock's now.
+func (a *Agent) Status() AgentStatus {
+	now := a.deps.Clock.Now()
+	t := a.view.Table()
+	a.mu.Lock()
+	st := AgentStatus{Region: a.Region(), Agent: a.cfg.Name, Members: slices.Clone(a.members), Speaking: a.speaking,
+		Table: t, Breaker: a.core.Breaker().State(now), LastError: a.lastError}
+	a.mu.Unlock()
+	if t != nil {
+		st.LeaseLive, st.LeaseEnd = t.Live(now), t.LeaseEnd
+	}
+	return st
+}
+
+// HolderStatus reports the speaker's lease.Holder status; ok is false when
+// this agent does not speak.
+func (a *Agent) HolderStatus() (lease.HolderStatus, bool) {
+	a.mu.Lock()
+	s := a.spk
+	a.mu.Unlock()
+	if s == nil {
+		return lease.HolderStatus{}, false
+	}
+	return s.status(a.deps.Clock.Now())
+}

@@ -1,0 +1,465 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/lease"
+)
+
+// LeaseTransport opens streams to the coordinator for a region's speaking
+// agent. An implementation that knows several coordinator addresses tries
+// them in turn and follows leader redirects; each stream it returns reaches
+// a coordinator that can answer.
+type LeaseTransport interface {
+	// Connect opens a stream; it blocks until one is open or ctx ends.
+	Connect(ctx context.Context) (LeaseStream, error)
+}
+
+// LeaseStream is one open stream to the coordinator. Send and Recv may be
+// called from different goroutines.
+type LeaseStream interface {
+	Send(m lease.Message) error
+	// Recv blocks for the next message; an error ends the stream.
+	Recv() (lease.Message, error)
+	Close() error
+}
+
+// ErrStreamClosed is returned by a stream closed by either end.
+var ErrStreamClosed = errors.New("region: lease stream closed")
+
+// SpeakerConfig configures the lease client the speaking agent runs.
+type SpeakerConfig struct {
+	Region string
+	Agent  string
+	// Budgets are the leased budgets (Budgets of the rules).
+	Budgets []lease.Budget
+	// Drift and Refresh are the Holder's (lease.HolderConfig).
+	Drift   time.Duration
+	Refresh time.Duration
+	// Tick is how often the Holder is ticked and demand gathered.
+	Tick time.Duration
+	// DemandMaxAge drops agents' demand reports older than this.
+	DemandMaxAge time.Duration
+	// Redial is the pause between failed connection attempts.
+	Redial time.Duration
+}
+
+// DefaultSpeakerConfig returns lease client defaults matching
+// lease.DefaultConfig.
+func DefaultSpeakerConfig() SpeakerConfig {
+	hc := lease.DefaultHolderConfig()
+	return SpeakerConfig{
+		Drift:        hc.Drift,
+		Refresh:      hc.Refresh,
+		Tick:         100 * time.Millisecond, // well inside a refresh interval
+		DemandMaxAge: 2 * time.Second,        // a few missed reports
+		Redial:       500 * time.Millisecond, // coordinators come back in seconds
+	}
+}
+
+// speaker drives the region's lease.Holder while this agent speaks for the
+// region: it restores the Holder from the shared table (so a new speaker
+// resumes the lease without a lapse), feeds it the region's summed demand,
+// carries its messages over the transport and publishes the resulting
+// table for every agent of the region.
+type speaker struct {
+	cfg       SpeakerConfig
+	clock     clock.Clock
+	shared    Shared
+	view      *TableView
+	transport LeaseTransport
+	members   func() []string
+	log       *slog.Logger
+	rng       *rand.Rand
+
+	mu     sync.Mutex // serializes holder and last
+	holder *lease.Holder
+	last   *Table
+}
+
+func (s *speaker) holderConfig(session uint64) lease.HolderConfig {
+	return lease.HolderConfig{Region: s.cfg.Region, Session: session, Budgets: s.cfg.Budgets,
+		Drift: s.cfg.Drift, Refresh: s.cfg.Refresh}
+}
+
+// start restores or creates the Holder at now.
+func (s *speaker) start(ctx context.Context, now time.Time) error {
+	session := s.rng.Uint64() | 1
+	var t *Table
+	if s.shared != nil {
+		var err error
+		if t, err = s.shared.LoadTable(ctx); err != nil {
+			s.log.Warn("region: speaker cannot read the shared table; starting from the local view", "err", err)
+			t = nil
+		}
+	}
+	if cur := s.view.Table(); t == nil || (cur != nil && cur.Newer(t)) {
+		t = cur
+	}
+	var h *lease.Holder
+	var err error
+	if t != nil {
+		// A new session: the coordinator treats this Holder as a new
+		// incarnation, counts what it says it holds, and renews it.
+		h, err = lease.RestoreHolder(s.holderConfig(session), t.HolderState(session), now)
+	} else {
+		h, err = lease.NewHolder(s.holderConfig(session), now)
+	}
+	if err != nil {
+		return fmt.Errorf("region: speaker for %s: %w", s.cfg.Region, err)
+	}
+	s.mu.Lock()
+	s.holder, s.last = h, t
+	s.mu.Unlock()
+	return nil
+}
+
+// publish writes the Holder's table when it changed. Requires s.mu.
+func (s *speaker) publishLocked(ctx context.Context, now time.Time) {
+	var pub uint64
+	if s.last != nil {
+		pub = s.last.Pub
+	}
+	t := TableOf(s.cfg.Region, s.cfg.Agent, pub+1, s.holder.Snapshot(), now)
+	if t.Same(s.last) {
+		return
+	}
+	s.last = t
+	s.view.Set(t)
+	if s.shared != nil {
+		if _, err := s.shared.PublishTable(ctx, t); err != nil {
+			s.log.Warn("region: publish table", "region", s.cfg.Region, "err", err)
+		}
+	}
+}
+
+// run speaks for the region until ctx ends. release, read at the end,
+// says whether to give the allocations back (the region's last agent
+// stopping cleanly).
+func (s *speaker) run(ctx context.Context, release func() bool) error {
+	if err := s.start(ctx, s.clock.Now()); err != nil {
+		return err
+	}
+	defer func() {
+		if release() {
+			s.mu.Lock()
+			now := s.clock.Now()
+			s.holder.Release(now)
+			msgs := s.holder.Ready()
+			s.publishLocked(context.Background(), now)
+			s.mu.Unlock()
+			if len(msgs) > 0 {
+				s.sendOnce(msgs)
+			}
+		}
+	}()
+	tick := time.NewTicker(s.cfg.Tick)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		st, err := s.transport.Connect(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			s.log.Warn("region: no coordinator", "region", s.cfg.Region, "err", err)
+			s.idle(ctx, tick.C, s.cfg.Redial)
+			continue
+		}
+		s.stream(ctx, st, tick.C)
+		st.Close()
+	}
+	return nil
+}
+
+// sendOnce delivers msgs on a fresh stream, best effort, for the release.
+func (s *speaker) sendOnce(msgs []lease.Message) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	st, err := s.transport.Connect(ctx)
+	if err != nil {
+		return
+	}
+	defer st.Close()
+	for _, m := range msgs {
+		if st.Send(m) != nil {
+			return
+		}
+	}
+}
+
+// idle ticks the Holder without a stream for d: the lease runs to its end
+// and the table follows.
+func (s *speaker) idle(ctx context.Context, tick <-chan time.Time, d time.Duration) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+			return
+		case <-tick:
+			s.step(ctx, nil, nil)
+		}
+	}
+}
+
+// stream runs one connection until it fails or ctx ends.
+func (s *speaker) stream(ctx context.Context, st LeaseStream, tick <-chan time.Time) {
+	recv := make(chan lease.Message, 64)
+	done := make(chan error, 1)
+	go func() {
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				done <- err
+				return
+			}
+			select {
+			case recv <- m:
+			case <-ctx.Done():
+				done <- ctx.Err()
+				return
+			}
+		}
+	}()
+	s.mu.Lock()
+	s.holder.Reconnect(s.clock.Now())
+	s.mu.Unlock()
+	if err := s.step(ctx, st, nil); err != nil {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			st.Close()
+			<-done
+			return
+		case err := <-done:
+			s.log.Info("region: coordinator stream ended", "region", s.cfg.Region, "err", err)
+			return
+		case m := <-recv:
+			if err := s.step(ctx, st, &m); err != nil {
+				st.Close()
+				<-done
+				return
+			}
+		case <-tick:
+			if err := s.step(ctx, st, nil); err != nil {
+				st.Close()
+				<-done
+				return
+			}
+		}
+	}
+}
+
+// step applies m (or, when nil, the region's demand and a tick) to the
+// Holder, sends what it has to say on st (dropped when st is nil: it says
+// hello again on reconnect) and publishes the table.
+func (s *speaker) step(ctx context.Context, st LeaseStream, m *lease.Message) error {
+	var demand []lease.Demand
+	if m == nil && s.shared != nil {
+		if reports, err := s.shared.Demands(ctx); err == nil {
+			demand = SumDemand(reports, s.members(), s.clock.Now(), s.cfg.DemandMaxAge)
+		}
+	}
+	s.mu.Lock()
+	now := s.clock.Now()
+	if m != nil {
+		if err := s.holder.Step(now, *m); err != nil {
+			s.log.Warn("region: bad message from coordinator", "region", s.cfg.Region, "msg", m.String(), "err", err)
+		}
+	} else {
+		for _, d := range demand {
+			s.holder.Demand(now, d.Key, d.Want)
+		}
+		s.holder.Tick(now)
+	}
+	out := s.holder.Ready()
+	s.publishLocked(ctx, now)
+	s.mu.Unlock()
+	if st == nil {
+		return nil
+	}
+	for _, o := range out {
+		if err := st.Send(o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// status returns the Holder's status, ok false before it starts.
+func (s *speaker) status(now time.Time) (lease.HolderStatus, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.holder == nil {
+		return lease.HolderStatus{}, false
+	}
+	return s.holder.Status(now), true
+}
+
+// LocalCoordinator is a coordinator in process: a lease.Allocator behind a
+// mutex, ticked by Run, with a LeaseTransport per region. The one-machine
+// demo and tests use it; production runs cmd/coordinator. It is safe for
+// concurrent use.
+type LocalCoordinator struct {
+	mu      sync.Mutex
+	alloc   *lease.Allocator
+	clock   clock.Clock
+	streams map[string]*localStream
+	down    bool
+	msgs    int64
+}
+
+// NewLocalCoordinator returns a coordinator serving cfg's budgets.
+func NewLocalCoordinator(cfg lease.Config, clk clock.Clock) (*LocalCoordinator, error) {
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	a, err := lease.NewAllocator(cfg, 1, clk.Now())
+	if err != nil {
+		return nil, err
+	}
+	return &LocalCoordinator{alloc: a, clock: clk, streams: map[string]*localStream{}}, nil
+}
+
+// Run ticks the allocator every tick until ctx ends.
+func (c *LocalCoordinator) Run(ctx context.Context, tick time.Duration) {
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c.mu.Lock()
+			c.alloc.Tick(c.clock.Now())
+			c.flushLocked()
+			c.mu.Unlock()
+		}
+	}
+}
+
+// SetDown cuts (true) or restores every region's connection, as a
+// partition between the regions and the coordinator would.
+func (c *LocalCoordinator) SetDown(down bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.down = down
+	if down {
+		for r, s := range c.streams {
+			s.closeLocked()
+			delete(c.streams, r)
+		}
+	}
+}
+
+// Messages is how many messages the coordinator has received.
+func (c *LocalCoordinator) Messages() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.msgs
+}
+
+// Stats returns the allocator's counters.
+func (c *LocalCoordinator) Stats() lease.Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.alloc.Stats(c.clock.Now())
+}
+
+// Transport returns region's transport.
+func (c *LocalCoordinator) Transport(region string) LeaseTransport {
+	return localTransport{c: c, region: region}
+}
+
+// flushLocked routes the allocator's messages. Requires c.mu.
+func (c *LocalCoordinator) flushLocked() {
+	for _, m := range c.alloc.Ready() {
+		if s := c.streams[m.Region]; s != nil {
+			s.push(m)
+		}
+	}
+}
+
+type localTransport struct {
+	c      *LocalCoordinator
+	region string
+}
+
+func (t localTransport) Connect(ctx context.Context) (LeaseStream, error) {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	if t.c.down {
+		return nil, fmt.Errorf("region: local coordinator for %s: %w", t.region, ErrStreamClosed)
+	}
+	if old := t.c.streams[t.region]; old != nil {
+		old.closeLocked()
+	}
+	s := &localStream{c: t.c, region: t.region, in: make(chan lease.Message, 256), closed: make(chan struct{})}
+	t.c.streams[t.region] = s
+	return s, nil
+}
+
+type localStream struct {
+	c      *LocalCoordinator
+	region string
+	in     chan lease.Message
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (s *localStream) push(m lease.Message) {
+	select {
+	case s.in <- m:
+	default: // a stalled region loses messages, as on a network
+	}
+}
+
+func (s *localStream) Send(m lease.Message) error {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-s.closed:
+		return ErrStreamClosed
+	default:
+	}
+	m.Region = s.region // a region only ever speaks for itself
+	c.msgs++
+	if err := c.alloc.Step(c.clock.Now(), m); err != nil {
+		return fmt.Errorf("region: local coordinator: %w", err)
+	}
+	c.flushLocked()
+	return nil
+}
+
+func (s *localStream) Recv() (lease.Message, error) {
+	select {
+	case m := <-s.in:
+		return m, nil
+	case <-s.closed:
+		return lease.Message{}, ErrStreamClosed
+	}
+}
+
+func (s *localStream) Close() error {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	s.closeLocked()
+	if s.c.streams[s.region] == s {
+		delete(s.c.streams, s.region)
+	}
+	return nil
+}
+
+func (s *localStream) closeLocked() { s.once.Do(func() { close(s.closed) }) }
