@@ -1,0 +1,61 @@
+package coordinator
+
+import (
+	"time"
+
+	leasev1 "github.com/allot-dev/allot/api/lease/v1"
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/lease"
+)
+
+// ToProto converts a lease.Message to its wire form.
+func ToProto(m lease.Message) *leasev1.Message {
+	p := &leasev1.Message{
+		Type: leasev1.Type(m.Type), Region: m.Region, Session: m.Session, Term: m.Term, Seq: m.Seq,
+		Grant: m.Grant, Version: m.Version, Base: m.Base, Full: m.Full, Renew: m.Renew,
+		TtlUs: m.TTL.Microseconds(), HoldUs: m.Hold.Microseconds(), RefreshUs: m.Refresh.Microseconds(),
+		DriftUs: m.Drift.Microseconds(), Leader: m.Leader,
+	}
+	if len(m.Entries) > 0 {
+		p.Entries = make([]*leasev1.Entry, len(m.Entries))
+		for i, e := range m.Entries {
+			p.Entries[i] = &leasev1.Entry{Key: &leasev1.Key{Rule: e.Key.Rule, Subject: e.Key.Subject},
+				Count: int64(e.Count), Burst: int64(e.Burst), Drop: e.Drop}
+		}
+	}
+	if len(m.Demand) > 0 {
+		p.Demand = make([]*leasev1.Demand, len(m.Demand))
+		for i, d := range m.Demand {
+			p.Demand[i] = &leasev1.Demand{Key: &leasev1.Key{Rule: d.Key.Rule, Subject: d.Key.Subject}, Want: int64(d.Want)}
+		}
+	}
+	return p
+}
+
+// FromProto converts a wire message to a lease.Message.
+func FromProto(p *leasev1.Message) lease.Message {
+	m := lease.Message{
+		Type: lease.MsgType(p.GetType()), Region: p.GetRegion(), Session: p.GetSession(), Term: p.GetTerm(),
+		Seq: p.GetSeq(), Grant: p.GetGrant(), Version: p.GetVersion(), Base: p.GetBase(), Full: p.GetFull(),
+		Renew: p.GetRenew(), TTL: us(p.GetTtlUs()), Hold: us(p.GetHoldUs()), Refresh: us(p.GetRefreshUs()),
+		Drift: us(p.GetDriftUs()), Leader: p.GetLeader(),
+	}
+	if len(p.GetEntries()) > 0 {
+		m.Entries = make([]lease.Entry, len(p.Entries))
+		for i, e := range p.Entries {
+			m.Entries[i] = lease.Entry{Key: key(e.GetKey()), Count: bucket.Tokens(e.GetCount()),
+				Burst: bucket.Tokens(e.GetBurst()), Drop: e.GetDrop()}
+		}
+	}
+	if len(p.GetDemand()) > 0 {
+		m.Demand = make([]lease.Demand, len(p.Demand))
+		for i, d := range p.Demand {
+			m.Demand[i] = lease.Demand{Key: key(d.GetKey()), Want: bucket.Tokens(d.GetWant())}
+		}
+	}
+	return m
+}
+
+func key(k *leasev1.Key) bucket.Key { return bucket.Key{Rule: k.GetRule(), Subject: k.GetSubject()} }
+
+func us(n int64) time.Duration { return time.Duration(n) * time.Microsecond }

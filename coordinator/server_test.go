@@ -1,0 +1,220 @@
+package coordinator
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/lease"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func testBudgets() []lease.Budget {
+	return []lease.Budget{{Rule: "api", Limit: bucket.PerMinute(600).WithBurst(60), Regions: []string{"a", "b", "c"}, Reserve: lease.DefaultReserve}}
+}
+
+// startServer serves s on a loopback port and returns its address.
+func startServer(t *testing.T, s *Server) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	s.Register(g)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	return lis.Addr().String()
+}
+
+func newTestServer(t *testing.T, clk clock.Clock, advertise string) *Server {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Lease.Budgets = testBudgets()
+	cfg.Clock = clk
+	cfg.Advertise = advertise
+	s, err := NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+type region struct {
+	name string
+	mu   sync.Mutex
+	h    *lease.Holder
+}
+
+// startRegions runs a Holder per region over a Client to addrs.
+func startRegions(t *testing.T, ctx context.Context, clk clock.Clock, addrs []string, names ...string) map[string]*region {
+	t.Helper()
+	out := map[string]*region{}
+	for i, n := range names {
+		hc := lease.DefaultHolderConfig()
+		hc.Region, hc.Session, hc.Budgets = n, uint64(i+1), testBudgets()
+		h, err := lease.NewHolder(hc, clk.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := NewClient(ClientConfig{Addrs: addrs, Region: n, ConnectTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		r := &region{name: n, h: h}
+		d := &HolderDriver{Client: c, Holder: h, Mu: &r.mu, Clock: clk, Tick: 5 * time.Millisecond, Redial: 20 * time.Millisecond}
+		go d.Run(ctx)
+		out[n] = r
+	}
+	return out
+}
+
+func (r *region) alloc(now time.Time, k bucket.Key) bucket.Limit {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l, _ := r.h.Allocation(now, k)
+	return l
+}
+
+// drive advances the manual clock step by step (giving the goroutines a
+// moment of real time to carry messages) until cond holds, checking I1 on
+// the regions' side at every step. It fails after max steps.
+func drive(t *testing.T, clk *clock.Manual, servers []*Server, regions map[string]*region, k bucket.Key, max int, cond func() bool) {
+	t.Helper()
+	for i := range max {
+		clk.Advance(100 * time.Millisecond)
+		for _, s := range servers {
+			s.Tick()
+		}
+		time.Sleep(3 * time.Millisecond) // lets the streams carry messages; lease time is the manual clock
+		var sum bucket.Tokens
+		for _, r := range regions {
+			sum += r.alloc(clk.Now(), k).Count()
+		}
+		if sum > 600 {
+			t.Fatalf("step %d: regions hold %d > budget 600", i, sum)
+		}
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("condition not met after %d steps", max)
+}
+
+// TestStandalone: three regions on real gRPC over loopback reach a
+// standalone leader through an address list whose first entry is dead; the
+// busy region receives most of the budget once learning ends.
+func TestStandalone(t *testing.T) {
+	clk := clock.NewManual(t0)
+	s := newTestServer(t, clk, "")
+	addr := startServer(t, s)
+	if err := s.BecomeLeader(1); err != nil {
+		t.Fatal(err)
+	}
+	dead, _ := net.Listen("tcp", "127.0.0.1:0")
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	regions := startRegions(t, ctx, clk, []string{deadAddr, addr}, "a", "b", "c")
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	regions["a"].mu.Lock()
+	regions["a"].h.Demand(clk.Now(), k, 500)
+	regions["a"].mu.Unlock()
+	drive(t, clk, []*Server{s}, regions, k, 400, func() bool {
+		regions["a"].mu.Lock()
+		regions["a"].h.Demand(clk.Now(), k, 500)
+		regions["a"].mu.Unlock()
+		return regions["a"].alloc(clk.Now(), k).Count() >= 500
+	})
+}
+
+// TestRedirect: a follower redirects regions to the leader it names.
+func TestRedirect(t *testing.T) {
+	clk := clock.NewManual(t0)
+	leader := newTestServer(t, clk, "")
+	leaderAddr := startServer(t, leader)
+	follower := newTestServer(t, clk, "")
+	followerAddr := startServer(t, follower)
+	if err := leader.BecomeLeader(7); err != nil {
+		t.Fatal(err)
+	}
+	follower.StepDown(leaderAddr)
+	c, err := NewClient(ClientConfig{Addrs: []string{followerAddr}, Region: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	st, err := c.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err == nil || c.Leader() != leaderAddr {
+		t.Fatalf("Recv from follower = %v, leader hint %q; want a redirect to %q", err, c.Leader(), leaderAddr)
+	}
+	st.Close()
+	st, err = c.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if st.Addr() != leaderAddr {
+		t.Fatalf("second stream reaches %s, want the leader %s", st.Addr(), leaderAddr)
+	}
+	if err := st.Send(lease.Message{Type: lease.MsgHello, Region: "a", Session: 1, Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		clk.Advance(100 * time.Millisecond)
+		leader.Tick()
+	}
+	m, err := st.Recv()
+	if err != nil || m.Type != lease.MsgGrant || m.Term != 7 {
+		t.Fatalf("leader answered %v, %v; want a grant of term 7", m, err)
+	}
+}
+
+// TestIdentity: a region may not speak for another.
+func TestIdentity(t *testing.T) {
+	clk := clock.NewManual(t0)
+	s := newTestServer(t, clk, "")
+	addr := startServer(t, s)
+	if err := s.BecomeLeader(1); err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewClient(ClientConfig{Addrs: []string{addr}, Region: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := c.Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Send(lease.Message{Type: lease.MsgHello, Region: "b", Session: 1, Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err == nil {
+		t.Fatal("a stream of region a speaking for b was not closed")
+	}
+	c2, _ := NewClient(ClientConfig{Addrs: []string{addr}, Region: "nowhere"})
+	defer c2.Close()
+	st2, err := c2.Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = st2.Send(lease.Message{Type: lease.MsgHello, Session: 1, Seq: 1})
+	if _, err := st2.Recv(); err == nil {
+		t.Fatal("a region no budget names was served")
+	}
+}
