@@ -14,7 +14,7 @@ func ToProto(m lease.Message) *leasev1.Message {
 		Type: leasev1.Type(m.Type), Region: m.Region, Session: m.Session, Term: m.Term, Seq: m.Seq,
 		Grant: m.Grant, Version: m.Version, Base: m.Base, Full: m.Full, Renew: m.Renew,
 		TtlUs: m.TTL.Microseconds(), HoldUs: m.Hold.Microseconds(), RefreshUs: m.Refresh.Microseconds(),
-		DriftUs: m.Drift.Microseconds(), Leader: m.Leader,
+		DriftUs: m.Drift.Microseconds(), Leader: m.Leader, Learning: m.Learning,
 	}
 	if len(m.Entries) > 0 {
 		p.Entries = make([]*leasev1.Entry, len(m.Entries))
@@ -38,7 +38,7 @@ func FromProto(p *leasev1.Message) lease.Message {
 		Type: lease.MsgType(p.GetType()), Region: p.GetRegion(), Session: p.GetSession(), Term: p.GetTerm(),
 		Seq: p.GetSeq(), Grant: p.GetGrant(), Version: p.GetVersion(), Base: p.GetBase(), Full: p.GetFull(),
 		Renew: p.GetRenew(), TTL: us(p.GetTtlUs()), Hold: us(p.GetHoldUs()), Refresh: us(p.GetRefreshUs()),
-		Drift: us(p.GetDriftUs()), Leader: p.GetLeader(),
+		Drift: us(p.GetDriftUs()), Leader: p.GetLeader(), Learning: p.GetLearning(),
 	}
 	if len(p.GetEntries()) > 0 {
 		m.Entries = make([]lease.Entry, len(p.Entries))

@@ -331,6 +331,23 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 		}
 		s.holdAtLeast(c)
 	}
+	if !first && m.Term < a.term && now.Before(a.learnUntil) {
+		// A later hello from a region still on the old leader's lease: it
+		// may have been decreased since; grant no more than it now holds.
+		held := make(map[bucket.Key]int64, len(m.Entries))
+		for _, e := range m.Entries {
+			held[e.Key] = int64(e.Count)
+		}
+		for _, k := range a.keys {
+			if i := slices.Index(k.bud.regions, r); i >= 0 {
+				v, ok := held[k.key]
+				if !ok {
+					v = k.bud.floors[i]
+				}
+				k.slots[i].cur = min(k.slots[i].cur, v)
+			}
+		}
+	}
 	r.lastReport = now
 	for _, d := range m.Demand {
 		if k, i := a.slotFor(d.Key, r, d.Want > 0); k != nil {
@@ -860,7 +877,7 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 	m := Message{
 		Type: MsgGrant, Region: r.name, Session: r.session, Term: a.term, Seq: r.lastReq,
 		TTL: a.cfg.TTL, Hold: a.cfg.Hold, Refresh: a.cfg.Refresh, Drift: a.cfg.Drift,
-		Renew: renew, Base: r.version, Version: r.version,
+		Renew: renew, Base: r.version, Version: r.version, Learning: now.Before(a.learnUntil),
 	}
 	if r.needFull {
 		m.Full, m.Base = true, 0

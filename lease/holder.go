@@ -291,16 +291,7 @@ func (h *Holder) grant(now time.Time, m Message) {
 		return // older than our table
 	}
 	if apply {
-		if m.Full {
-			clear(h.table)
-		}
-		for _, e := range m.Entries {
-			if e.Drop {
-				delete(h.table, e.Key)
-			} else if h.budgets[e.Key.Rule] != nil {
-				h.table[e.Key] = e
-			}
-		}
+		h.apply(now, m)
 		h.version = m.Version
 		h.wantHello = false
 	}
@@ -317,6 +308,58 @@ func (h *Holder) grant(now time.Time, m Message) {
 		}
 	}
 	h.ack(m)
+}
+
+// apply changes the table by m's entries. A learning leader's grant only
+// ever lowers what the region may use now.
+func (h *Holder) apply(now time.Time, m Message) {
+	var was map[bucket.Key]Entry
+	if m.Learning {
+		was = make(map[bucket.Key]Entry, len(h.table)+len(m.Entries))
+		for k := range h.table {
+			c, b := h.allocation(now, k, h.budgets[k.Rule])
+			was[k] = Entry{Key: k, Count: c, Burst: b}
+		}
+	}
+	if m.Full {
+		clear(h.table)
+	}
+	for _, e := range m.Entries {
+		if e.Drop {
+			delete(h.table, e.Key)
+		} else if h.budgets[e.Key.Rule] != nil {
+			h.table[e.Key] = e
+		}
+	}
+	if !m.Learning {
+		return
+	}
+	// Keys whose entry went away now sit at their floor; keys that gained
+	// one were at their floor before.
+	for _, e := range m.Entries {
+		if _, ok := was[e.Key]; !ok && h.budgets[e.Key.Rule] != nil {
+			hb := h.budgets[e.Key.Rule]
+			was[e.Key] = Entry{Key: e.Key, Count: hb.floor, Burst: hb.burst}
+		}
+	}
+	for k, old := range was {
+		hb := h.budgets[k.Rule]
+		if hb == nil {
+			continue
+		}
+		e, ok := h.table[k]
+		if !ok {
+			e = Entry{Key: k, Count: hb.floor, Burst: hb.burst}
+		}
+		if old.Count < e.Count {
+			e = old
+		}
+		if e.Count == hb.floor {
+			delete(h.table, k)
+		} else {
+			h.table[k] = e
+		}
+	}
 }
 
 func (h *Holder) ack(m Message) {

@@ -83,6 +83,11 @@ type Message struct {
 	Full bool
 	// Renew marks a grant that extends the lease.
 	Renew bool
+	// Learning marks a grant from a leader still learning what regions
+	// hold: it never raises an allocation, whatever its entries say, since
+	// they may come from a hello that later grants of the previous leader
+	// have overtaken.
+	Learning bool
 	// TTL is the lease length, Hold how long a lent floor stays lent after
 	// the grant is received, Refresh how often to report, and Drift the
 	// margin for clock drift (down, grant).
