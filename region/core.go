@@ -141,8 +141,11 @@ type keyState struct {
 	refilling  bool
 	batchLimit bucket.Limit // the allocation the held tokens were taken under
 	takenAt    int64        // µs of the last refill
-	rate       float64      // demand estimate, tokens per second
+	rate       float64      // short-term demand, tokens per second: sizes batches
 	lastSample int64        // µs
+	demand     float64      // demand over windows of at least demandWindow, tokens per second: reported
+	winStart   int64        // µs: start of the current demand window
+	winTokens  int64        // tokens asked in the current demand window
 	lastActive int64        // µs of the last sample with arrivals
 	emergency  bucket.State
 	drained    uint64 // failover epoch this key was emptied for
@@ -156,9 +159,15 @@ type allocCache struct {
 	until  int64 // µs
 }
 
-// sampleEvery is how often a key's demand estimate takes in its arrivals on
-// the decision path; Tick samples every key too.
+// sampleEvery is how often a key's short-term demand estimate takes in its
+// arrivals on the decision path (Tick samples every key too): often enough
+// that a flash crowd is batched within moments.
 const sampleEvery = 10 * time.Millisecond
+
+// demandWindow is the shortest window the reported demand is measured
+// over, so that arrivals bunched in one short sample do not read as a
+// higher rate.
+const demandWindow = 100 * time.Millisecond
 
 // NewCore returns a Core deciding in store with the region's allocations.
 func NewCore(cfg Config, store bucket.Store, alloc Allocations) (*Core, error) {
@@ -300,7 +309,7 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 	if ks = s.keys[key]; ks != nil {
 		return ks
 	}
-	ks = &keyState{key: key, lastSample: now, lastActive: now}
+	ks = &keyState{key: key, lastSample: now, lastActive: now, winStart: now}
 	ks.rs.Store(c.rule(key.Rule))
 	s.keys[key] = ks
 	c.stats.keys.Add(1)
@@ -485,11 +494,15 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim buck
 		res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
 		return c.done(ks, res), nil
 	}
-	// The regional bucket held fewer than cost tokens: it is empty now, and
-	// the missing tokens refill one interval each.
+	// The regional bucket held fewer than cost tokens: it is empty now.
+	// Nothing is asked of it again until a batch's worth has refilled (the
+	// tokens wait in the regional bucket meanwhile, up to its burst, so
+	// none is lost), which keeps a key over its allocation at a few store
+	// calls per batch window.
 	held := ks.tokens.Load()
 	retry := time.Duration(max(int64(cost)-held, 1)) * lim.Interval()
-	ks.denyUntil(now.Add(retry).UnixMicro(), cost)
+	quiet := time.Duration(max(int64(want)-held, 1)) * lim.Interval()
+	ks.denyUntil(now.Add(max(retry, quiet)).UnixMicro(), 1)
 	res.Decision.RetryAfter = retry
 	return c.done(ks, res), nil
 }
@@ -502,15 +515,29 @@ func (c *Core) batchSize(rate float64, lim bucket.Limit, cost bucket.Tokens) buc
 	return max(min(n, hi), cost, 1)
 }
 
-// sample takes ks's arrivals into its demand estimate when sampleEvery has
-// passed, and decides whether the key is batched. The estimate rises at
-// once (a flash crowd is batched and reported within one sample) and decays
-// with DemandHalfLife.
+// sample takes ks's arrivals into its demand estimates when sampleEvery
+// has passed, and decides whether the key is batched. Both estimates rise
+// at once (a flash crowd is batched and reported within one window) and
+// decay with DemandHalfLife.
 func (c *Core) sample(ks *keyState, now time.Time) {
 	nowUS := now.UnixMicro()
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	c.sampleLocked(ks, nowUS)
+}
+
+// ewma moves est toward the rate inst seen over dt µs: at once when inst is
+// higher, with half-life hl µs when lower.
+func ewma(est, inst float64, dt, hl int64) float64 {
+	decay := math.Exp2(-float64(dt) / float64(hl))
+	est = est*decay + inst*(1-decay)
+	if inst > est {
+		est = inst
+	}
+	if est < 1e-9 {
+		est = 0
+	}
+	return est
 }
 
 // sampleLocked requires that ks.mu is held.
@@ -519,17 +546,15 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 	if dt < sampleEvery.Microseconds() {
 		return
 	}
+	hl := c.cfg.DemandHalfLife.Microseconds()
 	a := ks.arrived.Swap(0)
-	inst := float64(a) / (float64(dt) / 1e6)
-	decay := math.Exp2(-float64(dt) / float64(c.cfg.DemandHalfLife.Microseconds()))
-	ks.rate = ks.rate*decay + inst*(1-decay)
-	if inst > ks.rate {
-		ks.rate = inst
-	}
-	if ks.rate < 1e-9 {
-		ks.rate = 0
-	}
+	ks.rate = ewma(ks.rate, float64(a)/(float64(dt)/1e6), dt, hl)
 	ks.lastSample = nowUS
+	ks.winTokens += a
+	if w := nowUS - ks.winStart; w >= demandWindow.Microseconds() {
+		ks.demand = ewma(ks.demand, float64(ks.winTokens)/(float64(w)/1e6), w, hl)
+		ks.winStart, ks.winTokens = nowUS, 0
+	}
 	if a > 0 {
 		ks.lastActive = nowUS
 	}
@@ -768,7 +793,7 @@ func (c *Core) Demand(now time.Time) []KeyDemand {
 				continue
 			}
 			ks.mu.Lock()
-			rate := ks.rate
+			rate := ks.demand
 			ks.mu.Unlock()
 			lim := ac.limit
 			want := bucket.Tokens(math.Ceil(rate * ac.global.Period().Seconds()))
