@@ -1,0 +1,271 @@
+// Command gateway is a runnable example of allot at the edge: an HTTP API
+// with routes of cost 1 (/items), 5 (/report) and 50 (/export) behind the
+// rate limit middleware, plans free and pro, and a gRPC port serving
+// Envoy's rate limit service v3, the allow API and gRPC health.
+//
+//	go run ./cmd/gateway                         # in-process buckets
+//	go run ./cmd/gateway -redis 127.0.0.1:6379   # buckets in Redis, shared by every gateway on it
+//	curl -i -H 'X-Tenant: acme' -H 'X-Plan: free' localhost:8080/items
+//
+// Identity comes from the X-Tenant and X-Plan headers (as a trusted proxy in
+// front would set them), or with -identity apikey from
+// "Authorization: Bearer <key>" looked up in -keys. The rules are the
+// embedded example unless -rules names a file, which is reloaded when it
+// changes and on SIGHUP; a bad edit is logged and the last good rules stay.
+package main
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/grpclimit"
+	"github.com/allot-dev/allot/httplimit"
+	"github.com/allot-dev/allot/limiter"
+	"github.com/allot-dev/allot/rls"
+	"github.com/allot-dev/allot/rules"
+)
+
+//go:embed rules.yaml
+var exampleRules []byte
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the command line.
+type options struct {
+	httpAddr, grpcAddr string
+	rulesPath          string
+	redisAddr          string
+	identity           string
+	keys               string
+	logLevel           string
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.httpAddr, "http", "127.0.0.1:8080", "HTTP listen address (the API, /metrics, /healthz)")
+	fs.StringVar(&o.grpcAddr, "grpc", "127.0.0.1:8081", "gRPC listen address (Envoy RLS v3, allow API, health); empty to disable")
+	fs.StringVar(&o.rulesPath, "rules", "", "rules file, reloaded on change and SIGHUP; empty for the embedded example")
+	fs.StringVar(&o.redisAddr, "redis", "", "Redis address for shared buckets; empty for in-process buckets")
+	fs.StringVar(&o.identity, "identity", "header", "identity source: header (X-Tenant, X-Plan) or apikey (Authorization: Bearer)")
+	fs.StringVar(&o.keys, "keys", "key-free=acme:free,key-pro=globex:pro", "API keys for -identity apikey: key=tenant:plan,...")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return o, nil
+}
+
+// Ready reports the addresses a started gateway listens on.
+type Ready struct {
+	HTTP, GRPC string
+}
+
+// run starts the gateway and serves until ctx is done. ready, when set,
+// receives the listening addresses.
+func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- Ready) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("-log-level=%q: %w", o.logLevel, err)
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
+	metrics, err := limiter.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+
+	// Rules: the embedded example, or a file followed for changes.
+	var src rules.Source
+	var watcher *rules.FileWatcher
+	if o.rulesPath == "" {
+		s, err := rules.Parse(exampleRules, "embedded rules.yaml")
+		if err != nil {
+			return err
+		}
+		src = s
+		metrics.SetRules(s)
+	} else {
+		cfg := rules.DefaultWatchConfig()
+		cfg.Logger = logger
+		reloads := make(chan *rules.Set, 1)
+		cfg.Notify = func(u rules.Update) {
+			if u.Changed {
+				select {
+				case reloads <- u.New:
+				default:
+				}
+			}
+		}
+		if watcher, err = rules.WatchFile(o.rulesPath, cfg); err != nil {
+			return err
+		}
+		src = watcher
+		metrics.SetRules(watcher.Current())
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case s := <-reloads:
+					metrics.SetRules(s)
+				}
+			}
+		}()
+	}
+
+	// Store: Redis shared by every gateway on it, or in process.
+	var store bucket.Store = bucket.NewMemory(bucket.MemoryOptions{})
+	storeName := "memory"
+	if o.redisAddr != "" {
+		client := redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true})
+		defer client.Close()
+		rs, err := bucket.NewRedis(client, bucket.RedisOptions{})
+		if err != nil {
+			return err
+		}
+		store, storeName = rs, "redis "+o.redisAddr
+	}
+	lim, err := limiter.New(limiter.Config{
+		Rules: src, Store: store, Logger: logger,
+		OnDecision: metrics.Decision, OnEvent: metrics.Event,
+	})
+	if err != nil {
+		return err
+	}
+
+	identity, err := identityFunc(o)
+	if err != nil {
+		return err
+	}
+	mw, err := httplimit.Middleware(httplimit.Config{Limiter: lim, Identity: identity, Logger: logger})
+	if err != nil {
+		return err
+	}
+	api := http.NewServeMux()
+	for _, route := range []string{"/items", "/report", "/export"} {
+		api.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(map[string]string{"route": route})
+		})
+	}
+	root := http.NewServeMux()
+	root.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	root.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	root.Handle("/", mw(api))
+
+	hl, err := net.Listen("tcp", o.httpAddr)
+	if err != nil {
+		return err
+	}
+	httpSrv := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 3)
+	go func() { errc <- httpSrv.Serve(hl) }()
+
+	var grpcSrv *grpc.Server
+	r := Ready{HTTP: hl.Addr().String()}
+	if o.grpcAddr != "" {
+		gl, err := net.Listen("tcp", o.grpcAddr)
+		if err != nil {
+			hl.Close()
+			return err
+		}
+		grpcSrv = grpc.NewServer()
+		hs := health.NewServer()
+		healthpb.RegisterHealthServer(grpcSrv, hs)
+		rlsSrv, err := rls.New(rls.Config{Limiter: lim, Rules: src, Logger: logger})
+		if err != nil {
+			return err
+		}
+		rls.Register(grpcSrv, rlsSrv, hs)
+		allowSrv, err := grpclimit.NewAllowServer(lim)
+		if err != nil {
+			return err
+		}
+		grpclimit.RegisterAllow(grpcSrv, allowSrv, hs)
+		go func() { errc <- grpcSrv.Serve(gl) }()
+		r.GRPC = gl.Addr().String()
+	}
+	if watcher != nil {
+		go func() { _ = watcher.Run(ctx) }()
+	}
+	logger.Info("gateway: serving", "http", r.HTTP, "grpc", r.GRPC, "store", storeName,
+		"rules", src.Current().Source(), "rules_version", src.Current().Version())
+	if ready != nil {
+		ready <- r
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("gateway: server failed", "err", err)
+		}
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = httpSrv.Shutdown(shutdownCtx)
+	if grpcSrv != nil {
+		grpcSrv.GracefulStop()
+	}
+	logger.Info("gateway: stopped")
+	return nil
+}
+
+func identityFunc(o options) (httplimit.IdentityFunc, error) {
+	switch o.identity {
+	case "header":
+		return httplimit.TrustedHeader("X-Tenant", "X-Plan"), nil
+	case "apikey":
+		keys := map[string]httplimit.Identity{}
+		for _, kv := range strings.Split(o.keys, ",") {
+			key, id, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			tenant, plan, ok2 := strings.Cut(id, ":")
+			if !ok || !ok2 || key == "" || tenant == "" {
+				return nil, fmt.Errorf("-keys entry %q: want key=tenant:plan", kv)
+			}
+			keys[key] = httplimit.Identity{Subject: tenant, Plan: plan}
+		}
+		return httplimit.APIKey("Authorization", httplimit.StaticKeys(keys)), nil
+	}
+	return nil, fmt.Errorf("-identity=%q: want header or apikey", o.identity)
+}

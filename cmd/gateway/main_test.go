@@ -1,0 +1,252 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/allot-dev/allot/internal/testenv"
+)
+
+// syncBuffer is a log sink tests can read while the gateway writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// start runs the gateway in this process on free loopback ports.
+func start(t *testing.T, args ...string) Ready {
+	t.Helper()
+	return startLogging(t, io.Discard, args...)
+}
+
+func startLogging(t *testing.T, log io.Writer, args ...string) Ready {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan Ready, 1)
+	done := make(chan error, 1)
+	args = append([]string{"-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-log-level", "error"}, args...)
+	go func() { done <- run(ctx, args, log, ready) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("gateway did not stop within 10 s")
+		}
+	})
+	select {
+	case r := <-ready:
+		return r
+	case err := <-done:
+		t.Fatalf("gateway did not start: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("gateway did not start within 30 s")
+	}
+	return Ready{}
+}
+
+type resp struct {
+	status int
+	h      http.Header
+	body   string
+}
+
+func get(t *testing.T, r Ready, path string, headers ...string) resp {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+r.HTTP+path, nil)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return resp{res.StatusCode, res.Header, strings.TrimSpace(string(b))}
+}
+
+func check(t *testing.T, what string, got resp, status int, headers map[string]string, body string) {
+	t.Helper()
+	if got.status != status {
+		t.Errorf("%s: status %d, want %d (%s)", what, got.status, status, got.body)
+	}
+	for k, v := range headers {
+		if g := got.h.Get(k); g != v {
+			t.Errorf("%s: %s = %q, want %q", what, k, g, v)
+		}
+	}
+	if body != "" && got.body != body {
+		t.Errorf("%s: body %s, want %s", what, got.body, body)
+	}
+}
+
+// TestREADMEExample runs the README's curl lines against the gateway: 200
+// with quota headers, remaining after costs 1 and 5, 429 with Retry-After,
+// 403 for a cost that can never fit, 401 without identity.
+func TestREADMEExample(t *testing.T) {
+	r := start(t)
+	free := []string{"X-Tenant", "acme", "X-Plan", "free"}
+	check(t, "items", get(t, r, "/items", free...), 200, map[string]string{
+		"RateLimit-Policy": `"free";q=10;w=60`, "RateLimit": `"free";r=9;t=6`,
+		"X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "9", "X-RateLimit-Reset": "6",
+	}, `{"route":"/items"}`)
+	check(t, "report", get(t, r, "/report", free...), 200, map[string]string{
+		"RateLimit": `"free";r=4;t=36`, "X-RateLimit-Remaining": "4",
+	}, `{"route":"/report"}`)
+	for range 4 {
+		get(t, r, "/items", free...)
+	}
+	check(t, "over the limit", get(t, r, "/items", free...), 429, map[string]string{
+		"Retry-After": "6", "RateLimit": `"free";r=0;t=60`, "X-RateLimit-Remaining": "0",
+	}, `{"error":"rate limit exceeded","policy":"free","retry_after":6}`)
+	check(t, "export on free", get(t, r, "/export", "X-Tenant", "initech", "X-Plan", "free"), 403,
+		map[string]string{"Retry-After": ""}, "")
+	check(t, "export on pro", get(t, r, "/export", "X-Tenant", "globex", "X-Plan", "pro"), 200,
+		map[string]string{"RateLimit": `"pro";r=250;t=1`}, `{"route":"/export"}`)
+	check(t, "no identity", get(t, r, "/items"), 401, map[string]string{"WWW-Authenticate": `Bearer realm="api"`},
+		`{"error":"request has no identity","retry_after":0}`)
+	check(t, "health is not limited", get(t, r, "/healthz"), 200, nil, "ok")
+	m := get(t, r, "/metrics")
+	for _, want := range []string{
+		`allot_rules_info{version="example-1"} 1`,
+		`allot_decisions_total{reason="over-limit",result="denied",rule="api"} 1`,
+		`allot_decisions_total{reason="can-never-fit",result="denied",rule="api"} 1`,
+	} {
+		if !strings.Contains(m.body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	// The same limiter answers Envoy over gRPC, with health.
+	conn, err := grpc.NewClient(r.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rl, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{
+		Domain: "edge",
+		Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{
+			{Key: "subject", Value: "acme"}, {Key: "plan", Value: "free"}, {Key: "path", Value: "/items"},
+		}}},
+	})
+	if err != nil || rl.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("RLS for acme, out of tokens: %v %v", rl, err)
+	}
+	for _, svc := range []string{"", "envoy.service.ratelimit.v3.RateLimitService", "allot.allot.v1.AllowService"} {
+		h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health %q: %v %v", svc, h, err)
+		}
+	}
+}
+
+func TestAPIKeys(t *testing.T) {
+	r := start(t, "-identity", "apikey")
+	check(t, "free key", get(t, r, "/items", "Authorization", "Bearer key-free"), 200, map[string]string{"RateLimit": `"free";r=9;t=6`}, "")
+	check(t, "pro key", get(t, r, "/export", "Authorization", "Bearer key-pro"), 200, map[string]string{"RateLimit": `"pro";r=250;t=1`}, "")
+	check(t, "wrong key", get(t, r, "/items", "Authorization", "Bearer nope"), 401, nil, "")
+}
+
+// TestRulesFileReload edits the rules file under a running gateway: a good
+// edit takes effect, a bad one is refused and the last good rules stay.
+func TestRulesFileReload(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, exampleRules, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	log := &syncBuffer{}
+	r := startLogging(t, log, "-rules", path)
+	check(t, "before", get(t, r, "/items", "X-Tenant", "a"), 200, map[string]string{"X-RateLimit-Limit": "10"}, "")
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 15 s", what)
+			}
+			time.Sleep(50 * time.Millisecond) // polling for the watcher's reload, an event, not for time to pass
+		}
+	}
+	edited := strings.Replace(strings.Replace(string(exampleRules), `free: "10 per minute"`, `free: "20 per minute"`, 1), "example-1", "example-2", 1)
+	if err := os.WriteFile(path, []byte(edited), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("good edit", func() bool { return strings.Contains(get(t, r, "/metrics").body, `allot_rules_info{version="example-2"} 1`) })
+	check(t, "after a good edit", get(t, r, "/items", "X-Tenant", "b"), 200, map[string]string{"X-RateLimit-Limit": "20"}, "")
+	if err := os.WriteFile(path, []byte(strings.Replace(edited, `"20 per minute"`, `"0 per minute"`, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("bad edit refused", func() bool { return strings.Contains(log.String(), "rules rejected") })
+	check(t, "after a bad edit", get(t, r, "/items", "X-Tenant", "c"), 200, map[string]string{"X-RateLimit-Limit": "20"}, "")
+	if !strings.Contains(get(t, r, "/metrics").body, `allot_rules_info{version="example-2"} 1`) {
+		t.Error("the rules version moved on a refused edit")
+	}
+}
+
+// TestRedisStore runs two gateways on one Redis: the tenant's quota is
+// shared between them.
+func TestRedisStore(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	a := start(t, "-redis", addr, "-grpc", "")
+	b := start(t, "-redis", addr, "-grpc", "")
+	tenant := "redis-" + time.Now().Format("150405.000000000")
+	allowed := 0
+	for i := range 11 {
+		g := a
+		if i%2 == 1 {
+			g = b
+		}
+		if get(t, g, "/items", "X-Tenant", tenant).status == 200 {
+			allowed++
+		}
+	}
+	if allowed != 10 {
+		t.Errorf("%d of 11 allowed across two gateways, want 10", allowed)
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-identity", "cookie"},
+		{"-identity", "apikey", "-keys", "nokey"},
+		{"-log-level", "loud"},
+		{"-rules", "/nonexistent/rules.yaml"},
+		{"extra"},
+	} {
+		err := run(context.Background(), append([]string{"-http", "127.0.0.1:0", "-grpc", ""}, args...), io.Discard, nil)
+		if err == nil {
+			t.Errorf("run(%q) succeeded", args)
+		}
+	}
+}
