@@ -202,7 +202,9 @@ func TestRulesFileReload(t *testing.T) {
 	if err := os.WriteFile(path, []byte(edited), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("good edit", func() bool { return strings.Contains(get(t, r, "/metrics").body, `allot_rules_info{version="example-2"} 1`) })
+	waitFor("good edit", func() bool {
+		return strings.Contains(get(t, r, "/metrics").body, `allot_rules_info{version="example-2"} 1`)
+	})
 	check(t, "after a good edit", get(t, r, "/items", "X-Tenant", "b"), 200, map[string]string{"X-RateLimit-Limit": "20"}, "")
 	if err := os.WriteFile(path, []byte(strings.Replace(edited, `"20 per minute"`, `"0 per minute"`, 1)), 0o600); err != nil {
 		t.Fatal(err)
