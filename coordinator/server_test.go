@@ -3,6 +3,8 @@ package coordinator
 import (
 	"context"
 	"net"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -216,5 +218,49 @@ func TestIdentity(t *testing.T) {
 	_ = st2.Send(lease.Message{Type: lease.MsgHello, Session: 1, Seq: 1})
 	if _, err := st2.Recv(); err == nil {
 		t.Fatal("a region no budget names was served")
+	}
+}
+
+// TestStatusAndMetrics: the status page, JSON, health and metrics answer
+// with the allocation the regions hold.
+func TestStatusAndMetrics(t *testing.T) {
+	clk := clock.NewManual(t0)
+	s := newTestServer(t, clk, "")
+	addr := startServer(t, s)
+	if err := s.BecomeLeader(1); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	regions := startRegions(t, ctx, clk, []string{addr}, "a", "b", "c")
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	drive(t, clk, []*Server{s}, regions, k, 400, func() bool {
+		regions["a"].mu.Lock()
+		regions["a"].h.Demand(clk.Now(), k, 500)
+		regions["a"].mu.Unlock()
+		return regions["a"].alloc(clk.Now(), k).Count() >= 500
+	})
+	h := s.Handler(nil)
+	get := func(path string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	for _, tc := range []struct{ path, want string }{
+		{"/healthz", "ok"},
+		{"/readyz", "ok"},
+		{"/status", "api/t1"},
+		{"/status.json", `"Leading":true`},
+		{"/metrics", `allot_coordinator_allocation{budget="api",region="a"} 550`},
+		{"/metrics", "allot_coordinator_leader 1"},
+	} {
+		code, body := get(tc.path)
+		if code != 200 || !strings.Contains(body, tc.want) {
+			t.Errorf("GET %s = %d, body lacks %q:\n%.2000s", tc.path, code, tc.want, body)
+		}
+	}
+	s.StepDown("")
+	if code, _ := get("/readyz"); code != 503 {
+		t.Errorf("readyz with no leader = %d, want 503", code)
 	}
 }
