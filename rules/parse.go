@@ -119,6 +119,10 @@ func Parse(data []byte, name string) (*Set, error) {
 	if len(p.problems) > 0 {
 		return nil, p.err()
 	}
+	s.version = s.label
+	if s.version == "" {
+		s.version = "sha256:" + s.digest[:12]
+	}
 	return s, nil
 }
 

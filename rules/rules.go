@@ -309,6 +309,7 @@ func escape(s string) string {
 // Set is one parsed, validated rules file. It is immutable.
 type Set struct {
 	label       string
+	version     string
 	digest      string
 	source      string
 	domain      string
@@ -324,12 +325,7 @@ type Set struct {
 
 // Version names this set in logs and metrics: the file's version label when
 // it has one, else "sha256:" and the first 12 hex digits of its digest.
-func (s *Set) Version() string {
-	if s.label != "" {
-		return s.label
-	}
-	return "sha256:" + s.digest[:12]
-}
+func (s *Set) Version() string { return s.version }
 
 // Digest is the hex SHA-256 of the bytes the set was parsed from.
 func (s *Set) Digest() string { return s.digest }
