@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/lease"
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// testEtcd returns ALLOT_ETCD_ENDPOINTS, or starts Debian's etcd on
+// free loopback ports for the test. Without either it skips, or fails when
+// CI=true.
+func testEtcd(t *testing.T) string {
+	t.Helper()
+	if e := os.Getenv("ALLOT_ETCD_ENDPOINTS"); e != "" {
+		return e
+	}
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no etcd: set ALLOT_ETCD_ENDPOINTS or install etcd")
+		}
+		t.Skip("no etcd: set ALLOT_ETCD_ENDPOINTS or install etcd")
+	}
+	cp, pp := freePort(t), freePort(t)
+	client := fmt.Sprintf("http://127.0.0.1:%d", cp)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", pp)
+	cmd := exec.Command(bin, "--name", "t", "--data-dir", filepath.Join(t.TempDir(), "etcd"),
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+		"--initial-cluster", "t="+peerURL)
+	cmd.Stdout, cmd.Stderr = nil, nil
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	for i := 0; ; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		_, err := cli.Get(ctx, "health")
+		cancel()
+		if err == nil {
+			return client
+		}
+		if i > 100 {
+			t.Fatalf("etcd did not start: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond) // waiting for a process to start
+	}
+}
+
+type coordProc struct {
+	cmd        *exec.Cmd
+	grpc, http string
+}
+
+const haBudgets = `
+regions: [us, eu, ap]
+budgets:
+  - rule: api
+    limit: "600 per second, burst 60"
+lease: {ttl: 2s, refresh: 500ms, drift: 100ms, hold: 4s, demand_ttl: 1200ms}
+`
+
+// TestHAFailover runs three coordinator processes on a real etcd with
+// simulated regions pressing on one key, kills the leader with SIGKILL,
+// and checks that a new leader with a larger term takes over, that the
+// regions reconnect through the other addresses and are served again, and
+// that the allocations the regions hold never sum above the budget.
+func TestHAFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd and three coordinator processes")
+	}
+	endpoints := testEtcd(t)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "coordinator")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	prefix := fmt.Sprintf("/allot-test-%d", time.Now().UnixNano())
+	docPath := filepath.Join(dir, "budgets.yaml")
+	if err := os.WriteFile(docPath, []byte(haBudgets), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "rules", "put", "-etcd", endpoints, "-prefix", prefix, "-f", docPath).CombinedOutput(); err != nil {
+		t.Fatalf("rules put: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "rules", "get", "-etcd", endpoints, "-prefix", prefix).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "600 per second") {
+		t.Fatalf("rules get: %v\n%s", err, out)
+	}
+
+	var procs []*coordProc
+	var addrs []string
+	for i := range 3 {
+		p := &coordProc{grpc: fmt.Sprintf("127.0.0.1:%d", freePort(t)), http: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+		p.cmd = exec.Command(bin, "serve", "-etcd", endpoints, "-prefix", prefix, "-listen", p.grpc, "-http", p.http, "-session-ttl", "2")
+		logf, _ := os.Create(filepath.Join(dir, fmt.Sprintf("coord%d.log", i)))
+		p.cmd.Stdout, p.cmd.Stderr = logf, logf
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() })
+		procs = append(procs, p)
+		addrs = append(addrs, p.grpc)
+	}
+	doc, _ := coordinator.ParseDocument([]byte(haBudgets), "doc")
+	budgets, _ := doc.Resolve(nil)
+	budget := budgets[0].Limit
+
+	// Simulated regions: a Holder each behind a Client that knows all
+	// three addresses, every region pressing on one key.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := bucket.Key{Rule: "api", Subject: "tenant"}
+	type reg struct {
+		mu sync.Mutex
+		h  *lease.Holder
+	}
+	regs := map[string]*reg{}
+	want := map[string]bucket.Tokens{"us": 300, "eu": 150, "ap": 60}
+	for i, name := range []string{"us", "eu", "ap"} {
+		hc := lease.DefaultHolderConfig()
+		hc.Region, hc.Session, hc.Budgets = name, uint64(i+1), budgets
+		hc.Drift, hc.Refresh = 100*time.Millisecond, 500*time.Millisecond
+		h, err := lease.NewHolder(hc, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := coordinator.NewClient(coordinator.ClientConfig{Addrs: addrs, Region: name, ConnectTimeout: 500 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		r := &reg{h: h}
+		regs[name] = r
+		d := &coordinator.HolderDriver{Client: c, Holder: h, Mu: &r.mu, Clock: clock.Real{}, Tick: 20 * time.Millisecond, Redial: 100 * time.Millisecond}
+		go d.Run(ctx)
+	}
+	// sample checks I1 on the regions' side and returns each region's
+	// allocation and term.
+	var maxSum bucket.Tokens
+	sample := func() (map[string]bucket.Tokens, map[string]uint64) {
+		now := time.Now()
+		counts, terms := map[string]bucket.Tokens{}, map[string]uint64{}
+		var sum, burst bucket.Tokens
+		for name, r := range regs {
+			r.mu.Lock()
+			r.h.Demand(now, key, want[name])
+			l, _ := r.h.Allocation(now, key)
+			terms[name] = r.h.Status(now).Term
+			r.mu.Unlock()
+			counts[name] = l.Count()
+			sum += l.Count()
+			burst += l.Burst()
+		}
+		maxSum = max(maxSum, sum)
+		if sum > budget.Count() || burst > budget.Burst() {
+			t.Fatalf("regions hold %d/%d > budget %s: %v", sum, burst, budget, counts)
+		}
+		return counts, terms
+	}
+	// until samples every 10 ms until cond holds or the deadline passes.
+	until := func(what string, d time.Duration, cond func(map[string]bucket.Tokens, map[string]uint64) bool) {
+		t.Helper()
+		deadline := time.Now().Add(d)
+		for time.Now().Before(deadline) {
+			if c, tm := sample(); cond(c, tm) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // real processes: sample on the wall clock
+		}
+		c, tm := sample()
+		t.Fatalf("%s: not within %s (allocations %v, terms %v)", what, d, c, tm)
+	}
+	served := func(c map[string]bucket.Tokens, _ map[string]uint64) bool {
+		return c["us"] >= 300 && c["eu"] >= 150 && c["ap"] >= 60
+	}
+	until("regions served by the first leader", 30*time.Second, served)
+	_, terms := sample()
+	leader := findLeader(t, procs)
+	t.Logf("leader %s, term %d", leader.grpc, terms["us"])
+
+	if err := leader.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = leader.cmd.Wait()
+	killed := time.Now()
+	oldTerm := terms["us"]
+	until("regions on a new leader's term", 30*time.Second, func(_ map[string]bucket.Tokens, tm map[string]uint64) bool {
+		return tm["us"] > oldTerm && tm["eu"] > oldTerm && tm["ap"] > oldTerm
+	})
+	until("regions served by the new leader", 30*time.Second, served)
+	var rest []*coordProc
+	for _, p := range procs {
+		if p != leader {
+			rest = append(rest, p)
+		}
+	}
+	nl := findLeader(t, rest)
+	_, terms = sample()
+	t.Logf("new leader %s, term %d, regions served again %s after the kill; largest sum held %d of %d",
+		nl.grpc, terms["us"], time.Since(killed).Round(time.Millisecond), maxSum, budget.Count())
+}
+
+func findLeader(t *testing.T, procs []*coordProc) *coordProc {
+	t.Helper()
+	for range 100 {
+		for _, p := range procs {
+			resp, err := http.Get("http://" + p.http + "/status.json")
+			if err != nil {
+				continue
+			}
+			var st struct{ Leading bool }
+			_ = json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+			if st.Leading {
+				return p
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // real processes
+	}
+	t.Fatal("no coordinator leads")
+	return nil
+}

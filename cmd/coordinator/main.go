@@ -1,0 +1,272 @@
+// Command coordinator is allot's control plane: it leases every region a
+// share of each global budget over gRPC (package coordinator around the
+// lease allocator).
+//
+//	coordinator serve -budgets budgets.yaml                 # standalone
+//	coordinator serve -etcd 127.0.0.1:2379 -advertise host:7070   # HA, one of several
+//	coordinator rules put -etcd 127.0.0.1:2379 -f budgets.yaml
+//	coordinator rules get -etcd 127.0.0.1:2379
+//
+// Standalone mode serves the budgets of a file and leads on its own. HA
+// mode runs several coordinators on etcd: one leads (elected, its etcd
+// revision the fencing term), the others redirect regions to it, and the
+// budgets document lives in etcd, watched and validated, so a change reaches
+// every region without a restart.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/region"
+	"github.com/allot-dev/allot/rules"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serve(os.Args[2:])
+	case "rules":
+		err = rulesCmd(os.Args[2:], os.Stdout)
+	default:
+		usage()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "coordinator:", err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, `usage:
+  coordinator serve [flags]            run a coordinator (-h for flags)
+  coordinator rules put -etcd E -f F   validate a budgets document and store it in etcd
+  coordinator rules get -etcd E        print the stored budgets document`)
+	os.Exit(2)
+}
+
+// fromRules sizes the budgets of a rules file exactly as regions do.
+func fromRules(set *rules.Set, regions []string, weights []int64, reserve float64, p lease.Policy) []lease.Budget {
+	return region.Budgets(set, region.FloorSpec{Regions: regions, Weights: weights, Reserve: reserve}, p)
+}
+
+func etcdEndpoints(flagValue string) []string {
+	if flagValue == "" {
+		flagValue = os.Getenv("ALLOT_ETCD_ENDPOINTS")
+	}
+	if flagValue == "" {
+		return nil
+	}
+	return strings.Split(flagValue, ",")
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	listen := fs.String("listen", "127.0.0.1:7070", "gRPC address for regions")
+	httpAddr := fs.String("http", "127.0.0.1:7071", "address for /healthz, /readyz, /metrics and /status")
+	advertise := fs.String("advertise", "", "address regions reach this coordinator at (default: -listen)")
+	budgets := fs.String("budgets", "", "budgets document (standalone mode; in HA mode only its lease timings are read)")
+	etcd := fs.String("etcd", "", "etcd endpoints, comma-separated (HA mode; default $ALLOT_ETCD_ENDPOINTS)")
+	prefix := fs.String("prefix", "/allot", "etcd key prefix shared by the cluster")
+	sessionTTL := fs.Int("session-ttl", 3, "seconds a dead leader keeps its leadership in etcd")
+	certFile := fs.String("tls-cert", "", "server certificate (PEM); enables TLS")
+	keyFile := fs.String("tls-key", "", "server key (PEM)")
+	clientCA := fs.String("tls-client-ca", "", "CA (PEM) for client certificates: mutual TLS, the certificate's common name is the region")
+	_ = fs.Parse(args)
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if *advertise == "" {
+		*advertise = *listen
+	}
+	endpoints := etcdEndpoints(*etcd)
+	if len(endpoints) == 0 && *budgets == "" {
+		return errors.New("serve: give -budgets (standalone) or -etcd (HA)")
+	}
+
+	cfg := coordinator.DefaultConfig()
+	cfg.Advertise = *advertise
+	cfg.Logger = log
+	if *budgets != "" {
+		doc, err := coordinator.LoadDocument(*budgets)
+		if err != nil {
+			return err
+		}
+		cfg.Lease = doc.LeaseConfig(cfg.Lease)
+		if len(endpoints) == 0 {
+			if cfg.Lease.Budgets, err = doc.Resolve(fromRules); err != nil {
+				return err
+			}
+		}
+	}
+	var cli *clientv3.Client
+	if len(endpoints) > 0 {
+		var err error
+		cli, err = clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: nil})
+		if err != nil {
+			return fmt.Errorf("etcd %v: %w", endpoints, err)
+		}
+		defer cli.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		data, _, err := coordinator.GetDocument(ctx, cli, *prefix)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if data != nil {
+			if doc, err := coordinator.ParseDocument(data, coordinator.DocumentKey(*prefix)); err == nil {
+				cfg.Lease = doc.LeaseConfig(cfg.Lease)
+				if bs, err := doc.Resolve(fromRules); err == nil {
+					cfg.Lease.Budgets = bs
+				}
+			}
+		}
+	}
+	var creds credentials.TransportCredentials
+	if *certFile != "" {
+		tc, err := serverTLS(*certFile, *keyFile, *clientCA)
+		if err != nil {
+			return err
+		}
+		creds = credentials.NewTLS(tc)
+		cfg.RequireClientCert = *clientCA != ""
+	}
+	s, err := coordinator.NewServer(cfg)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	var opts []grpc.ServerOption
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
+	}
+	g := grpc.NewServer(opts...)
+	s.Register(g)
+	go func() { _ = g.Serve(lis) }()
+	hs := &http.Server{Addr: *httpAddr, Handler: s.Handler(nil), ReadHeaderTimeout: 5 * time.Second}
+	hl, err := net.Listen("tcp", *httpAddr)
+	if err != nil {
+		return err
+	}
+	go func() { _ = hs.Serve(hl) }()
+	go func() { _ = s.Run(ctx) }()
+	log.Info("coordinator: serving", "grpc", lis.Addr().String(), "http", hl.Addr().String(), "advertise", *advertise,
+		"mode", map[bool]string{true: "ha", false: "standalone"}[cli != nil], "budgets", len(cfg.Lease.Budgets))
+
+	if cli != nil {
+		go func() {
+			_ = coordinator.WatchDocument(ctx, cli, *prefix, fromRules, log, func(bs []lease.Budget) {
+				if err := s.SetBudgets(bs); err != nil {
+					log.Warn("coordinator: budgets not applied", "err", err)
+				}
+			})
+		}()
+		ecfg := coordinator.DefaultElectionConfig(*prefix)
+		ecfg.SessionTTL, ecfg.Logger = *sessionTTL, log
+		_ = coordinator.RunElection(ctx, cli, ecfg, s) // returns when ctx ends, after resigning
+	} else {
+		// The start time orders incarnations: a restart fences the last.
+		if err := s.BecomeLeader(uint64(time.Now().UnixMilli())); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		s.ExpireAll()
+		time.Sleep(200 * time.Millisecond) // let the expiries reach the regions
+	}
+	g.Stop()
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return hs.Shutdown(sctx)
+}
+
+func serverTLS(certFile, keyFile, clientCA string) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if clientCA != "" {
+		pem, err := os.ReadFile(clientCA)
+		if err != nil {
+			return nil, fmt.Errorf("tls client ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls client ca %s: no certificate found", clientCA)
+		}
+		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}
+
+func rulesCmd(args []string, out io.Writer) error {
+	if len(args) == 0 || (args[0] != "put" && args[0] != "get") {
+		usage()
+	}
+	fs := flag.NewFlagSet("rules "+args[0], flag.ExitOnError)
+	etcd := fs.String("etcd", "", "etcd endpoints, comma-separated (default $ALLOT_ETCD_ENDPOINTS)")
+	prefix := fs.String("prefix", "/allot", "etcd key prefix shared by the cluster")
+	file := fs.String("f", "", "budgets document to store (put)")
+	_ = fs.Parse(args[1:])
+	endpoints := etcdEndpoints(*etcd)
+	if len(endpoints) == 0 {
+		return errors.New("rules: -etcd or $ALLOT_ETCD_ENDPOINTS is required")
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if args[0] == "get" {
+		data, rev, err := coordinator.GetDocument(ctx, cli, *prefix)
+		if err != nil {
+			return err
+		}
+		if data == nil {
+			return fmt.Errorf("rules get: nothing stored at %s", coordinator.DocumentKey(*prefix))
+		}
+		fmt.Fprintf(out, "# %s at revision %d\n%s", coordinator.DocumentKey(*prefix), rev, data)
+		return nil
+	}
+	if *file == "" {
+		return errors.New("rules put: -f is required")
+	}
+	data, err := os.ReadFile(*file)
+	if err != nil {
+		return err
+	}
+	if err := coordinator.PutDocument(ctx, cli, *prefix, data, fromRules); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "stored %s at %s\n", *file, coordinator.DocumentKey(*prefix))
+	return nil
+}
