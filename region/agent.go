@@ -17,6 +17,7 @@ import (
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/rules"
 )
 
 // AgentConfig configures an Agent.
@@ -281,6 +282,23 @@ func (a *Agent) stop() {
 	ctx, c := context.WithTimeout(context.Background(), time.Second)
 	defer c()
 	a.core.Shutdown(ctx, a.deps.Clock.Now())
+}
+
+// SetRules puts a new rules set in force: per-rule policies and scopes,
+// budget names, and the budgets the speaking agent's Holder serves (floors
+// change at once). emptyOnFailover is as in RuleConfigs.
+func (a *Agent) SetRules(set *rules.Set, emptyOnFailover []string) error {
+	budgets := Budgets(set, a.cfg.Core.Floors, a.cfg.Speaker.Policy)
+	a.core.SetRules(RuleConfigs(set, emptyOnFailover))
+	a.store.SetNamer(NewNamer(set))
+	a.mu.Lock()
+	a.cfg.Speaker.Budgets = budgets
+	s := a.spk
+	a.mu.Unlock()
+	if s != nil {
+		return s.setBudgets(budgets)
+	}
+	return nil
 }
 
 // Members returns the live agents of the region as last seen.

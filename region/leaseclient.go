@@ -40,6 +40,8 @@ type SpeakerConfig struct {
 	Agent  string
 	// Budgets are the leased budgets (Budgets of the rules).
 	Budgets []lease.Budget
+	// Policy is the allocation policy named in Budgets built from rules.
+	Policy lease.Policy
 	// Drift and Refresh are the Holder's (lease.HolderConfig).
 	Drift   time.Duration
 	Refresh time.Duration
@@ -85,6 +87,8 @@ type speaker struct {
 }
 
 func (s *speaker) holderConfig(session uint64) lease.HolderConfig {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return lease.HolderConfig{Region: s.cfg.Region, Session: session, Budgets: s.cfg.Budgets,
 		Drift: s.cfg.Drift, Refresh: s.cfg.Refresh}
 }
@@ -293,6 +297,20 @@ func (s *speaker) step(ctx context.Context, st LeaseStream, m *lease.Message) er
 		if err := st.Send(o); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// setBudgets replaces the Holder's budgets.
+func (s *speaker) setBudgets(bs []lease.Budget) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cfg.Budgets = bs
+	if s.holder == nil {
+		return nil
+	}
+	if err := s.holder.SetBudgets(bs); err != nil {
+		return fmt.Errorf("region: speaker for %s: %w", s.cfg.Region, err)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
@@ -22,7 +23,7 @@ import (
 type Store struct {
 	core    *Core
 	clock   clock.Clock
-	namer   *Namer
+	namer   atomic.Pointer[Namer]
 	observe func(Result, time.Duration)
 }
 
@@ -35,8 +36,13 @@ func NewStore(core *Core, clk clock.Clock, namer *Namer, observe func(Result, ti
 	if clk == nil {
 		clk = clock.Real{}
 	}
-	return &Store{core: core, clock: clk, namer: namer, observe: observe}
+	s := &Store{core: core, clock: clk, observe: observe}
+	s.namer.Store(namer)
+	return s
 }
+
+// SetNamer replaces the key namer (after a rules change).
+func (s *Store) SetNamer(n *Namer) { s.namer.Store(n) }
 
 // Core returns the decision core.
 func (s *Store) Core() *Core { return s.core }
@@ -44,7 +50,7 @@ func (s *Store) Core() *Core { return s.core }
 // Decide implements bucket.Store.
 func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (bucket.Decision, error) {
 	now := s.clock.Now()
-	r, err := s.core.Decide(ctx, now, s.namer.Budget(key, l), l, cost, attemptID)
+	r, err := s.core.Decide(ctx, now, s.namer.Load().Budget(key, l), l, cost, attemptID)
 	if s.observe != nil {
 		s.observe(r, s.clock.Now().Sub(now))
 	}
@@ -86,7 +92,7 @@ func (s *Store) resolve(key bucket.Key, l bucket.Limit) (bucket.Key, bucket.Limi
 	if err := bucket.Check(l, 1); err != nil {
 		return key, l, err
 	}
-	bk := s.namer.Budget(key, l)
+	bk := s.namer.Load().Budget(key, l)
 	lim, _ := s.core.Allocation(s.clock.Now(), bk, l)
 	if lim.IsZero() {
 		return bk, lim, bucket.Check(lim, 1)

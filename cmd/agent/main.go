@@ -1,0 +1,468 @@
+// Command agent is allot's regional agent, run as a sidecar or a shared
+// service beside the gateways of one region. It decides requests locally
+// from the region's leased slice of every global budget (package region)
+// and serves them as
+//
+//   - Envoy's rate limit service v3 (gRPC), so Envoy, Istio and Envoy
+//     Gateway use it unchanged;
+//   - the project's allow API over gRPC (allot.allot.v1.AllowService) and
+//     HTTP (POST /v1/allow, the same messages as JSON);
+//   - Prometheus metrics on /metrics, /healthz and /readyz, and /status.
+//
+// Every flag has an environment variable (ALLOT_ and the flag's name in
+// upper case with '-' as '_'); a flag on the command line wins. With no
+// Redis the agent uses an in-process store (one agent, the embedded
+// default); with no coordinator it runs on floors alone.
+//
+//	agent -region eu -rules rules.yaml -redis 127.0.0.1:6379 \
+//	      -coordinators 10.0.0.1:7000,10.0.0.2:7000 -regions eu,us,ap \
+//	      -gossip-bind 127.0.0.1:7946 -gossip-join 127.0.0.1:7947
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	allotv1 "github.com/allot-dev/allot/api/allot/v1"
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/grpclimit"
+	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/limiter"
+	"github.com/allot-dev/allot/region"
+	"github.com/allot-dev/allot/rls"
+	"github.com/allot-dev/allot/rules"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the agent's settings, from flags and the environment.
+type options struct {
+	region, name, rulesPath            string
+	redisAddrs, redisMaster, redisPass string
+	redisPrefix                        string
+	redisTimeout                       time.Duration
+	coordinators, regions, weights     string
+	reserve                            float64
+	policy                             string
+	gossipBind, gossipJoin             string
+	grpcListen, httpListen             string
+	tlsCert, tlsKey, tlsCA             string
+	coordTLS                           bool
+	failoverEmpty                      string
+	leaseRefresh, leaseDrift           time.Duration
+	onFailover                         string
+	logLevel                           string
+	breakerFailures                    int
+	breakerBackoff, batchWindow        time.Duration
+	batchFraction                      float64
+}
+
+func parse(args []string, getenv func(string) string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	host, _ := os.Hostname()
+	defName := fmt.Sprintf("%s-%d", host, os.Getpid())
+	lc := lease.DefaultConfig()
+	cc := region.DefaultConfig()
+	fs.StringVar(&o.region, "region", "", "this agent's region (required)")
+	fs.StringVar(&o.name, "name", defName, "this agent's name, unique in the region")
+	fs.StringVar(&o.rulesPath, "rules", "", "rules file (YAML; reloaded on change and SIGHUP) (required)")
+	fs.StringVar(&o.redisAddrs, "redis", "", "regional Redis: host:port (single), several (Cluster) or Sentinel addresses with -redis-master; empty: in-process store")
+	fs.StringVar(&o.redisMaster, "redis-master", "", "Sentinel master name (makes -redis Sentinel addresses)")
+	fs.StringVar(&o.redisPass, "redis-password", "", "Redis password")
+	fs.StringVar(&o.redisPrefix, "redis-prefix", "allot:", "prefix of every Redis key the agent writes")
+	fs.DurationVar(&o.redisTimeout, "redis-timeout", 100*time.Millisecond, "bound on every Redis call; then the rule's failure policy applies")
+	fs.StringVar(&o.coordinators, "coordinators", "", "coordinator addresses, comma-separated; empty: floors alone")
+	fs.BoolVar(&o.coordTLS, "coordinator-tls", false, "use -tls-cert/-tls-key/-tls-ca for the coordinator connection (mutual TLS)")
+	fs.StringVar(&o.regions, "regions", "", "every region sharing the budgets, comma-separated, as the coordinator has them (floors); empty: this region alone")
+	fs.StringVar(&o.weights, "weights", "", "floor weights in -regions order, comma-separated; empty: equal")
+	fs.Float64Var(&o.reserve, "reserve", lease.DefaultReserve, "share of every budget kept out of floors for the coordinator to grant")
+	fs.StringVar(&o.policy, "allocation-policy", "max-min", "allocation policy named in the budgets: max-min, proportional or static")
+	fs.DurationVar(&o.leaseRefresh, "lease-refresh", lc.Refresh, "lease report interval until the coordinator names its own")
+	fs.DurationVar(&o.leaseDrift, "lease-drift", lc.Drift, "clock drift margin over one lease TTL")
+	fs.StringVar(&o.gossipBind, "gossip-bind", "", "memberlist bind address host:port for the region's agents; empty: this agent alone")
+	fs.StringVar(&o.gossipJoin, "gossip-join", "", "memberlist addresses of other agents of the region, comma-separated")
+	fs.StringVar(&o.grpcListen, "grpc-listen", "127.0.0.1:8081", "gRPC address: Envoy RLS v3, the allow API, health")
+	fs.StringVar(&o.httpListen, "http-listen", "127.0.0.1:8080", "HTTP address: /v1/allow, /metrics, /healthz, /readyz, /status")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "TLS certificate (PEM) for the gRPC and HTTP servers")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "TLS key (PEM)")
+	fs.StringVar(&o.tlsCA, "tls-ca", "", "CA (PEM) that client certificates must chain to (mutual TLS), and that the coordinator's certificate must chain to")
+	fs.StringVar(&o.failoverEmpty, "failover-empty", "", "rules (comma-separated, or *) whose buckets start empty after a detected Redis failover")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.IntVar(&o.breakerFailures, "breaker-failures", cc.BreakerFailures, "consecutive Redis failures that open the circuit breaker")
+	fs.DurationVar(&o.breakerBackoff, "breaker-backoff", cc.BreakerBackoff, "how long the breaker stays open before a probe")
+	fs.DurationVar(&o.batchWindow, "batch-window", cc.BatchWindow, "local demand one token batch covers")
+	fs.Float64Var(&o.batchFraction, "batch-max-fraction", cc.BatchMaxFraction, "largest batch, as a fraction of the region's burst")
+
+	// The environment fills in every flag not given on the command line.
+	set := map[string]bool{}
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] {
+			return
+		}
+		env := "ALLOT_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(env); v != "" {
+			if err := fs.Set(f.Name, v); err != nil && envErr == nil {
+				envErr = fmt.Errorf("%s=%q: %w", env, v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return o, envErr
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch {
+	case o.region == "":
+		return o, errors.New("-region (ALLOT_REGION) is required")
+	case o.rulesPath == "":
+		return o, errors.New("-rules (ALLOT_RULES) is required")
+	case (o.tlsCert == "") != (o.tlsKey == ""):
+		return o, fmt.Errorf("-tls-cert=%q and -tls-key=%q must be given together", o.tlsCert, o.tlsKey)
+	case o.coordTLS && o.tlsCert == "":
+		return o, errors.New("-coordinator-tls needs -tls-cert and -tls-key")
+	}
+	return o, nil
+}
+
+func split(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	o, err := parse(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("-log-level=%q: %w", o.logLevel, err)
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("region", o.region, "agent", o.name)
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	// Floors: the regions sharing every budget.
+	spec := region.FloorSpec{Regions: split(o.regions), Reserve: o.reserve}
+	for _, w := range split(o.weights) {
+		n, err := strconv.ParseInt(w, 10, 64)
+		if err != nil {
+			return fmt.Errorf("-weights=%q: %w", o.weights, err)
+		}
+		spec.Weights = append(spec.Weights, n)
+	}
+	policy, err := lease.ParsePolicy(o.policy)
+	if err != nil {
+		return fmt.Errorf("-allocation-policy: %w", err)
+	}
+
+	cfg := region.DefaultAgentConfig()
+	cfg.Name = o.name
+	cfg.Core.Region = o.region
+	cfg.Core.Floors = spec
+	cfg.Core.BreakerFailures, cfg.Core.BreakerBackoff = o.breakerFailures, o.breakerBackoff
+	cfg.Core.BreakerMaxBackoff = max(cfg.Core.BreakerMaxBackoff, o.breakerBackoff)
+	cfg.Core.BatchWindow, cfg.Core.BatchMaxFraction = o.batchWindow, o.batchFraction
+	cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Policy = o.leaseRefresh, o.leaseDrift, policy
+	emptyOn := split(o.failoverEmpty)
+
+	// Rules, reloaded on change and SIGHUP.
+	var agent *region.Agent
+	watcher, err := rules.WatchFile(o.rulesPath, rules.WatchConfig{Interval: time.Second, SIGHUP: true, Logger: logger,
+		Notify: func(u rules.Update) {
+			if u.Changed && agent != nil {
+				if err := agent.SetRules(u.New, emptyOn); err != nil {
+					logger.Error("agent: rules change not applied to the lease", "err", err)
+				}
+			}
+		}})
+	if err != nil {
+		return err
+	}
+	set := watcher.Current()
+	cfg.Core.Rules = region.RuleConfigs(set, emptyOn)
+	cfg.Speaker.Budgets = region.Budgets(set, spec, policy)
+
+	deps := region.AgentDeps{Logger: logger, Namer: region.NewNamer(set), Seed: uint64(time.Now().UnixNano())}
+	// The regional store.
+	if addrs := split(o.redisAddrs); len(addrs) > 0 {
+		c := bucket.NewUniversalClient(addrs, o.redisMaster, o.redisPass)
+		defer c.Close()
+		rs, err := bucket.NewRedis(c, bucket.RedisOptions{Prefix: o.redisPrefix, Timeout: o.redisTimeout})
+		if err != nil {
+			return err
+		}
+		deps.Store, deps.Redis = rs, c
+		deps.Shared = region.NewRedisShared(c, o.redisPrefix, o.region, o.redisTimeout, time.Hour)
+		logger.Info("agent: regional store is Redis", "addrs", addrs, "sentinel_master", o.redisMaster)
+	} else {
+		deps.Store = bucket.NewMemory(bucket.MemoryOptions{})
+		logger.Info("agent: no Redis configured; deciding in process (one agent per region)")
+	}
+	// Membership.
+	if o.gossipBind != "" {
+		host, port, err := net.SplitHostPort(o.gossipBind)
+		if err != nil {
+			return fmt.Errorf("-gossip-bind=%q: %w", o.gossipBind, err)
+		}
+		gc := region.DefaultGossipConfig()
+		gc.Name, gc.Region, gc.BindAddr, gc.Join = o.name, o.region, host, split(o.gossipJoin)
+		if gc.BindPort, err = strconv.Atoi(port); err != nil {
+			return fmt.Errorf("-gossip-bind=%q: port: %w", o.gossipBind, err)
+		}
+		g, err := region.StartGossip(gc)
+		if err != nil {
+			return err
+		}
+		defer g.Leave(time.Second)
+		deps.Membership = g
+		logger.Info("agent: gossiping", "addr", g.Addr(), "join", gc.Join)
+	}
+	// TLS.
+	var serverTLS, clientTLS *tls.Config
+	if o.tlsCert != "" {
+		if serverTLS, clientTLS, err = loadTLS(o.tlsCert, o.tlsKey, o.tlsCA); err != nil {
+			return err
+		}
+	}
+	// The coordinator.
+	if addrs := split(o.coordinators); len(addrs) > 0 {
+		cc := coordinator.ClientConfig{Addrs: addrs, Region: o.region}
+		if o.coordTLS {
+			cc.TLS = clientTLS
+		}
+		client, err := coordinator.NewClient(cc)
+		if err != nil {
+			return err
+		}
+		defer client.Close()
+		deps.Transport = coordTransport{client}
+		logger.Info("agent: leasing from the coordinators", "addrs", addrs, "regions", spec.Regions)
+	} else {
+		logger.Info("agent: no coordinator configured; running on floors alone")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	deps.Metrics = region.NewMetrics(reg)
+
+	agent, err = region.NewAgent(cfg, deps)
+	if err != nil {
+		return err
+	}
+	lim, err := limiter.New(limiter.Config{Rules: watcher, Store: agent.Store(), Logger: logger})
+	if err != nil {
+		return err
+	}
+
+	// Servers.
+	hs := health.NewServer()
+	var gopts []grpc.ServerOption
+	if serverTLS != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(serverTLS)))
+	}
+	gs := grpc.NewServer(gopts...)
+	rs, err := rls.New(rls.Config{Limiter: lim, Rules: watcher, Logger: logger})
+	if err != nil {
+		return err
+	}
+	rls.Register(gs, rs, hs)
+	as, err := grpclimit.NewAllowServer(lim)
+	if err != nil {
+		return err
+	}
+	grpclimit.RegisterAllow(gs, as, hs)
+	healthpb.RegisterHealthServer(gs, hs)
+	gl, err := net.Listen("tcp", o.grpcListen)
+	if err != nil {
+		return fmt.Errorf("-grpc-listen=%q: %w", o.grpcListen, err)
+	}
+	hl, err := net.Listen("tcp", o.httpListen)
+	if err != nil {
+		return fmt.Errorf("-http-listen=%q: %w", o.httpListen, err)
+	}
+	hsrv := &http.Server{Handler: mux(lim, agent, reg, watcher), ReadHeaderTimeout: 5 * time.Second, TLSConfig: serverTLS}
+
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	agentDone := make(chan struct{})
+	go func() { defer close(agentDone); agent.Run(runCtx) }()
+	go watcher.Run(runCtx)
+	errc := make(chan error, 2)
+	go func() { errc <- gs.Serve(gl) }()
+	go func() {
+		if serverTLS != nil {
+			errc <- hsrv.ServeTLS(hl, "", "")
+		} else {
+			errc <- hsrv.Serve(hl)
+		}
+	}()
+	logger.Info("agent: serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "rules", set.Version())
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	logger.Info("agent: stopping")
+	hs.Shutdown()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = hsrv.Shutdown(sctx)
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-sctx.Done():
+		gs.Stop()
+	}
+	// The agent returns its batch tokens (and releases the lease when it
+	// is the region's last agent) as it stops.
+	cancelRun()
+	<-agentDone
+	if errors.Is(serveErr, http.ErrServerClosed) || errors.Is(serveErr, grpc.ErrServerStopped) {
+		serveErr = nil
+	}
+	return serveErr
+}
+
+// coordTransport adapts the coordinator client to region.LeaseTransport.
+type coordTransport struct{ c *coordinator.Client }
+
+func (t coordTransport) Connect(ctx context.Context) (region.LeaseStream, error) {
+	s, err := t.c.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func loadTLS(certFile, keyFile, caFile string) (server, client *tls.Config, err error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-tls-cert=%q -tls-key=%q: %w", certFile, keyFile, err)
+	}
+	server = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	client = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("-tls-ca=%q: %w", caFile, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, nil, fmt.Errorf("-tls-ca=%q: no certificate found", caFile)
+		}
+		server.ClientCAs, server.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		client.RootCAs = pool
+	}
+	return server, client, nil
+}
+
+// mux serves the HTTP endpoints.
+func mux(lim limiter.Limiter, agent *region.Agent, reg *prometheus.Registry, src rules.Source) *http.ServeMux {
+	m := http.NewServeMux()
+	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	m.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		st := agent.Status()
+		if st.Breaker == region.BreakerOpen {
+			http.Error(w, "regional store unavailable (circuit breaker open)", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ready\n"))
+	})
+	m.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		st := agent.Status()
+		out := map[string]any{
+			"region": st.Region, "agent": st.Agent, "members": st.Members, "speaking": st.Speaking,
+			"lease_live": st.LeaseLive, "breaker": st.Breaker.String(), "rules_version": src.Current().Version(),
+			"stats": agent.Core().Stats(),
+		}
+		if st.Table != nil {
+			out["lease_end"] = st.LeaseEnd
+			out["table"] = map[string]any{"pub": st.Table.Pub, "term": st.Table.Term, "version": st.Table.Version,
+				"speaker": st.Table.Speaker, "entries": st.Table.Entries}
+		}
+		if st.LastError != nil {
+			out["last_error"] = st.LastError.Error()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(out)
+	})
+	m.HandleFunc("POST /v1/allow", func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		var in allotv1.AllowRequest
+		if err := protojson.Unmarshal(body, &in); err != nil {
+			http.Error(w, "agent: /v1/allow: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		req, err := grpclimit.RequestFromProto(&in)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		d, err := lim.Allow(r.Context(), req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		out, err := protojson.Marshal(grpclimit.DecisionToProto(d))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(out)
+	})
+	return m
+}

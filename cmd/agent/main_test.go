@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	allotv1 "github.com/allot-dev/allot/api/allot/v1"
+	"github.com/allot-dev/allot/internal/testenv"
+)
+
+const testRules = `version: agent-test
+domain: edge
+rules:
+  - name: api
+    match: {path: "/*"}
+    limit: "10 per minute"
+    scope: global
+`
+
+// startAgent runs the agent in process with args and the test's rules and
+// returns its HTTP and gRPC addresses; it stops at cleanup.
+func startAgent(t *testing.T, extra ...string) (httpAddr, grpcAddr string) {
+	t.Helper()
+	dir := t.TempDir()
+	rf := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rf, []byte(testRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	grpcAddr = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	args := append([]string{"-region", "eu", "-name", "eu-1", "-rules", rf, "-http-listen", httpAddr, "-grpc-listen", grpcAddr}, extra...)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- run(ctx, args, func(string) string { return "" }, io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-errc:
+			if err != nil {
+				t.Errorf("agent stopped with %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("agent did not stop within 10 s")
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + httpAddr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			return httpAddr, grpcAddr
+		}
+		select {
+		case err := <-errc:
+			t.Fatalf("agent exited: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent not healthy within 10 s: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for a listener, not for time to pass
+	}
+}
+
+func allow(t *testing.T, httpAddr, subject string) *allotv1.AllowResponse {
+	t.Helper()
+	body := fmt.Sprintf(`{"subject": %q, "descriptor": [{"key": "path", "value": "/orders"}]}`, subject)
+	resp, err := http.Post("http://"+httpAddr+"/v1/allow", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("/v1/allow: %d %s", resp.StatusCode, b)
+	}
+	var out allotv1.AllowResponse
+	if err := protojson.Unmarshal(b, &out); err != nil {
+		t.Fatalf("decode %s: %v", b, err)
+	}
+	return &out
+}
+
+func TestAgentServesAllowRLSAndMetrics(t *testing.T) {
+	for _, mode := range []string{"memory", "redis"} {
+		t.Run(mode, func(t *testing.T) {
+			var extra []string
+			if mode == "redis" {
+				extra = []string{"-redis", testenv.StartRedis(t).Addr}
+			}
+			httpAddr, grpcAddr := startAgent(t, extra...)
+			// 10 per minute, this region alone (no -regions), no reserve
+			// needed to see the floor: the first 6 pass (10 minus a third
+			// held in reserve), then none.
+			admitted := 0
+			for i := 0; i < 11; i++ {
+				if d := allow(t, httpAddr, "alice"); d.GetAllowed() {
+					admitted++
+				}
+			}
+			if admitted != 6 {
+				t.Fatalf("admitted %d of 11 on a floor of 10 − ⌈10/3⌉ = 6", admitted)
+			}
+			// Envoy's RLS on the same agent and rules: bob has his own bucket.
+			conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			c := rlsv3.NewRateLimitServiceClient(conn)
+			req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{{
+				Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "subject", Value: "bob"}, {Key: "path", Value: "/x"}}}}}
+			codes := map[rlsv3.RateLimitResponse_Code]int{}
+			for i := 0; i < 8; i++ {
+				resp, err := c.ShouldRateLimit(context.Background(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				codes[resp.GetOverallCode()]++
+			}
+			if codes[rlsv3.RateLimitResponse_OK] != 6 || codes[rlsv3.RateLimitResponse_OVER_LIMIT] != 2 {
+				t.Fatalf("RLS codes %v, want 6 OK and 2 OVER_LIMIT", codes)
+			}
+			resp, err := http.Get("http://" + httpAddr + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, want := range []string{`allot_region_decisions_total{agent="eu-1",path="store",result="admitted",rule="api"} 12`,
+				"allot_region_decision_seconds_bucket", "allot_region_members", "allot_region_rule_policy"} {
+				if !strings.Contains(string(b), want) {
+					t.Errorf("/metrics lacks %s", want)
+				}
+			}
+		})
+	}
+}
+
+func TestParseFlagsAndEnvironment(t *testing.T) {
+	env := map[string]string{"ALLOT_REGION": "us", "ALLOT_RULES": "r.yaml", "ALLOT_REDIS": "127.0.0.1:1", "ALLOT_RESERVE": "0.5"}
+	o, err := parse([]string{"-region", "eu"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.region != "eu" || o.rulesPath != "r.yaml" || o.redisAddrs != "127.0.0.1:1" || o.reserve != 0.5 {
+		t.Fatalf("flags over environment: %+v", o)
+	}
+	if _, err := parse(nil, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), "-region") {
+		t.Fatalf("missing region: %v", err)
+	}
+	env["ALLOT_RESERVE"] = "lots"
+	if _, err := parse(nil, func(k string) string { return env[k] }, io.Discard); err == nil || !strings.Contains(err.Error(), "ALLOT_RESERVE") {
+		t.Fatalf("bad environment value: %v", err)
+	}
+}
