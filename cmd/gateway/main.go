@@ -53,7 +53,7 @@ var exampleRules []byte
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil); err != nil {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		os.Exit(1)
 	}
@@ -67,6 +67,7 @@ type options struct {
 	identity           string
 	keys               string
 	logLevel           string
+	check              bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -80,6 +81,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.identity, "identity", "header", "identity source: header (X-Tenant, X-Plan) or apikey (Authorization: Bearer)")
 	fs.StringVar(&o.keys, "keys", "key-free=acme:free,key-pro=globex:pro", "API keys for -identity apikey: key=tenant:plan,...")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&o.check, "check", false, "validate the rules, print their budgets and exit (status 1 with every problem listed if invalid)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -96,10 +98,13 @@ type Ready struct {
 
 // run starts the gateway and serves until ctx is done. ready, when set,
 // receives the listening addresses.
-func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- Ready) error {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready chan<- Ready) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.check {
+		return checkRules(o.rulesPath, stdout)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
@@ -248,6 +253,30 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- Read
 		grpcSrv.GracefulStop()
 	}
 	logger.Info("gateway: stopped")
+	return nil
+}
+
+// checkRules validates a rules file and prints its budgets.
+func checkRules(path string, w io.Writer) error {
+	var s *rules.Set
+	var err error
+	if path == "" {
+		s, err = rules.Parse(exampleRules, "embedded rules.yaml")
+	} else {
+		s, err = rules.Load(path)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "%s: ok, version %s, %d plans, %d rules\n", s.Source(), s.Version(), len(s.Plans()), len(s.Rules()))
+	fmt.Fprintf(w, "%-20s %-10s %-32s %-7s %-12s %s\n", "RULE", "PLAN", "QUOTA", "SCOPE", "UNAVAILABLE", "SHARED")
+	for _, b := range s.Budgets() {
+		plan := b.Plan
+		if plan == "" {
+			plan = "-"
+		}
+		fmt.Fprintf(w, "%-20s %-10s %-32s %-7s %-12s %v\n", b.Rule, plan, rules.FormatQuota(b.Limit), b.Scope, b.Failure.Policy, b.Shared)
+	}
 	return nil
 }
 

@@ -50,7 +50,7 @@ func startLogging(t *testing.T, log io.Writer, args ...string) Ready {
 	ready := make(chan Ready, 1)
 	done := make(chan error, 1)
 	args = append([]string{"-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-log-level", "error"}, args...)
-	go func() { done <- run(ctx, args, log, ready) }()
+	go func() { done <- run(ctx, args, io.Discard, log, ready) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -246,9 +246,33 @@ func TestBadFlags(t *testing.T) {
 		{"-rules", "/nonexistent/rules.yaml"},
 		{"extra"},
 	} {
-		err := run(context.Background(), append([]string{"-http", "127.0.0.1:0", "-grpc", ""}, args...), io.Discard, nil)
+		err := run(context.Background(), append([]string{"-http", "127.0.0.1:0", "-grpc", ""}, args...), io.Discard, io.Discard, nil)
 		if err == nil {
 			t.Errorf("run(%q) succeeded", args)
 		}
+	}
+}
+
+func TestCheck(t *testing.T) {
+	var out strings.Builder
+	if err := run(context.Background(), []string{"-check"}, &out, io.Discard, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"embedded rules.yaml: ok, version example-1, 2 plans, 1 rules",
+		"api                  free       10 per minute                    global  emergency    false",
+		"api                  pro        100 per second, burst 300        global  emergency    false",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("-check output lacks %q:\n%s", want, out.String())
+		}
+	}
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(path, []byte("rules:\n  - name: a\n    limit: \"0/s\"\n    colour: red\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := run(context.Background(), []string{"-check", "-rules", path}, io.Discard, io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), path+":3: rules[0].limit") || !strings.Contains(err.Error(), path+":4: rules[0].colour") {
+		t.Errorf("-check of a bad file: %v", err)
 	}
 }
