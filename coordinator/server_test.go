@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"net/http/httptest"
 	"strings"
@@ -41,6 +42,7 @@ func newTestServer(t *testing.T, clk clock.Clock, advertise string) *Server {
 	cfg := DefaultConfig()
 	cfg.Lease.Budgets = testBudgets()
 	cfg.Clock = clk
+	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.Advertise = advertise
 	s, err := NewServer(cfg)
 	if err != nil {
