@@ -667,6 +667,9 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	if learning || avail < 0 {
 		avail = 0
 	}
+	if a.cfg.UnsafeSkipEscrow {
+		avail, sum, learning = need, min(sum, C), false
+	}
 	for i := range k.slots {
 		r, s := bud.regions[i], &k.slots[i]
 		// Raising a region up to its present claim costs nothing only while

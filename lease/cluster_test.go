@@ -36,6 +36,7 @@ type cluster struct {
 	dropUp   map[string]int  // drop the next n messages from a region
 	log      []string
 	prev     *Allocator
+	rate     map[string]float64 // holder clock rates (drift); 1 when absent
 	sessions uint64
 }
 
@@ -78,11 +79,20 @@ func newCluster(t testing.TB, cfg Config) *cluster {
 	return c
 }
 
+// hnow is region r's clock: it runs at rate[r] of the coordinator's.
+func (c *cluster) hnow(r string) time.Time {
+	rate, ok := c.rate[r]
+	if !ok {
+		return c.now
+	}
+	return t0.Add(time.Duration(float64(c.now.Sub(t0)) * rate))
+}
+
 func (c *cluster) startHolder(r string) {
 	c.sessions++
 	hc := DefaultHolderConfig()
 	hc.Region, hc.Session, hc.Budgets, hc.Drift, hc.Refresh = r, c.sessions, c.cfg.Budgets, c.cfg.Drift, c.cfg.Refresh
-	h, err := NewHolder(hc, c.now)
+	h, err := NewHolder(hc, c.hnow(r))
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -174,7 +184,7 @@ func (c *cluster) deliver() {
 		if e.to == "" {
 			err = c.alloc.Step(c.now, e.m)
 		} else if h := c.holders[e.to]; h != nil {
-			err = h.Step(c.now, e.m)
+			err = h.Step(c.hnow(e.to), e.m)
 		}
 		if err != nil {
 			c.t.Fatalf("step %v: %v", e.m, err)
@@ -203,13 +213,13 @@ func (c *cluster) step(d time.Duration) {
 		}
 		slices.SortFunc(keys, cmpKey)
 		for _, k := range keys {
-			h.Demand(c.now, k, c.demand[r][k])
+			h.Demand(c.hnow(r), k, c.demand[r][k])
 		}
 	}
 	c.deliver()
 	c.alloc.Tick(c.now)
 	for _, r := range c.regions {
-		c.holders[r].Tick(c.now)
+		c.holders[r].Tick(c.hnow(r))
 	}
 	c.collect()
 	c.deliver()
@@ -256,7 +266,7 @@ func (c *cluster) checkI1() error {
 		var parts []string
 		for _, r := range c.regions {
 			h := c.holders[r]
-			l, ok := h.Allocation(c.now, k)
+			l, ok := h.Allocation(c.hnow(r), k)
 			if !ok {
 				continue
 			}
@@ -280,7 +290,7 @@ func (c *cluster) show() string {
 		fmt.Fprintf(&sb, "%s/%s:", k.Rule, k.Subject)
 		var sum bucket.Tokens
 		for _, r := range c.regions {
-			l, _ := c.holders[r].Allocation(c.now, k)
+			l, _ := c.holders[r].Allocation(c.hnow(r), k)
 			sum += l.Count()
 			fmt.Fprintf(&sb, " %s=%d", r, l.Count())
 			if j, ok := c.alloc.keyIdx[k]; ok {
@@ -293,7 +303,7 @@ func (c *cluster) show() string {
 		fmt.Fprintf(&sb, " sum=%d\n", sum)
 	}
 	for _, r := range c.regions {
-		st := c.holders[r].Status(c.now)
+		st := c.holders[r].Status(c.hnow(r))
 		live := "floors"
 		if st.Live {
 			live = "leased " + st.LeaseEnd.Sub(c.now).Round(time.Millisecond).String()
@@ -327,7 +337,7 @@ func (c *cluster) checkClaimsOf(a *Allocator) error {
 			cl := a.claim(c.now, c.now, r, s, k.bud.floors[i])
 			sum += cl
 			if h := c.holders[r.name]; h != nil && h.term == a.term && h.cfg.Session == r.session {
-				l, _ := h.Allocation(c.now, k.key)
+				l, _ := h.Allocation(c.hnow(r.name), k.key)
 				if int64(l.Count()) > cl {
 					return fmt.Errorf("claim for %s on %s/%s is %d but its holder may use %d (cur %d hist %v acked %d ver %d lease %s commit %s)",
 						r.name, k.key.Rule, k.key.Subject, cl, l.Count(), s.cur, s.hist[:s.n], r.acked, r.version,

@@ -222,6 +222,11 @@ type Config struct {
 	Hysteresis float64
 	// Budgets are the budgets served.
 	Budgets []Budget
+	// UnsafeSkipEscrow grants every increase at once, without waiting for
+	// capacity to be provably free elsewhere. It breaks I1 and exists only
+	// so tests can show that the property test and the simulator catch a
+	// broken allocator. Never set it in production.
+	UnsafeSkipEscrow bool
 }
 
 // DefaultConfig returns a Config with production defaults and no budgets.

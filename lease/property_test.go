@@ -63,14 +63,39 @@ func weights(rng *rand.Rand, n int) []int64 {
 	return w
 }
 
+// TestPropertyCatchesBrokenAllocator: with the escrow check switched off,
+// the same property test finds an I1 violation within a few seeds, so a
+// passing run means something.
+func TestPropertyCatchesBrokenAllocator(t *testing.T) {
+	for seed := range uint64(20) {
+		if err := runPropertyWith(t, seed, 1500, true); err != nil {
+			t.Logf("seed %d caught it: %.200v", seed, err)
+			return
+		}
+	}
+	t.Fatal("an allocator without escrow passed 20 seeds")
+}
+
 func runProperty(t *testing.T, seed uint64, steps int) error {
+	return runPropertyWith(t, seed, steps, false)
+}
+
+func runPropertyWith(t *testing.T, seed uint64, steps int, broken bool) error {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	cfg := propertyConfig(rng)
+	cfg.UnsafeSkipEscrow = broken
 	c := newCluster(t, cfg)
 	c.rng = rng
 	c.loss = []float64{0, 0.02, 0.1, 0.3}[rng.IntN(4)]
 	c.dup = []float64{0, 0.05, 0.2}[rng.IntN(3)]
 	c.jitter = time.Duration(rng.IntN(300)) * time.Millisecond
+	// Region clocks drift by up to 90% of what the margin covers over a TTL
+	// (I4): rate within 1 ± 0.9×drift/ttl.
+	c.rate = map[string]float64{}
+	rho := 0.9 * float64(cfg.Drift) / float64(cfg.TTL)
+	for _, r := range c.regions {
+		c.rate[r] = 1 + rho*(2*rng.Float64()-1)
+	}
 	keys := []bucket.Key{{Rule: "api", Subject: "x"}, {Rule: "api", Subject: "y"}, {Rule: "w", Subject: "x"}, {Rule: "w", Subject: "z"}}
 	cutUntil := map[string]int{}
 	for i := range steps {
@@ -106,7 +131,7 @@ func runProperty(t *testing.T, seed uint64, steps int) error {
 			c.trace("restart %s", r)
 			hc := DefaultHolderConfig()
 			hc.Region, hc.Budgets, hc.Drift, hc.Refresh = r, cfg.Budgets, cfg.Drift, cfg.Refresh
-			h, err := RestoreHolder(hc, st, c.now)
+			h, err := RestoreHolder(hc, st, c.hnow(r))
 			if err != nil {
 				return err
 			}
@@ -114,7 +139,7 @@ func runProperty(t *testing.T, seed uint64, steps int) error {
 		case x < 178: // a region shuts down cleanly and comes back fresh
 			r := c.regions[rng.IntN(len(c.regions))]
 			c.trace("release %s", r)
-			c.holders[r].Release(c.now)
+			c.holders[r].Release(c.hnow(r))
 			c.collect()
 			c.step(time.Duration(rng.IntN(3000)) * time.Millisecond)
 			if err := c.checkI1(); err != nil {
@@ -132,7 +157,7 @@ func runProperty(t *testing.T, seed uint64, steps int) error {
 			if i >= until {
 				delete(c.cut, r)
 				delete(cutUntil, r)
-				c.holders[r].Reconnect(c.now)
+				c.holders[r].Reconnect(c.hnow(r))
 				c.collect()
 			}
 		}
