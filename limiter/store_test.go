@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -499,5 +500,60 @@ func TestRedisBacked(t *testing.T) {
 	}
 	if allowed != 10 {
 		t.Errorf("%d of 11 allowed, want 10", allowed)
+	}
+}
+
+// TestConcurrentWithReloads admits from many goroutines while the rules are
+// swapped underneath (same quota, new version each time): exactly the
+// quota is admitted, and every decision names a version that was in force.
+func TestConcurrentWithReloads(t *testing.T) {
+	h := rules.NewHolder(parse(t, testRules), quiet, nil)
+	e := newEnv(t, testRules, func(c *limiter.Config) { c.Rules = h })
+	versions := map[string]bool{"test-1": true}
+	var vmu sync.Mutex
+	stop := make(chan struct{})
+	reloaded := make(chan struct{})
+	go func() {
+		defer close(reloaded)
+		for i := 2; i < 200; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			v := "test-" + strconv.Itoa(i)
+			vmu.Lock()
+			versions[v] = true
+			vmu.Unlock()
+			h.Apply([]byte(strings.Replace(testRules, "test-1", v, 1)), "mem")
+		}
+	}()
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 50 {
+				d, err := e.lim.Allow(context.Background(), limiter.Request{Subject: "shared-tenant", Descriptor: path("/x")})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				vmu.Lock()
+				known := versions[d.RulesVersion]
+				vmu.Unlock()
+				if !known {
+					t.Errorf("decision under unknown rules version %q", d.RulesVersion)
+				}
+				if d.Allowed {
+					allowed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	<-reloaded
+	if got := allowed.Load(); got != 10 {
+		t.Errorf("%d of 400 admitted on 10 per minute, want 10", got)
 	}
 }
