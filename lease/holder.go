@@ -86,9 +86,11 @@ type Holder struct {
 }
 
 type holderBudget struct {
-	b     Budget
-	floor bucket.Tokens
-	burst bucket.Tokens
+	b      Budget
+	floor  bucket.Tokens
+	burst  bucket.Tokens
+	limit  bucket.Limit // the floor as a Limit, built once
+	period time.Duration
 }
 
 type holderDemand struct {
@@ -172,7 +174,7 @@ func (h *Holder) setBudgets(bs []Budget) {
 	h.budgets = make(map[string]*holderBudget, len(bs))
 	for _, b := range bs {
 		f := b.FloorCount(h.cfg.Region)
-		h.budgets[b.Rule] = &holderBudget{b: b, floor: f, burst: b.BurstOf(f)}
+		h.budgets[b.Rule] = &holderBudget{b: b, floor: f, burst: b.BurstOf(f), limit: b.LimitOf(f), period: b.Limit.Period()}
 	}
 }
 
@@ -186,7 +188,10 @@ func (h *Holder) Allocation(now time.Time, key bucket.Key) (l bucket.Limit, ok b
 		return bucket.Limit{}, false
 	}
 	c, b := h.allocation(now, key, hb)
-	return limitOf(hb.b.Limit.Period(), c, b), true
+	if c == hb.floor && b == hb.burst {
+		return hb.limit, true
+	}
+	return limitOf(hb.period, c, b), true
 }
 
 // allocation is Allocation as a count and burst.
