@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -79,5 +80,21 @@ rules: |
 	})
 	if err != nil || got == nil || len(bs) != 1 {
 		t.Fatalf("Resolve = %v, %v (rules parsed: %v)", bs, err, got != nil)
+	}
+}
+
+// TestConvertRoundTrip: every field survives the wire.
+func TestConvertRoundTrip(t *testing.T) {
+	m := lease.Message{Type: lease.MsgGrant, Region: "eu", Session: 3, Term: 9, Seq: 4, Grant: 5, Version: 6, Base: 5,
+		Full: true, Renew: true, Learning: true, TTL: 10 * time.Second, Hold: 20 * time.Second, Refresh: 3 * time.Second,
+		Drift: 500 * time.Millisecond, Leader: "x:1",
+		Entries: []lease.Entry{{Key: bucket.Key{Rule: "api", Subject: "t"}, Count: 10, Burst: 2}, {Key: bucket.Key{Rule: "api", Subject: "u"}, Drop: true}},
+		Demand:  []lease.Demand{{Key: bucket.Key{Rule: "api", Subject: "t"}, Want: 99}},
+		Budgets: []lease.Budget{{Rule: "api", Limit: bucket.PerMinute(600).WithBurst(60), Regions: []string{"eu", "us"},
+			Weights: []int64{2, 1}, Reserve: 0.25, Policy: lease.Static}},
+	}
+	got := FromProto(ToProto(m))
+	if !reflect.DeepEqual(got, m) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, m)
 	}
 }

@@ -23,6 +23,11 @@ func ToProto(m lease.Message) *leasev1.Message {
 				Count: int64(e.Count), Burst: int64(e.Burst), Drop: e.Drop}
 		}
 	}
+	for _, b := range m.Budgets {
+		p.Budgets = append(p.Budgets, &leasev1.Budget{Rule: b.Rule, Count: int64(b.Limit.Count()),
+			PeriodUs: b.Limit.Period().Microseconds(), Burst: int64(b.Limit.Burst()), Regions: b.Regions,
+			Weights: b.Weights, Reserve: b.Reserve, Policy: int32(b.Policy)})
+	}
 	if len(m.Demand) > 0 {
 		p.Demand = make([]*leasev1.Demand, len(m.Demand))
 		for i, d := range m.Demand {
@@ -46,6 +51,11 @@ func FromProto(p *leasev1.Message) lease.Message {
 			m.Entries[i] = lease.Entry{Key: key(e.GetKey()), Count: bucket.Tokens(e.GetCount()),
 				Burst: bucket.Tokens(e.GetBurst()), Drop: e.GetDrop()}
 		}
+	}
+	for _, b := range p.GetBudgets() {
+		m.Budgets = append(m.Budgets, lease.Budget{Rule: b.GetRule(),
+			Limit:   bucket.Per(bucket.Tokens(b.GetCount()), us(b.GetPeriodUs())).WithBurst(bucket.Tokens(b.GetBurst())),
+			Regions: b.GetRegions(), Weights: b.GetWeights(), Reserve: b.GetReserve(), Policy: lease.Policy(b.GetPolicy())})
 	}
 	if len(p.GetDemand()) > 0 {
 		m.Demand = make([]lease.Demand, len(p.Demand))

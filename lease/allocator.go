@@ -885,6 +885,7 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 	if r.needFull {
 		m.Full, m.Base = true, 0
 		m.Version = r.version + 1
+		m.Budgets = slices.Clone(a.cfg.Budgets)
 		for _, k := range a.keys {
 			i := slices.Index(k.bud.regions, r)
 			if i < 0 {

@@ -178,6 +178,17 @@ func (h *Holder) setBudgets(bs []Budget) {
 	}
 }
 
+// Budgets returns the budgets the Holder serves: its configured ones until
+// a coordinator's full table brings the coordinator's.
+func (h *Holder) Budgets() []Budget {
+	out := make([]Budget, 0, len(h.budgets))
+	for _, hb := range h.budgets {
+		out = append(out, hb.b)
+	}
+	slices.SortFunc(out, func(x, y Budget) int { return cmp.Compare(x.Rule, y.Rule) })
+	return out
+}
+
 // Allocation returns what this region may use of key at now: its leased
 // allocation while the lease lives, its floor otherwise (a lent floor stays
 // lent until its hold ends). ok is false when no budget covers key.Rule. A
@@ -328,6 +339,9 @@ func (h *Holder) apply(now time.Time, m Message) {
 	}
 	if m.Full {
 		clear(h.table)
+		if m.Budgets != nil && validateBudgets(m.Budgets) == nil {
+			h.setBudgets(m.Budgets)
+		}
 	}
 	for _, e := range m.Entries {
 		if e.Drop {
@@ -415,6 +429,9 @@ func (h *Holder) hello(now time.Time) {
 	var entries []Entry
 	for _, e := range h.Table() {
 		hb := h.budgets[e.Key.Rule]
+		if hb == nil {
+			continue
+		}
 		if c, b := h.allocation(now, e.Key, hb); c != hb.floor {
 			entries = append(entries, Entry{Key: e.Key, Count: c, Burst: b})
 		}

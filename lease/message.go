@@ -99,6 +99,10 @@ type Message struct {
 	Demand []Demand
 	// Leader is the leader's address (redirect).
 	Leader string
+	// Budgets, in a full grant, are the budgets the coordinator serves: a
+	// Holder replaces its own with them, so a rules change reaches every
+	// region with its next full table (floors included).
+	Budgets []Budget
 }
 
 // Entry is one region's allocation for one key: Count tokens per the

@@ -34,7 +34,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of scenar
 //	drop to=…|from=… n=…       lose the next n messages
 //	leader                     a new leader takes over
 //	release region=… | restart region=… | expire
-//	rebudget rule=… count=… …  change a budget everywhere
+//	rebudget rule=… count=… …  change a budget at the coordinator
 //	stats
 func TestScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
@@ -289,13 +289,10 @@ func (s *scenario) do(t *testing.T, line string) (string, error) {
 			}
 		}
 		c.cfg.Budgets = bs
+		// Only the coordinator is told: regions get the new budgets (and
+		// floors) with the full table it sends them.
 		if err := c.alloc.SetBudgets(c.now, bs); err != nil {
 			return "", err
-		}
-		for _, r := range c.regions {
-			if err := c.holders[r].SetBudgets(bs); err != nil {
-				return "", err
-			}
 		}
 		c.collect()
 		return "", nil
