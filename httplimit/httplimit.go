@@ -36,6 +36,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/limiter"
@@ -205,13 +207,40 @@ func Middleware(cfg Config) (func(http.Handler) http.Handler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m := &middleware{cfg: cfg}
+	m := &middleware{cfg: cfg, headerKeys: slices.Sorted(maps.Keys(cfg.Headers))}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
 	}, nil
 }
 
-type middleware struct{ cfg Config }
+type middleware struct {
+	cfg        Config
+	headerKeys []string     // cfg.Headers' keys, sorted
+	policies   sync.Map     // policyKey → rendered RateLimit-Policy value
+	cached     atomic.Int64 // entries in policies, bounded by maxCachedPolicies
+}
+
+// maxCachedPolicies bounds the policy cache; rules define few policies, but
+// reloads may change their limits.
+const maxCachedPolicies = 4096
+
+type policyKey struct {
+	name  string
+	limit bucket.Limit
+}
+
+// policy renders the RateLimit-Policy value of d, once per policy and limit.
+func (m *middleware) policy(d limiter.Decision) string {
+	k := policyKey{d.Policy, d.Limit}
+	if v, ok := m.policies.Load(k); ok {
+		return v.(string)
+	}
+	v := PolicyHeader(d.Policy, d.Limit)
+	if m.cached.Add(1) <= maxCachedPolicies {
+		m.policies.Store(k, v)
+	}
+	return v
+}
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	var id Identity
@@ -248,8 +277,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	if d.Allowed {
-		if !d.Shadow && d.Fallback == "" {
-			SetQuotaHeaders(w.Header(), d)
+		if !d.Shadow && d.Fallback == "" && d.Limited() {
+			setQuotaHeaders(w.Header(), d, m.policy(d))
 		}
 		next.ServeHTTP(w, r)
 		return
@@ -266,7 +295,7 @@ func (m *middleware) descriptor(r *http.Request, id Identity) rules.Descriptor {
 	if id.Plan != "" {
 		d = append(d, rules.Entry{Key: rules.KeyPlan, Value: id.Plan})
 	}
-	for _, k := range sortedKeys(m.cfg.Headers) {
+	for _, k := range m.headerKeys {
 		if v := r.Header.Get(m.cfg.Headers[k]); v != "" {
 			d = append(d, rules.Entry{Key: k, Value: v})
 		}
@@ -285,13 +314,13 @@ func (m *middleware) deny(w http.ResponseWriter, d limiter.Decision) {
 	h := w.Header()
 	switch d.Reason {
 	case limiter.ReasonOverLimit:
-		SetQuotaHeaders(h, d)
+		setQuotaHeaders(h, d, m.policy(d))
 		ra := d.RetryAfterSeconds()
 		h.Set("Retry-After", strconv.FormatInt(ra, 10))
 		writeJSON(w, http.StatusTooManyRequests, body{Error: "rate limit exceeded", Policy: d.Policy, RetryAfter: ra})
 	case limiter.ReasonNeverFits:
 		if d.Limited() {
-			h.Set("RateLimit-Policy", PolicyHeader(d.Policy, d.Limit))
+			h[hdrPolicy] = []string{m.policy(d)}
 		}
 		writeJSON(w, http.StatusForbidden, body{
 			Error:  fmt.Sprintf("request cost %d exceeds the quota's burst %d and can never be admitted", d.Cost, d.Limit.Burst()),
@@ -331,14 +360,24 @@ func SetQuotaHeaders(h http.Header, d limiter.Decision) {
 	if !d.Limited() {
 		return
 	}
-	q := int64(d.Limit.Burst())
+	setQuotaHeaders(h, d, PolicyHeader(d.Policy, d.Limit))
+}
+
+// Header names in canonical form, so setting them needs no canonicalizing.
+const (
+	hdrPolicy    = "Ratelimit-Policy"
+	hdrRateLimit = "Ratelimit"
+	hdrLimit     = "X-Ratelimit-Limit"
+	hdrRemaining = "X-Ratelimit-Remaining"
+	hdrReset     = "X-Ratelimit-Reset"
+)
+
+func setQuotaHeaders(h http.Header, d limiter.Decision, policy string) {
 	r := strconv.FormatInt(int64(max(d.Remaining, 0)), 10)
 	t := strconv.FormatInt(d.ResetSeconds(), 10)
-	h.Set("RateLimit-Policy", PolicyHeader(d.Policy, d.Limit))
-	h.Set("RateLimit", RateLimitItem(d))
-	h.Set("X-RateLimit-Limit", strconv.FormatInt(q, 10))
-	h.Set("X-RateLimit-Remaining", r)
-	h.Set("X-RateLimit-Reset", t)
+	v := make([]string, 5) // one allocation for the five values
+	v[0], v[1], v[2], v[3], v[4] = policy, sfString(d.Policy)+";r="+r+";t="+t, strconv.FormatInt(int64(d.Limit.Burst()), 10), r, t
+	h[hdrPolicy], h[hdrRateLimit], h[hdrLimit], h[hdrRemaining], h[hdrReset] = v[0:1:1], v[1:2:2], v[2:3:3], v[3:4:4], v[4:5:5]
 }
 
 // RateLimitItem renders one RateLimit item: "name";r=<remaining>;t=<reset seconds>.
@@ -388,5 +427,3 @@ func sfString(s string) string {
 	b.WriteByte('"')
 	return b.String()
 }
-
-func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
