@@ -354,10 +354,12 @@ func (s *Set) Plan(name string) (*Plan, bool) {
 	return p, ok
 }
 
-// Plans returns every plan in file order.
+// Plans returns every plan in file order. The plans belong to the set and
+// must not be modified.
 func (s *Set) Plans() []*Plan { return append([]*Plan(nil), s.planOrder...) }
 
 // Rules returns every rule in file order, the order they are matched in.
+// The rules belong to the set and must not be modified.
 func (s *Set) Rules() []*Rule { return append([]*Rule(nil), s.rules...) }
 
 // Rule returns the rule called name.
