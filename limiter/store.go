@@ -225,7 +225,7 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error)
 		l.stats.noIdentity.Add(1)
 		if ni.Action == rules.DenyNoIdentity {
 			d.Reason, d.Status = ReasonNoIdentity, ni.Status
-			return l.deny(d, req), nil
+			return l.deny(d), nil
 		}
 		subject, plan = rules.AnonymousSubject, ""
 	}
@@ -245,7 +245,7 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error)
 			return d, nil
 		case rules.UnknownPlanDeny:
 			d.Reason, d.Limit = ReasonUnknownPlan, bucket.Limit{}
-			return l.deny(d, req), nil
+			return l.deny(d), nil
 		default:
 			// The default plan's quota, in a bucket of its own.
 			d.Policy = rs.DefaultPlan().Name
@@ -256,7 +256,7 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error)
 
 	if err := bucket.Check(d.Limit, d.Cost); err != nil {
 		if errors.Is(err, bucket.ErrNeverFits) {
-			return l.neverFits(d, req), nil
+			return l.neverFits(d), nil
 		}
 		return d, fmt.Errorf("%w: rule %q: %w", ErrInvalidRequest, r.Name, err)
 	}
@@ -268,11 +268,11 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error)
 	bd, err := store.Decide(ctx, d.Key, d.Limit, d.Cost, req.AttemptID)
 	switch {
 	case err == nil:
-		return l.fromBucket(d, bd, req), nil
+		return l.fromBucket(d, bd), nil
 	case errors.Is(err, bucket.ErrNeverFits):
 		// A store may judge by a smaller limit than the rule's (an agent's
 		// share of it).
-		return l.neverFits(d, req), nil
+		return l.neverFits(d), nil
 	case errors.Is(err, bucket.ErrInvalidLimit) || errors.Is(err, bucket.ErrInvalidCost):
 		return d, fmt.Errorf("%w: rule %q: %w", ErrInvalidRequest, r.Name, err)
 	}
@@ -303,37 +303,37 @@ func (l *StoreLimiter) fallback(ctx context.Context, r *rules.Rule, d Decision, 
 		bd, err := l.local.Decide(ctx, d.Key, el, d.Cost, req.AttemptID)
 		switch {
 		case err == nil:
-			return l.fromBucket(d, bd, req), nil
+			return l.fromBucket(d, bd), nil
 		case errors.Is(err, bucket.ErrNeverFits):
-			return l.neverFits(d, req), nil
+			return l.neverFits(d), nil
 		}
 		// An unusable emergency limit (a zero share) fails closed.
 		l.event(Event{Kind: EventStoreError, Rule: r.Name, Plan: d.Plan, Subject: d.Key.Subject, Err: err, RulesVersion: d.RulesVersion})
 	}
 	d.Reason = ReasonUnavailable
 	d.RetryAfter = time.Second
-	return l.deny(d, req), nil
+	return l.deny(d), nil
 }
 
-func (l *StoreLimiter) fromBucket(d Decision, bd bucket.Decision, req Request) Decision {
+func (l *StoreLimiter) fromBucket(d Decision, bd bucket.Decision) Decision {
 	d.Remaining, d.RetryAfter, d.ResetAfter = bd.Remaining, bd.RetryAfter, bd.ResetAfter
 	if bd.Allowed {
 		d.Allowed, d.Reason = true, ReasonOK
 		return d
 	}
 	d.Reason = ReasonOverLimit
-	return l.deny(d, req)
+	return l.deny(d)
 }
 
-func (l *StoreLimiter) neverFits(d Decision, req Request) Decision {
+func (l *StoreLimiter) neverFits(d Decision) Decision {
 	l.stats.neverFits.Add(1)
 	l.event(Event{Kind: EventNeverFits, Rule: d.Rule, Plan: d.Plan, Subject: d.Key.Subject, RulesVersion: d.RulesVersion})
 	d.Reason, d.RetryAfter = ReasonNeverFits, 0
-	return l.deny(d, req)
+	return l.deny(d)
 }
 
 // deny returns d denied, or admitted by a shadow rule.
-func (l *StoreLimiter) deny(d Decision, _ Request) Decision {
+func (l *StoreLimiter) deny(d Decision) Decision {
 	d.Allowed = false
 	if d.Shadow {
 		l.stats.shadowDenied.Add(1)
