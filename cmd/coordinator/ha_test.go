@@ -96,7 +96,8 @@ lease: {ttl: 2s, refresh: 500ms, drift: 100ms, hold: 4s, demand_ttl: 1200ms}
 // simulated regions pressing on one key, kills the leader with SIGKILL,
 // and checks that a new leader with a larger term takes over, that the
 // regions reconnect through the other addresses and are served again, and
-// that the allocations the regions hold never sum above the budget.
+// that the allocations the regions hold never sum above the budget. Then a
+// rules change halves the budget through etcd and every region gets it.
 func TestHAFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts etcd and three coordinator processes")
@@ -231,6 +232,35 @@ func TestHAFailover(t *testing.T) {
 	_, terms = sample()
 	t.Logf("new leader %s, term %d, regions served again %s after the kill; largest sum held %d of %d",
 		nl.grpc, terms["us"], time.Since(killed).Round(time.Millisecond), maxSum, budget.Count())
+
+	// A rules change halves the budget: stored in etcd, watched by the new
+	// leader and pushed to every region with a full table.
+	half := strings.Replace(haBudgets, "600 per second, burst 60", "300 per second, burst 30", 1)
+	if err := os.WriteFile(docPath, []byte(half), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	changed := time.Now()
+	if out, err := exec.Command(bin, "rules", "put", "-etcd", endpoints, "-prefix", prefix, "-f", docPath).CombinedOutput(); err != nil {
+		t.Fatalf("rules put: %v\n%s", err, out)
+	}
+	until("regions on the new budget", 10*time.Second, func(map[string]bucket.Tokens, map[string]uint64) bool {
+		for _, r := range regs {
+			r.mu.Lock()
+			bs := r.h.Budgets()
+			r.mu.Unlock()
+			if len(bs) != 1 || bs[0].Limit.Count() != 300 {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("every region had the halved budget %s after `rules put` started", time.Since(changed).Round(time.Millisecond))
+	budget = bucket.PerSecond(300).WithBurst(30)
+	end := time.Now().Add(4 * time.Second)
+	for time.Now().Before(end) {
+		sample() // fails if the regions hold more than the new budget
+		time.Sleep(10 * time.Millisecond) // real processes
+	}
 }
 
 func findLeader(t *testing.T, procs []*coordProc) *coordProc {
