@@ -258,7 +258,7 @@ func TestHAFailover(t *testing.T) {
 	budget = bucket.PerSecond(300).WithBurst(30)
 	end := time.Now().Add(4 * time.Second)
 	for time.Now().Before(end) {
-		sample() // fails if the regions hold more than the new budget
+		sample()                          // fails if the regions hold more than the new budget
 		time.Sleep(10 * time.Millisecond) // real processes
 	}
 }
