@@ -57,6 +57,30 @@ func BenchmarkAllowHotKey(b *testing.B) {
 			}
 		}
 	})
+	// The same with time passed in (advancing 1 µs a call), so the
+	// comparison is of the decision itself, not of the clock read.
+	b.Run("region/serial-time-passed", func(b *testing.B) {
+		s, l := benchStore(b, bucket.NewMemory(bucket.MemoryOptions{}))
+		core, k, now := s.Core(), key("hot"), time.Now()
+		b.ReportAllocs()
+		for b.Loop() {
+			now = now.Add(time.Microsecond)
+			if r, err := core.Decide(ctx, now, k, l, 1, ""); err != nil || !r.Decision.Allowed {
+				b.Fatal(r, err)
+			}
+		}
+	})
+	b.Run("x-time-rate/serial-time-passed", func(b *testing.B) {
+		lim := rate.NewLimiter(rate.Limit(1<<30), 1<<30)
+		now := time.Now()
+		b.ReportAllocs()
+		for b.Loop() {
+			now = now.Add(time.Microsecond)
+			if !lim.AllowN(now, 1) {
+				b.Fatal("denied")
+			}
+		}
+	})
 	b.Run("region/parallel", func(b *testing.B) {
 		s, l := benchStore(b, bucket.NewMemory(bucket.MemoryOptions{}))
 		k := key("hot")

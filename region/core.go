@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -64,7 +65,8 @@ func Paths() []Path {
 
 // Result is one decision of the Core.
 type Result struct {
-	// Decision is the outcome; its Limit is the region's allocation.
+	// Decision is the outcome. Its Limit is the region's allocation for
+	// the key (on PathEmergency, the emergency limit this agent enforced).
 	Decision bucket.Decision
 	Path     Path
 	// Hot is set when the allocation is a coordinator entry, not a floor.
@@ -82,8 +84,8 @@ type Result struct {
 // synchronously by the caller's goroutine.
 //
 // The hot path (a key deciding from its batch) takes no lock and allocates
-// nothing: a read-locked shard lookup, a cached allocation and one
-// compare-and-swap on the key's token count. Core is safe for concurrent
+// nothing: a lookup in an immutable copy of the key's shard, a cached
+// allocation and one compare-and-swap on the key's token count. Core is safe for concurrent
 // use.
 type Core struct {
 	cfg     Config
@@ -93,6 +95,9 @@ type Core struct {
 	seed    maphash.Seed
 	mask    uint64
 	shards  []coreShard
+	// hot caches the state of batched keys, found by a cheap hash of the
+	// key, so the busiest keys skip the shard's map lookup.
+	hot [hotSlots]atomic.Pointer[keyState]
 
 	rulesMu sync.Mutex
 	rules   atomic.Pointer[map[string]*ruleState]
@@ -107,10 +112,23 @@ type Core struct {
 	batchMinus float64 // MinBatch as a float, cached
 }
 
+// coreShard holds the state of the keys that hash to it. keys, under mu,
+// is every key; read is an immutable copy that lookups use without a lock,
+// republished (as sync.Map does) once the misses have cost about as much as
+// a copy.
 type coreShard struct {
-	mu   sync.RWMutex
-	keys map[bucket.Key]*keyState
-	_    [32]byte // keep shards on separate cache lines
+	read   atomic.Pointer[map[bucket.Key]*keyState]
+	mu     sync.RWMutex
+	keys   map[bucket.Key]*keyState
+	misses int
+	_      [24]byte // keep shards on separate cache lines
+}
+
+// publishLocked makes read a copy of keys. Requires that s.mu is held.
+func (s *coreShard) publishLocked() {
+	m := maps.Clone(s.keys)
+	s.read.Store(&m)
+	s.misses = 0
 }
 
 // ruleState is a rule's configuration and counters.
@@ -127,15 +145,19 @@ type coreStats struct {
 
 // keyState is what an agent keeps for one key in recent use.
 type keyState struct {
-	key bucket.Key
-	rs  atomic.Pointer[ruleState]
-
+	// What a decision from a batch touches comes first, to share one cache
+	// line: the compare-and-swap on tokens brings it in, and the rest are
+	// then hits rather than further cache-line transfers between cores.
 	tokens      atomic.Int64 // batch tokens held, debited from the regional bucket
 	arrived     atomic.Int64 // tokens asked since the last sample
-	batched     atomic.Bool  // local demand is large enough to batch
+	batchAdmits atomic.Int64 // decisions admitted from the batch since the last sample
 	deniedUntil atomic.Int64 // µs: requests of cost ≥ deniedCost are denied locally until then
 	deniedCost  atomic.Int64
 	alloc       atomic.Pointer[allocCache]
+	rs          atomic.Pointer[ruleState]
+	batched     atomic.Bool // local demand is large enough to batch
+
+	key bucket.Key
 
 	mu         sync.Mutex
 	refilling  bool
@@ -157,6 +179,21 @@ type allocCache struct {
 	limit  bucket.Limit
 	hot    bool
 	until  int64 // µs
+}
+
+const hotSlots = 256
+
+// hotSlot is a cheap hash of a key for the hot-key cache: a collision only
+// sends a lookup on to the shard's map.
+func hotSlot(k bucket.Key) int {
+	h := uint(len(k.Subject))*0x9E37 + uint(len(k.Rule))*0x85EB
+	if n := len(k.Subject); n > 0 {
+		h += uint(k.Subject[0])*31 + uint(k.Subject[n-1])*131 + uint(k.Subject[n/2])*7
+	}
+	if n := len(k.Rule); n > 0 {
+		h += uint(k.Rule[n-1]) * 17
+	}
+	return int(h % hotSlots)
 }
 
 // sampleEvery is how often a key's short-term demand estimate takes in its
@@ -297,19 +334,25 @@ func (c *Core) shard(k bucket.Key) *coreShard {
 
 // state returns key's state, creating it on first use.
 func (c *Core) state(key bucket.Key, now int64) *keyState {
-	s := c.shard(key)
-	s.mu.RLock()
-	ks := s.keys[key]
-	s.mu.RUnlock()
-	if ks != nil {
+	if ks := c.hot[hotSlot(key)].Load(); ks != nil && ks.key == key {
 		return ks
+	}
+	s := c.shard(key)
+	if m := s.read.Load(); m != nil {
+		if ks := (*m)[key]; ks != nil {
+			return ks
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ks = s.keys[key]; ks != nil {
+	s.misses++
+	if s.misses > len(s.keys)/2+8 {
+		defer s.publishLocked()
+	}
+	if ks := s.keys[key]; ks != nil {
 		return ks
 	}
-	ks = &keyState{key: key, lastSample: now, lastActive: now, winStart: now}
+	ks := &keyState{key: key, lastSample: now, lastActive: now, winStart: now}
 	ks.rs.Store(c.rule(key.Rule))
 	s.keys[key] = ks
 	c.stats.keys.Add(1)
@@ -321,7 +364,7 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 func (c *Core) allocation(ks *keyState, now time.Time, global bucket.Limit) *allocCache {
 	ep := c.alloc.Epoch()
 	nowUS := now.UnixMicro()
-	if ac := ks.alloc.Load(); ac != nil && ac.epoch == ep && ac.global == global && nowUS < ac.until {
+	if ac := ks.alloc.Load(); ac != nil && ac.epoch == ep && nowUS < ac.until && sameLimit(ac.global, global) {
 		return ac
 	}
 	ac := &allocCache{epoch: ep, global: global, limit: global, until: math.MaxInt64}
@@ -331,6 +374,12 @@ func (c *Core) allocation(ks *keyState, now time.Time, global bucket.Limit) *all
 	}
 	ks.alloc.Store(ac)
 	return ac
+}
+
+// sameLimit compares limits by what defines them (count, period, burst),
+// cheaper than comparing every cached field.
+func sameLimit(a, b bucket.Limit) bool {
+	return a.Count() == b.Count() && a.Burst() == b.Burst() && a.Period() == b.Period()
 }
 
 // Allocation returns the region's allocation for key under global at now.
@@ -388,9 +437,12 @@ func (c *Core) Decide(ctx context.Context, now time.Time, key bucket.Key, global
 	}
 	if ks.tokens.Load() > 0 || ks.batched.Load() {
 		if left, ok := ks.take(cost); ok {
+			// Counted per key and folded into the rule's counters at the
+			// next sample, so the hot path writes one cache line only.
+			ks.batchAdmits.Add(1)
 			res.Path = PathBatch
 			res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
-			return c.done(ks, res), nil
+			return res, nil
 		}
 		if ks.batched.Load() {
 			return c.refill(ctx, now, ks, lim, cost, attemptID, res)
@@ -546,6 +598,9 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 	if dt < sampleEvery.Microseconds() {
 		return
 	}
+	if n := ks.batchAdmits.Swap(0); n > 0 {
+		ks.rs.Load().admitted[PathBatch].Add(n)
+	}
 	hl := c.cfg.DemandHalfLife.Microseconds()
 	a := ks.arrived.Swap(0)
 	ks.rate = ewma(ks.rate, float64(a)/(float64(dt)/1e6), dt, hl)
@@ -561,6 +616,9 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 	batch := ks.rate*c.cfg.BatchWindow.Seconds() >= c.batchMinus
 	if ac := ks.alloc.Load(); ac != nil && batch {
 		batch = float64(ac.limit.Burst())*c.cfg.BatchMaxFraction >= c.batchMinus
+	}
+	if batch && !ks.batched.Load() {
+		c.hot[hotSlot(ks.key)].Store(ks)
 	}
 	ks.batched.Store(batch)
 }
@@ -690,10 +748,15 @@ func (c *Core) Tick(ctx context.Context, now time.Time) {
 			s.mu.Lock()
 			for _, k := range idle {
 				if ks := s.keys[k]; ks != nil && ks.tokens.Load() == 0 && ks.arrived.Load() == 0 {
+					c.hot[hotSlot(k)].CompareAndSwap(ks, nil)
 					delete(s.keys, k)
 					c.stats.keys.Add(-1)
 				}
 			}
+			// A lookup that already read the old copy may still use a
+			// dropped key's state once; at worst a batch it takes is
+			// never spent, which only under-admits.
+			s.publishLocked()
 			s.mu.Unlock()
 		}
 	}
@@ -850,7 +913,8 @@ type RuleStats struct {
 	Denied   [numPaths]int64
 }
 
-// Stats returns the counters.
+// Stats returns the counters. Decisions from batches reach the per-rule
+// counts at each key's next sample (Tick samples every key).
 func (c *Core) Stats() Stats {
 	s := &c.stats
 	st := Stats{

@@ -147,8 +147,8 @@ func TestColdKeyIsExactAtItsFloor(t *testing.T) {
 		if r.Path != PathStore && r.Path != PathDenyCache {
 			t.Fatalf("request %d: path %s, want store or deny-cache", i, r.Path)
 		}
-		if r.Alloc != bucket.PerSecond(100) {
-			t.Fatalf("allocation %v, want the floor 100 per 1s, burst 100", r.Alloc)
+		if r.Decision.Limit != bucket.PerSecond(100) {
+			t.Fatalf("allocation %v, want the floor 100 per 1s, burst 100", r.Decision.Limit)
 		}
 		if r.Decision.Allowed {
 			admitted++
@@ -191,8 +191,8 @@ func TestHotEntryLeaseExpiryAndLentFloor(t *testing.T) {
 	for _, c := range cases {
 		f.clk.Set(t0.Add(c.at))
 		r := f.decide(t, key(c.key), 1)
-		if r.Alloc != c.want || r.Hot != c.hot {
-			t.Errorf("at +%s key %s: alloc %v hot %v, want %v hot %v", c.at, c.key, r.Alloc, r.Hot, c.want, c.hot)
+		if r.Decision.Limit != c.want || r.Hot != c.hot {
+			t.Errorf("at +%s key %s: alloc %v hot %v, want %v hot %v", c.at, c.key, r.Decision.Limit, r.Hot, c.want, c.hot)
 		}
 	}
 	// An older table never replaces a newer one.
