@@ -16,6 +16,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
@@ -60,7 +61,7 @@ func testEtcd(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: time.Second})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
