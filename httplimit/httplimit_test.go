@@ -325,3 +325,35 @@ func TestBodyIsJSON(t *testing.T) {
 		t.Errorf("body %q: %+v %v", r.body, b, err)
 	}
 }
+
+// TestHeadersAndDescriptor derives descriptor entries from request headers
+// (a login limit per client address) and from a custom descriptor builder.
+func TestHeadersAndDescriptor(t *testing.T) {
+	src := `
+default_plan: free
+plans: {free: "10 per minute"}
+rules:
+  - name: login
+    match: {path: /login, client: "*"}
+    limit: "2 per minute"
+    subject: [client]
+  - name: api
+    match: {path: "/*"}
+`
+	f := newFixture(t, src, nil, func(c *httplimit.Config) { c.Headers = map[string]string{"client": "X-Client-Addr"} })
+	for i, want := range []int{200, 200, 429} {
+		r := f.get(t, "/login", "", "", "X-Client-Addr", "192.0.2.7")
+		expect(t, "login "+string(rune('0'+i)), r, want, map[string]string{"RateLimit-Policy": `"login";q=2;w=60`}, "")
+	}
+	expect(t, "another client", f.get(t, "/login", "", "", "X-Client-Addr", "192.0.2.8"), 200, nil, "")
+	// Without the header the login rule does not match; the api rule needs
+	// an identity.
+	expect(t, "no client header", f.get(t, "/login", "", ""), 401, nil, "")
+
+	f = newFixture(t, src, nil, func(c *httplimit.Config) {
+		c.Descriptor = func(r *http.Request, id httplimit.Identity) rules.Descriptor {
+			return rules.Descriptor{{Key: "path", Value: "/login"}, {Key: "client", Value: r.URL.Query().Get("c")}}
+		}
+	})
+	expect(t, "custom descriptor", f.get(t, "/anything?c=x", "", ""), 200, map[string]string{"RateLimit": `"login";r=1;t=30`}, "")
+}

@@ -557,3 +557,16 @@ func TestConcurrentWithReloads(t *testing.T) {
 		t.Errorf("%d of 400 admitted on 10 per minute, want 10", got)
 	}
 }
+
+func TestPlanPrecedenceAndPlanKey(t *testing.T) {
+	e := newEnv(t, testRules, nil)
+	d := e.allow(t, limiter.Request{Subject: "a", Plan: "pro", Descriptor: rules.Descriptor{{Key: "plan", Value: "free"}, {Key: "path", Value: "/x"}}})
+	if d.Plan != "pro" {
+		t.Errorf("Request.Plan must win over the descriptor's plan: %+v", d)
+	}
+	e = newEnv(t, "plan_key: tier\n"+testRules, nil)
+	d = e.allow(t, limiter.Request{Subject: "a", Descriptor: rules.Descriptor{{Key: "plan", Value: "free"}, {Key: "tier", Value: "pro"}, {Key: "path", Value: "/x"}}})
+	if d.Plan != "pro" || d.Limit != bucket.PerSecond(100).WithBurst(300) {
+		t.Errorf("plan_key tier: %+v", d)
+	}
+}
