@@ -22,6 +22,16 @@ import (
 	"github.com/allot-dev/allot/lease"
 )
 
+// MaxMessageSize bounds one lease message on the wire: a full table or a
+// report for a hundred thousand hot keys is a few megabytes, more than
+// gRPC's 4 MiB default. Servers should use ServerOptions.
+const MaxMessageSize = 64 << 20
+
+// ServerOptions are the gRPC server options the lease service needs.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageSize), grpc.MaxSendMsgSize(MaxMessageSize)}
+}
+
 // RegionHeader is the gRPC metadata key a region names itself with when
 // no client certificate identifies it.
 const RegionHeader = "allot-region"

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http/httptest"
@@ -30,7 +31,7 @@ func startServer(t *testing.T, s *Server) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(ServerOptions()...)
 	s.Register(g)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
@@ -264,5 +265,42 @@ func TestStatusAndMetrics(t *testing.T) {
 	s.StepDown("")
 	if code, _ := get("/readyz"); code != 503 {
 		t.Errorf("readyz with no leader = %d, want 503", code)
+	}
+}
+
+// TestLargeReport: a report for 120,000 hot keys (over gRPC's 4 MiB
+// default) reaches the Allocator.
+func TestLargeReport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a 5 MB message")
+	}
+	clk := clock.NewManual(t0)
+	s := newTestServer(t, clk, "")
+	addr := startServer(t, s)
+	if err := s.BecomeLeader(1); err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewClient(ClientConfig{Addrs: []string{addr}, Region: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := c.Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	hello := lease.Message{Type: lease.MsgHello, Session: 1, Seq: 1}
+	for i := range 120000 {
+		hello.Demand = append(hello.Demand, lease.Demand{Key: bucket.Key{Rule: "api", Subject: fmt.Sprintf("tenant-with-a-long-name-%07d", i)}, Want: 1000})
+	}
+	if err := st.Send(hello); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := st.Recv(); err != nil || m.Type != lease.MsgGrant {
+		t.Fatalf("got %v, %v; want the full table", m, err)
+	}
+	if n := s.Status(0).Budgets[0].HotKeys; n != 120000 {
+		t.Fatalf("allocator knows %d hot keys, want 120000", n)
 	}
 }

@@ -163,7 +163,7 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	var opts []grpc.ServerOption
+	opts := coordinator.ServerOptions()
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
