@@ -16,8 +16,19 @@ import (
 	"github.com/allot-dev/allot/bucket"
 )
 
-// MaxFileSize bounds a rules file; a larger one is rejected before parsing.
-const MaxFileSize = 4 << 20
+// Bounds on a rules file, so that a file from an untrusted path (an etcd
+// key, say) cannot make parsing or matching arbitrarily slow.
+const (
+	// MaxFileSize bounds a rules file; a larger one is rejected before parsing.
+	MaxFileSize = 4 << 20
+	// MaxRules bounds the rules: matching is linear and the unreachable-rule
+	// check quadratic in their number.
+	MaxRules = 4096
+	// MaxPlans bounds the plans.
+	MaxPlans = 1024
+	// MaxConditions bounds the match conditions and cost entries of a rule.
+	MaxConditions = 64
+)
 
 // ErrInvalid is wrapped by every error that rejects a rules file.
 var ErrInvalid = errors.New("rules: invalid rules")
@@ -373,6 +384,10 @@ func (p *parser) noIdentity(n *yaml.Node, s *Set) {
 }
 
 func (p *parser) plans(n *yaml.Node, s *Set) {
+	if n.Kind == yaml.MappingNode && len(n.Content)/2 > MaxPlans {
+		p.add(n.Line, "plans", "%d plans, more than the %d allowed", len(n.Content)/2, MaxPlans)
+		return
+	}
 	p.mapping(n, "plans", nil, func(name string, kn, vn *yaml.Node) {
 		field := "plans." + name
 		if !nameRE.MatchString(name) {
@@ -411,6 +426,10 @@ var ruleKeys = []string{"name", "match", "limit", "subject", "cost", "costs", "s
 func (p *parser) rules(n *yaml.Node, s *Set) {
 	if n.Kind != yaml.SequenceNode {
 		p.add(n.Line, "rules", "want a list, got %s", describe(n))
+		return
+	}
+	if len(n.Content) > MaxRules {
+		p.add(n.Line, "rules", "%d rules, more than the %d allowed", len(n.Content), MaxRules)
 		return
 	}
 	for i, rn := range n.Content {
@@ -505,6 +524,10 @@ func findKey(n *yaml.Node, key string) (*yaml.Node, bool) {
 }
 
 func (p *parser) match(n *yaml.Node, field string, r *Rule) {
+	if n.Kind == yaml.MappingNode && len(n.Content)/2 > MaxConditions {
+		p.add(n.Line, field, "%d conditions, more than the %d allowed", len(n.Content)/2, MaxConditions)
+		return
+	}
 	p.mapping(n, field, nil, func(key string, kn, vn *yaml.Node) {
 		if key == "" {
 			p.add(kn.Line, field, "empty descriptor key")
@@ -541,6 +564,10 @@ func (p *parser) subject(n *yaml.Node, field string, r *Rule) {
 		p.add(n.Line, field, "empty list of descriptor keys")
 		return
 	}
+	if len(n.Content) > MaxConditions {
+		p.add(n.Line, field, "%d descriptor keys, more than the %d allowed", len(n.Content), MaxConditions)
+		return
+	}
 	for i, kn := range n.Content {
 		if k, ok := p.str(kn, fmt.Sprintf("%s[%d]", field, i)); ok {
 			if k == "" {
@@ -555,6 +582,10 @@ func (p *parser) subject(n *yaml.Node, field string, r *Rule) {
 func (p *parser) costs(n *yaml.Node, field string, r *Rule) {
 	if n.Kind != yaml.SequenceNode {
 		p.add(n.Line, field, "want a list, got %s", describe(n))
+		return
+	}
+	if len(n.Content) > MaxConditions {
+		p.add(n.Line, field, "%d entries, more than the %d allowed", len(n.Content), MaxConditions)
 		return
 	}
 	for i, cn := range n.Content {

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -390,5 +391,30 @@ func TestFileWatcherReload(t *testing.T) {
 	}
 	if _, err := WatchFile(path, WatchConfig{}); err == nil || !strings.Contains(err.Error(), "interval=0s") {
 		t.Errorf("WatchFile with interval 0: %v", err)
+	}
+}
+
+// TestLargeFiles checks the bounds: the most rules allowed parse quickly
+// (the unreachable-rule check is quadratic), one more is refused.
+func TestLargeFiles(t *testing.T) {
+	gen := func(n int) []byte {
+		var b strings.Builder
+		b.WriteString("rules:\n")
+		for i := range n {
+			fmt.Fprintf(&b, "  - {name: r%d, match: {path: /p%d, method: GET}, limit: \"1/s\"}\n", i, i)
+		}
+		return []byte(b.String())
+	}
+	start := time.Now()
+	s, err := Parse(gen(MaxRules), "big.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Rules()) != MaxRules {
+		t.Fatalf("%d rules", len(s.Rules()))
+	}
+	t.Logf("%d rules parsed and validated in %s", MaxRules, time.Since(start))
+	if _, err := Parse(gen(MaxRules+1), "big.yaml"); err == nil || !strings.Contains(err.Error(), "rules: 4097 rules, more than the 4096 allowed") {
+		t.Errorf("too many rules: %v", err)
 	}
 }
