@@ -13,7 +13,11 @@
 // denied and OK otherwise, never UNKNOWN. response_headers_to_add carries
 // RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-10)
 // for every limited descriptor, and X-RateLimit-* and Retry-After for the
-// most restrictive one, so Envoy forwards them to the client.
+// most restrictive one, so Envoy forwards them to the client. When over the
+// limit, raw_body carries the same JSON as the HTTP middleware's 429
+// ({"error","policy","retry_after"}). Envoy answers every denial with its
+// own over-limit status (429 unless configured), so the finer statuses of
+// the HTTP middleware (403, 401, 503) are not available through it.
 //
 // Descriptors are charged in order and a later denial does not refund an
 // earlier admission, as in Envoy's own reference service. A descriptor
@@ -23,6 +27,7 @@ package rls
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"math"
@@ -152,7 +157,43 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 	}
 	resp.ResponseHeadersToAdd = headers(decisions)
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		resp.RawBody = body(decisions)
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: "Content-Type", Value: "application/json"})
+	}
 	return resp, nil
+}
+
+// body is the JSON Envoy sends with its over-limit reply, the same shape as
+// the HTTP middleware's: the first denial's policy and the longest wait.
+func body(ds []limiter.Decision) []byte {
+	var b struct {
+		Error      string `json:"error"`
+		Policy     string `json:"policy,omitempty"`
+		RetryAfter int64  `json:"retry_after"`
+	}
+	for _, d := range ds {
+		if d.Allowed {
+			continue
+		}
+		if b.Error == "" {
+			b.Error, b.Policy = reasonText[d.Reason], d.Policy
+			if b.Error == "" {
+				b.Error = string(d.Reason)
+			}
+		}
+		b.RetryAfter = max(b.RetryAfter, d.RetryAfterSeconds())
+	}
+	out, _ := json.Marshal(b)
+	return out
+}
+
+var reasonText = map[limiter.Reason]string{
+	limiter.ReasonOverLimit:   "rate limit exceeded",
+	limiter.ReasonNeverFits:   "request cost exceeds the quota's burst and can never be admitted",
+	limiter.ReasonUnknownPlan: "plan is not known",
+	limiter.ReasonNoIdentity:  "request has no identity",
+	limiter.ReasonUnavailable: "rate limiter unavailable",
 }
 
 // request turns descriptor i into a limiter request.

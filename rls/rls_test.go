@@ -195,6 +195,7 @@ func TestShouldRateLimit(t *testing.T) {
 		"X-RateLimit-Remaining": "0",
 		"X-RateLimit-Reset":     "60",
 		"Retry-After":           "30",
+		"Content-Type":          "application/json",
 	}
 	for k, v := range wantHeaders {
 		if h[k] != v {
@@ -204,12 +205,16 @@ func TestShouldRateLimit(t *testing.T) {
 	if len(h) != len(wantHeaders) {
 		t.Errorf("headers %v", h)
 	}
+	if got, want := string(resp.RawBody), `{"error":"rate limit exceeded","policy":"login","retry_after":30}`; got != want {
+		t.Errorf("raw_body %s, want %s", got, want)
+	}
 }
 
 func TestOverallOKHasNoRetryAfter(t *testing.T) {
 	e := start(t)
 	resp := e.call(t, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{desc("tenant", "a")}})
-	if resp.OverallCode != rlsv3.RateLimitResponse_OK || headerMap(resp)["Retry-After"] != "" || headerMap(resp)["RateLimit"] != `"free";r=9;t=6` {
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || headerMap(resp)["Retry-After"] != "" || headerMap(resp)["RateLimit"] != `"free";r=9;t=6` ||
+		resp.RawBody != nil || headerMap(resp)["Content-Type"] != "" {
 		t.Fatalf("%v", resp)
 	}
 	// No descriptors at all is OK, never UNKNOWN.
