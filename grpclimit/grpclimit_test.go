@@ -236,3 +236,27 @@ func TestDecisionRoundTrip(t *testing.T) {
 		t.Errorf("unspecified reason: %v", err)
 	}
 }
+
+func TestInterceptorIdentityErrorAndConfig(t *testing.T) {
+	lim, _ := newLimiter(t)
+	if _, err := grpclimit.UnaryServerInterceptor(grpclimit.InterceptorConfig{}); err == nil || !strings.Contains(err.Error(), "Limiter is nil") {
+		t.Errorf("no limiter: %v", err)
+	}
+	if _, err := grpclimit.NewRemote(nil, 0); err == nil || !strings.Contains(err.Error(), "timeout=0s") {
+		t.Errorf("zero timeout: %v", err)
+	}
+	unary, err := grpclimit.UnaryServerInterceptor(grpclimit.InterceptorConfig{
+		Limiter:  lim,
+		Identity: func(context.Context, string) (grpclimit.Identity, error) { return grpclimit.Identity{}, errors.New("directory down") },
+		Logger:   slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.UnaryInterceptor(unary))
+	healthpb.RegisterHealthServer(g, health.NewServer())
+	_, err = healthpb.NewHealthClient(serve(t, g)).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "directory down") {
+		t.Errorf("identity error: %v", err)
+	}
+}
