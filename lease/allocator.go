@@ -90,7 +90,7 @@ type hotKey struct {
 type slot struct {
 	cur    int64
 	want   int64
-	wantAt time.Time
+	wantAt int64 // when want was reported, Unix ns (a time.Time is 24 bytes)
 	hist   [4]hval
 	n      uint8
 	queued bool
@@ -351,7 +351,7 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 	r.lastReport = now
 	for _, d := range m.Demand {
 		if k, i := a.slotFor(d.Key, r, d.Want > 0); k != nil {
-			k.slots[i].want, k.slots[i].wantAt = int64(d.Want), now
+			k.slots[i].want, k.slots[i].wantAt = int64(d.Want), now.UnixNano()
 		}
 	}
 }
@@ -369,7 +369,7 @@ func (a *Allocator) report(now time.Time, r *region, m Message) {
 			continue
 		}
 		s := &k.slots[i]
-		s.want, s.wantAt = int64(d.Want), now
+		s.want, s.wantAt = int64(d.Want), now.UnixNano()
 		// A key pressing on its allocation, or one a region stopped using,
 		// is rebalanced at once rather than at the next round.
 		if !a.expiring && (s.want > s.cur || s.want == 0 && s.cur > k.bud.floors[i]) {
@@ -566,7 +566,7 @@ func (a *Allocator) idle(now time.Time, k *hotKey) bool {
 	for i := range k.slots {
 		s := &k.slots[i]
 		if s.n != 1 || s.cur != k.bud.floors[i] || s.hist[0].count != s.cur || s.queued ||
-			(s.want > 0 && now.Sub(s.wantAt) <= a.cfg.DemandTTL) {
+			(s.want > 0 && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL)) {
 			return false
 		}
 	}
@@ -628,7 +628,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 			lb[i] = bud.floors[i] // its floor returns within the window
 		}
 		w := int64(0)
-		if s.want > 0 && !s.wantAt.Before(r.lastReport) && now.Sub(s.wantAt) <= a.cfg.DemandTTL {
+		if s.want > 0 && (r.lastReport.IsZero() || s.wantAt >= r.lastReport.UnixNano()) && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL) {
 			w = s.want + int64(math.Ceil(float64(s.want)*a.cfg.Headroom))
 		}
 		want[i] = max(w, lb[i])
