@@ -246,9 +246,11 @@ func TestInterceptorIdentityErrorAndConfig(t *testing.T) {
 		t.Errorf("zero timeout: %v", err)
 	}
 	unary, err := grpclimit.UnaryServerInterceptor(grpclimit.InterceptorConfig{
-		Limiter:  lim,
-		Identity: func(context.Context, string) (grpclimit.Identity, error) { return grpclimit.Identity{}, errors.New("directory down") },
-		Logger:   slog.New(slog.DiscardHandler),
+		Limiter: lim,
+		Identity: func(context.Context, string) (grpclimit.Identity, error) {
+			return grpclimit.Identity{}, errors.New("directory down")
+		},
+		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)
