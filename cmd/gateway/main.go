@@ -5,6 +5,7 @@
 //
 //	go run ./cmd/gateway                         # in-process buckets
 //	go run ./cmd/gateway -redis 127.0.0.1:6379   # buckets in Redis, shared by every gateway on it
+//	go run ./cmd/gateway -agent 127.0.0.1:9091   # decisions from an agent's allow API
 //	curl -i -H 'X-Tenant: acme' -H 'X-Plan: free' localhost:8080/items
 //
 // Identity comes from the X-Tenant and X-Plan headers (as a trusted proxy in
@@ -36,6 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -68,6 +70,7 @@ type options struct {
 	keys               string
 	logLevel           string
 	check              bool
+	agentAddr          string
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -81,6 +84,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.identity, "identity", "header", "identity source: header (X-Tenant, X-Plan) or apikey (Authorization: Bearer)")
 	fs.StringVar(&o.keys, "keys", "key-free=acme:free,key-pro=globex:pro", "API keys for -identity apikey: key=tenant:plan,...")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.agentAddr, "agent", "", "ask this allow API (an agent's or another gateway's gRPC address) instead of deciding here")
 	fs.BoolVar(&o.check, "check", false, "validate the rules, print their budgets and exit (status 1 with every problem listed if invalid)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -170,12 +174,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 		}
 		store, storeName = rs, "redis "+o.redisAddr
 	}
-	lim, err := limiter.New(limiter.Config{
+	var lim limiter.Limiter
+	local, err := limiter.New(limiter.Config{
 		Rules: src, Store: store, Logger: logger,
 		OnDecision: metrics.Decision, OnEvent: metrics.Event,
 	})
 	if err != nil {
 		return err
+	}
+	lim = local
+	if o.agentAddr != "" {
+		// Decisions come from an agent's allow API; the rules above only
+		// serve -check and the RLS domain.
+		conn, err := grpc.NewClient(o.agentAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return fmt.Errorf("-agent=%q: %w", o.agentAddr, err)
+		}
+		defer conn.Close()
+		if lim, err = grpclimit.NewRemote(conn, 100*time.Millisecond); err != nil {
+			return err
+		}
+		storeName = "agent " + o.agentAddr
 	}
 
 	identity, err := identityFunc(o)

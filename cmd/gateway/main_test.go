@@ -276,3 +276,28 @@ func TestCheck(t *testing.T) {
 		t.Errorf("-check of a bad file: %v", err)
 	}
 }
+
+// TestAgentMode puts a second gateway on the first one's allow API: the
+// second decides nothing itself, so both share the first one's buckets,
+// and when the first is gone the second answers 503, never admitting.
+func TestAgentMode(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan Ready, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-log-level", "error"}, io.Discard, io.Discard, ready)
+	}()
+	a := <-ready
+	b := start(t, "-agent", a.GRPC, "-grpc", "")
+	free := []string{"X-Tenant", "acme", "X-Plan", "free"}
+	check(t, "via agent", get(t, b, "/items", free...), 200, map[string]string{"RateLimit": `"free";r=9;t=6`}, "")
+	check(t, "direct", get(t, a, "/report", free...), 200, map[string]string{"RateLimit": `"free";r=4;t=36`}, "")
+	check(t, "via agent, cost 50", get(t, b, "/export", free...), 403, nil, "")
+	check(t, "via agent, no identity", get(t, b, "/items"), 401, nil, "")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	check(t, "agent gone", get(t, b, "/items", free...), 503, map[string]string{"Retry-After": "1"},
+		`{"error":"rate limiter unavailable","retry_after":1}`)
+}
