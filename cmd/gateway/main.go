@@ -296,6 +296,26 @@ func checkRules(path string, w io.Writer) error {
 		}
 		fmt.Fprintf(w, "%-20s %-10s %-32s %-7s %-12s %v\n", b.Rule, plan, rules.FormatQuota(b.Limit), b.Scope, b.Failure.Policy, b.Shared)
 	}
+	// Costs some plans cannot pay are allowed (an entitlement), but worth
+	// seeing: those requests are refused with 403 on those plans.
+	for _, r := range s.Rules() {
+		if r.Source != rules.FromPlan {
+			continue
+		}
+		costs := append([]rules.Cost{{Cost: r.DefaultCost}}, r.Costs...)
+		for _, p := range s.Plans() {
+			for _, c := range costs {
+				if c.Cost > p.Limit.Burst() {
+					where := "by default"
+					if c.Path != "" || c.Method != "" {
+						where = strings.TrimSpace(c.Method + " " + c.Path)
+					}
+					fmt.Fprintf(w, "note: rule %s: cost %d (%s) exceeds plan %s's burst %d: refused with 403 on %s\n",
+						r.Name, c.Cost, where, p.Name, p.Limit.Burst(), p.Name)
+				}
+			}
+		}
+	}
 	return nil
 }
 

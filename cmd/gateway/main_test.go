@@ -262,6 +262,7 @@ func TestCheck(t *testing.T) {
 		"embedded rules.yaml: ok, version example-1, 2 plans, 1 rules",
 		"api                  free       10 per minute                    global  emergency    false",
 		"api                  pro        100 per second, burst 300        global  emergency    false",
+		"note: rule api: cost 50 (/export) exceeds plan free's burst 10: refused with 403 on free",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("-check output lacks %q:\n%s", want, out.String())
