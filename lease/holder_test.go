@@ -1,0 +1,150 @@
+package lease
+
+import (
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+func newTestHolder(t *testing.T) *Holder {
+	t.Helper()
+	hc := DefaultHolderConfig()
+	hc.Region, hc.Session, hc.Budgets = "a", 7, testConfig().Budgets
+	h, err := NewHolder(hc, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+var hk = bucket.Key{Rule: "api", Subject: "t"}
+
+func grantMsg(term, ver, base, seq uint64, full, renew bool, es ...Entry) Message {
+	d := DefaultConfig()
+	return Message{Type: MsgGrant, Region: "a", Session: 7, Term: term, Seq: seq, Grant: ver, Version: ver, Base: base,
+		Full: full, Renew: renew, TTL: d.TTL, Hold: d.Hold, Refresh: d.Refresh, Drift: d.Drift, Entries: es}
+}
+
+func count(t *testing.T, h *Holder, at time.Time) bucket.Tokens {
+	t.Helper()
+	l, ok := h.Allocation(at, hk)
+	if !ok {
+		t.Fatal("no budget for api")
+	}
+	return l.Count()
+}
+
+// TestHolderLeaseFromSendTime: the lease is measured from when the request
+// the grant answers was sent, less the drift margin (I4), not from when the
+// grant arrived; after it, the region is back on its floor (I5).
+func TestHolderLeaseFromSendTime(t *testing.T) {
+	h := newTestHolder(t)
+	hello := h.Ready()[0] // sent at t0
+	if hello.Type != MsgHello || hello.Seq != 1 {
+		t.Fatalf("first message %v, want hello seq 1", hello)
+	}
+	arrive := t0.Add(4 * time.Second) // a slow grant
+	if err := h.Step(arrive, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 300, Burst: 30})); err != nil {
+		t.Fatal(err)
+	}
+	// TTL 10 s − drift 0.5 s from t0, although the grant arrived at 4 s.
+	if got := count(t, h, t0.Add(9499*time.Millisecond)); got != 300 {
+		t.Fatalf("at 9.499 s: %d, want the leased 300", got)
+	}
+	if got := count(t, h, t0.Add(9500*time.Millisecond)); got != 133 {
+		t.Fatalf("at 9.5 s: %d, want the floor 133", got)
+	}
+	// A grant answering an unknown request does not renew.
+	_ = h.Step(arrive, grantMsg(1, 1, 1, 999, false, true))
+	if got := count(t, h, t0.Add(9500*time.Millisecond)); got != 133 {
+		t.Fatalf("renewed by a grant for a request never sent: %d", got)
+	}
+}
+
+// TestHolderLentFloorHolds: an entry below the floor stays lent after the
+// lease ends, until Hold+Drift after the grant was received.
+func TestHolderLentFloorHolds(t *testing.T) {
+	h := newTestHolder(t)
+	hello := h.Ready()[0]
+	_ = h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 20, Burst: 2}))
+	if got := count(t, h, t0.Add(15*time.Second)); got != 20 {
+		t.Fatalf("lease over, hold on: %d, want the lent 20", got)
+	}
+	if got := count(t, h, t0.Add(20499*time.Millisecond)); got != 20 {
+		t.Fatalf("just before hold+drift: %d, want 20", got)
+	}
+	if got := count(t, h, t0.Add(20500*time.Millisecond)); got != 133 {
+		t.Fatalf("after hold+drift: %d, want the floor 133", got)
+	}
+}
+
+// TestHolderFencing: a grant from an older term is ignored; a newer term
+// is accepted only as a full table; a learning leader's grant never raises.
+func TestHolderFencing(t *testing.T) {
+	h := newTestHolder(t)
+	hello := h.Ready()[0]
+	_ = h.Step(t0, grantMsg(5, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 300, Burst: 30}))
+	h.Ready()
+	_ = h.Step(t0, grantMsg(4, 9, 0, hello.Seq, true, true, Entry{Key: hk, Count: 600, Burst: 60}))
+	if got := count(t, h, t0); got != 300 || h.Status(t0).Term != 5 {
+		t.Fatalf("after a term-4 grant: %d at term %d, want 300 at term 5", got, h.Status(t0).Term)
+	}
+	// A delta from term 6 cannot apply: the Holder asks for a full table.
+	_ = h.Step(t0, grantMsg(6, 2, 1, hello.Seq, false, true, Entry{Key: hk, Count: 500, Burst: 50}))
+	if got := count(t, h, t0); got != 300 {
+		t.Fatalf("a term-6 delta applied: %d", got)
+	}
+	h.Tick(t0)
+	if out := h.Ready(); len(out) == 0 || out[0].Type != MsgHello {
+		t.Fatalf("after a delta from a new term: %v, want a hello", out)
+	}
+	learning := grantMsg(6, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 500, Burst: 50})
+	learning.Learning = true
+	_ = h.Step(t0, learning)
+	if got := count(t, h, t0); got != 300 || h.Status(t0).Term != 6 {
+		t.Fatalf("a learning leader's full table: %d at term %d, want 300 (never raised) at term 6", got, h.Status(t0).Term)
+	}
+}
+
+// TestHolderVersions: duplicates and reordered grants are harmless; a gap
+// asks for a full table.
+func TestHolderVersions(t *testing.T) {
+	h := newTestHolder(t)
+	hello := h.Ready()[0]
+	g1 := grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 300, Burst: 30})
+	g2 := grantMsg(1, 2, 1, hello.Seq, false, false, Entry{Key: hk, Count: 200, Burst: 20})
+	_ = h.Step(t0, g1)
+	_ = h.Step(t0, g2)
+	_ = h.Step(t0, g1) // late duplicate of an older version
+	if got := count(t, h, t0); got != 200 {
+		t.Fatalf("after g1 g2 g1: %d, want 200", got)
+	}
+	h.Ready()
+	_ = h.Step(t0, grantMsg(1, 4, 3, hello.Seq, false, false, Entry{Key: hk, Count: 400, Burst: 40}))
+	if got := count(t, h, t0); got != 200 {
+		t.Fatalf("a delta over a missing version applied: %d", got)
+	}
+	h.Tick(t0)
+	out := h.Ready()
+	if len(out) == 0 || out[len(out)-1].Type != MsgHello {
+		t.Fatalf("after a gap: %v, want a hello", out)
+	}
+}
+
+// TestHolderRelease: a released Holder uses at most its floors and
+// ignores further grants.
+func TestHolderRelease(t *testing.T) {
+	h := newTestHolder(t)
+	hello := h.Ready()[0]
+	_ = h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 300, Burst: 30}))
+	h.Release(t0)
+	out := h.Ready()
+	if out[len(out)-1].Type != MsgRelease {
+		t.Fatalf("release sent %v", out)
+	}
+	_ = h.Step(t0, grantMsg(1, 2, 1, hello.Seq, false, true, Entry{Key: hk, Count: 500, Burst: 50}))
+	if got := count(t, h, t0); got != 133 {
+		t.Fatalf("after release: %d, want the floor 133", got)
+	}
+}
