@@ -108,7 +108,6 @@ type Server struct {
 	leader  string // the leader's address when following, if known
 	budgets []lease.Budget
 	streams map[string]*conn
-	seen    map[string]time.Time // regions' last message
 	counts  counters
 	prev    lease.Stats // allocator stats already added to counts
 }
@@ -141,7 +140,7 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	return &Server{
 		cfg: cfg, log: cfg.Logger, budgets: slices.Clone(cfg.Lease.Budgets),
-		streams: map[string]*conn{}, seen: map[string]time.Time{},
+		streams: map[string]*conn{},
 	}, nil
 }
 
@@ -377,7 +376,6 @@ func (s *Server) step(region string, m lease.Message) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.counts.up++
-	s.seen[region] = s.cfg.Clock.Now()
 	if s.alloc == nil {
 		return nil // stepping down; the stream is being closed
 	}
