@@ -297,13 +297,14 @@ func (r *Rule) SubjectOf(d Descriptor, identity string) (subject string, ok bool
 	return b.String(), true
 }
 
+var subjectEscaper = strings.NewReplacer("%", "%25", "&", "%26", "=", "%3D")
+
 // escape makes '&', '=' and '%' unambiguous in a composite subject.
 func escape(s string) string {
 	if !strings.ContainsAny(s, "&=%") {
 		return s
 	}
-	r := strings.NewReplacer("%", "%25", "&", "%26", "=", "%3D")
-	return r.Replace(s)
+	return subjectEscaper.Replace(s)
 }
 
 // Set is one parsed, validated rules file. It is immutable.
