@@ -117,7 +117,10 @@ type region struct {
 
 	version uint64 // latest version sent
 	acked   uint64
-	changed []*slotRef
+	// unackedSince is when the oldest version not yet acknowledged was
+	// sent (approximately: reset on each partial acknowledgement).
+	unackedSince time.Time
+	changed      []*slotRef
 
 	leaseEnd  time.Time // until when it may use anything above its floors
 	commitEnd time.Time // until when its lent floors stay lent
@@ -383,6 +386,9 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	r.heard = now
 	if m.Version <= r.version {
 		r.acked = max(r.acked, m.Version)
+		if r.acked < r.version {
+			r.unackedSince = now // the rest were sent after what was acked
+		}
 	}
 	g := r.grants[m.Grant%uint64(len(r.grants))]
 	if g.id != m.Grant || m.Grant == 0 {
@@ -478,6 +484,13 @@ func (a *Allocator) Tick(now time.Time) {
 	a.stats.Rounds++
 	for _, r := range a.regions {
 		r.blocked = false
+		// A change still unacknowledged after half a refresh interval was
+		// lost, or a later one was: resend the whole table (a region that
+		// missed a delta cannot apply the next one, and a blocked region
+		// gets no renewal to notice the gap by).
+		if r.acked < r.version && now.Sub(r.unackedSince) >= a.cfg.Refresh/2 && a.canGrant(now, r) {
+			r.needFull = true
+		}
 	}
 	over := 0
 	for i := 0; i < len(a.keys); {
@@ -914,6 +927,9 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 		clear(r.changed)
 		r.changed = r.changed[:0]
 		slices.SortFunc(m.Entries, func(x, y Entry) int { return cmpKey(x.Key, y.Key) })
+	}
+	if m.Version > r.version && r.acked == r.version {
+		r.unackedSince = now
 	}
 	r.version = m.Version
 	// Whatever this grant carries must be settled again if the lease has
