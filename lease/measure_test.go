@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -48,9 +49,12 @@ func measureConfig(regions []string) Config {
 // settleTime shifts demand from wantsBefore to wantsAfter and returns how
 // long until every region with demand holds at least 95% of its max-min
 // fair share of the true demand.
-func settleTime(t *testing.T, regions []string, before, after []int64) time.Duration {
+func settleTime(t *testing.T, regions []string, before, after []int64, loss float64) time.Duration {
 	cfg := measureConfig(regions)
 	c := newCluster(t, cfg)
+	if loss > 0 {
+		c.rng, c.loss = rand.New(rand.NewPCG(1, 2)), loss
+	}
 	k := bucket.Key{Rule: "api", Subject: "hot"}
 	setDemand := func(ws []int64) {
 		for i, r := range regions {
@@ -96,15 +100,17 @@ func TestConvergence(t *testing.T) {
 		name          string
 		regions       []string
 		before, after []int64
+		loss          float64
 	}{
-		{"3 regions, hot moves a→b", r3, []int64{50000, 5000, 0}, []int64{5000, 50000, 0}},
-		{"3 regions, new hot region", r3, []int64{30000, 0, 0}, []int64{30000, 0, 30000}},
-		{"3 regions, contention appears", r3, []int64{20000, 0, 0}, []int64{40000, 40000, 40000}},
-		{"10 regions, hot moves r0→r9", r10, []int64{50000, 0, 0, 0, 0, 0, 0, 0, 0, 0}, []int64{0, 0, 0, 0, 0, 0, 0, 0, 0, 50000}},
+		{"3 regions, hot moves a→b", r3, []int64{50000, 5000, 0}, []int64{5000, 50000, 0}, 0},
+		{"3 regions, new hot region", r3, []int64{30000, 0, 0}, []int64{30000, 0, 30000}, 0},
+		{"3 regions, contention appears", r3, []int64{20000, 0, 0}, []int64{40000, 40000, 40000}, 0},
+		{"10 regions, hot moves r0→r9", r10, []int64{50000, 0, 0, 0, 0, 0, 0, 0, 0, 0}, []int64{0, 0, 0, 0, 0, 0, 0, 0, 0, 50000}, 0},
+		{"3 regions, hot moves a→b, 10% of messages lost", r3, []int64{50000, 5000, 0}, []int64{5000, 50000, 0}, 0.1},
 	}
 	refresh := DefaultConfig().Refresh
 	for _, tc := range cases {
-		d := settleTime(t, tc.regions, tc.before, tc.after)
+		d := settleTime(t, tc.regions, tc.before, tc.after, tc.loss)
 		n := float64(d) / float64(refresh)
 		t.Logf("%s: settled within 5%% of fair share in %s = %.2f refresh intervals", tc.name, d, n)
 		if n > 3 {
