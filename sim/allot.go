@@ -100,7 +100,6 @@ func newAllot(w *world) error {
 		for r, rd := range a.redis {
 			rd.last = make([]bucket.Limit, w.nb)
 			rd.seen = make([]bool, w.nb)
-			rd.debt = make([]int64, w.nb)
 			rd.rule = w.ruleIdx
 			rd.floors = p.floors[r]
 		}

@@ -50,6 +50,7 @@ type leasePlane struct {
 	// of each budget not at its floor; settleAt the pending settle event.
 	applied  []map[int32]bucket.Limit
 	settleAt []Micros
+	live     []bool // the Holder's lease lived at the last invalidation
 }
 
 type coordinator struct {
@@ -68,9 +69,10 @@ const (
 	plSettle
 )
 
-// tickEvery is how often the drivers tick the state machines: well inside
-// the refresh interval, as a real driver's timer would.
-const tickEvery = 100_000 // µs
+// tickEvery is how often the drivers tick the state machines and the
+// speaking agent gathers its region's demand: well inside the refresh
+// interval, as a real driver's timer would.
+const tickEvery = 200_000 // µs
 
 func newPlane(w *world, a *allot) (*leasePlane, error) {
 	sc := w.sc
@@ -120,6 +122,7 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 	p.epoch = make([]uint32, n)
 	p.applied = make([]map[int32]bucket.Limit, n)
 	p.settleAt = make([]Micros, n)
+	p.live = make([]bool, n)
 	for r := range p.applied {
 		p.applied[r] = map[int32]bucket.Limit{}
 		p.settleAt[r] = -1
@@ -199,6 +202,12 @@ func (p *leasePlane) limit(r, b int) (bucket.Limit, bool) {
 // invalidate starts a new cache epoch for region r and works out until when
 // (on the region's clock) its answers stay valid.
 func (p *leasePlane) invalidate(w *world, r int, t Micros) {
+	p.invalidateKeys(w, r, t, nil, true)
+}
+
+// invalidateKeys is invalidate settling only the budgets of entries, unless
+// all is set.
+func (p *leasePlane) invalidateKeys(w *world, r int, t Micros, entries []lease.Entry, all bool) {
 	p.epoch[r]++
 	if r < len(p.a.allocs) {
 		p.a.allocs[r].Touch()
@@ -215,7 +224,16 @@ func (p *leasePlane) invalidate(w *world, r int, t Micros) {
 		}
 	}
 	p.validUntil[r] = until
-	p.settle(w, r, t)
+	if all || st.Live != p.live[r] {
+		p.settle(w, r, t)
+	} else {
+		for _, e := range entries {
+			if b, ok := p.budgetOf(w, e.Key); ok {
+				p.settleOne(w, r, t, int32(b), wall(local))
+			}
+		}
+	}
+	p.live[r] = st.Live
 	if until != math.MaxInt64 {
 		at := w.regions[r].agent.virtual(until) + 1
 		if at > t && at != p.settleAt[r] {
@@ -245,21 +263,26 @@ func (p *leasePlane) settle(w *world, r int, t Micros) {
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
 	for _, b := range keys {
-		l, _ := p.holders[r].Allocation(now, p.keys[b])
-		floor := p.floors[r][w.ruleIdx[b]]
-		prev, ok := p.applied[r][b]
-		if !ok {
-			prev = floor
-		}
-		if l == prev {
-			continue
-		}
-		p.a.redis[r].settle(int(b), t, l)
-		if l == floor {
-			delete(p.applied[r], b)
-		} else {
-			p.applied[r][b] = l
-		}
+		p.settleOne(w, r, t, b, now)
+	}
+}
+
+// settleOne applies budget b's allocation in region r if it changed.
+func (p *leasePlane) settleOne(w *world, r int, t Micros, b int32, now time.Time) {
+	l, _ := p.holders[r].Allocation(now, p.keys[b])
+	floor := p.floors[r][w.ruleIdx[b]]
+	prev, ok := p.applied[r][b]
+	if !ok {
+		prev = floor
+	}
+	if l == prev {
+		return
+	}
+	p.a.redis[r].settle(int(b), t, l)
+	if l == floor {
+		delete(p.applied[r], b)
+	} else {
+		p.applied[r][b] = l
 	}
 }
 
@@ -333,7 +356,9 @@ func (p *leasePlane) handle(w *world, e *event) {
 		if err := p.holders[r].Step(p.regionNow(w, r, t), m); err != nil {
 			p.stepErrors++
 		}
-		p.invalidate(w, r, t)
+		// A delta grant changes only its entries, unless the lease came back
+		// to life or lapsed; anything else may change every entry.
+		p.invalidateKeys(w, r, t, m.Entries, m.Type != lease.MsgGrant || m.Full)
 		p.flushHolder(w, r, t)
 	case plElected:
 		c := int(e.agt)
@@ -421,7 +446,6 @@ func (p *leasePlane) flushHolder(w *world, r int, t Micros) {
 	if !h.HasReady() {
 		return
 	}
-	p.invalidate(w, r, t)
 	for _, m := range h.Ready() {
 		p.msgs++
 		if p.leader < 0 {

@@ -29,7 +29,6 @@ type regionalRedis struct {
 	// tests show overshoots).
 	last   []bucket.Limit
 	seen   []bool
-	debt   []int64
 	floors []bucket.Limit // per rule: the limit of a budget never touched
 	rule   []uint16
 }
@@ -58,50 +57,41 @@ func (r *regionalRedis) up(t Micros) bool { return t >= r.downUntil }
 func (r *regionalRedis) load(b int, t Micros, l bucket.Limit) bucket.State {
 	st := r.states[b]
 	if r.last != nil {
-		st = r.carry(b, t, l, st)
+		if ns := r.carry(b, t, l, st); ns != st {
+			// Write the carried state at once: the operation that follows
+			// may deny and write nothing, and the debit must stay.
+			r.store(b, t, ns, 0)
+			st = ns
+		}
 	}
 	return st
 }
 
-// carry moves budget b's state to a new limit so that moving capacity
-// between regions never creates tokens. bucket/ alone keeps the tokens
-// spent across a limit change and caps them at the new burst, which is
-// right for one bucket but leaks when the limit is one region's share of a
-// global budget: a larger allocation arrives spent (the burst it adds was
-// free in another region, which may have spent it a moment ago), and a
-// smaller one keeps what was spent beyond its burst as a debt repaid before
-// anything is admitted.
+// carry moves budget b's state to a new limit l so that moving capacity
+// between regions never creates tokens. bucket/ keeps the tokens spent
+// across a limit change: a smaller limit caps them at its burst (the
+// region loses what it held beyond it), and a larger one makes the added
+// burst available at once. The second leaks: the capacity an increase adds
+// was given up by another region that may have spent it a moment ago, so
+// it would be admitted twice in one window. An increase therefore arrives
+// spent: the added burst is debited before the first decision under the
+// new limit. With that, what the regions can admit at any instant never
+// exceeds what one global bucket could (decreases only lose tokens, refills
+// are at most the regions' rates, which sum within R), so no window
+// overshoots.
 func (r *regionalRedis) carry(b int, t Micros, l bucket.Limit, st bucket.State) bucket.State {
 	old := r.last[b]
-	if old.IsZero() && !r.seen[b] {
+	if !r.seen[b] {
+		// A bucket never touched holds the region's floor, full.
 		old = r.floors[r.rule[b]]
 		r.seen[b] = true
 	}
 	r.last[b] = l
-	now := r.clock.at(t)
-	if old != l {
-		var spent bucket.Tokens
-		if !old.IsZero() {
-			if d, err := bucket.Peek(st, now, old); err == nil {
-				spent = old.Burst() - d.Remaining
-			}
-		}
-		switch {
-		case l.IsZero():
-			r.debt[b] += int64(spent)
-		case l.Burst() > old.Burst():
-			if _, _, ns, err := bucket.TakeUpTo(st, now, l, l.Burst()-old.Burst()); err == nil {
-				st = ns
-			}
-		case spent > l.Burst():
-			r.debt[b] += int64(spent - l.Burst())
-		}
+	if l.IsZero() || l.Burst() <= old.Burst() {
+		return st
 	}
-	if r.debt[b] > 0 && !l.IsZero() {
-		if got, _, ns, err := bucket.TakeUpTo(st, now, l, bucket.Tokens(min(r.debt[b], int64(l.Burst())))); err == nil {
-			st = ns
-			r.debt[b] -= int64(got)
-		}
+	if _, _, ns, err := bucket.TakeUpTo(st, r.clock.at(t), l, l.Burst()-old.Burst()); err == nil {
+		st = ns
 	}
 	return st
 }

@@ -8,11 +8,21 @@ import (
 )
 
 // testScale shrinks the library's load so every scenario runs on several
-// seeds under the race detector within the test budget; the timelines
-// (fault windows, TTLs) are unchanged. cmd/sim runs them at full scale.
-const testScale = 0.1
+// seeds within the test budget; the timelines (fault windows, TTLs) are
+// unchanged. cmd/sim runs them at full scale.
+func testScale() float64 {
+	if raceEnabled {
+		return 0.02
+	}
+	return 0.05
+}
 
-var testSeeds = []uint64{1, 2, 3}
+func testSeeds() []uint64 {
+	if raceEnabled {
+		return []uint64{1, 2}
+	}
+	return []uint64{1, 2, 3}
+}
 
 func loadLibrary(t *testing.T) []*Scenario {
 	t.Helper()
@@ -31,11 +41,11 @@ func loadLibrary(t *testing.T) []*Scenario {
 // rule; a fail-open scenario must say UNBOUNDED instead.
 func TestLibraryWithinBounds(t *testing.T) {
 	for _, sc := range loadLibrary(t) {
-		small, err := sc.Scaled(testScale)
+		small, err := sc.Scaled(testScale())
 		if err != nil {
 			t.Fatalf("%s: %v", sc.Name, err)
 		}
-		for _, seed := range testSeeds {
+		for _, seed := range testSeeds() {
 			res, err := Run(small, seed, Options{})
 			if err != nil {
 				t.Fatalf("%s seed=%d: %v", sc.Name, seed, err)
@@ -52,7 +62,7 @@ func TestLibraryWithinBounds(t *testing.T) {
 					}
 				case r.Verdict != Pass:
 					t.Errorf("%s seed=%d rule %s: overshoot %.3f tokens > bound %.3f (%v); replay with: go run ./cmd/sim -seed %d -scale %v sim/scenarios/…%s",
-						sc.Name, seed, r.Rule, r.PeakTokens, *r.Bound, r.BoundTerms, seed, testScale, sc.Name)
+						sc.Name, seed, r.Rule, r.PeakTokens, *r.Bound, r.BoundTerms, seed, testScale(), sc.Name)
 				}
 			}
 			if res.Arrivals == 0 || al.Admitted == 0 {
@@ -78,7 +88,7 @@ func TestDeterministic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	small, err := sc.Scaled(testScale)
+	small, err := sc.Scaled(testScale())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +120,7 @@ func TestBrokenAllocatorIsCaught(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	small, err := sc.Scaled(testScale)
+	small, err := sc.Scaled(testScale())
 	if err != nil {
 		t.Fatal(err)
 	}

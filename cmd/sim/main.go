@@ -1,0 +1,207 @@
+// Command sim runs allot's deterministic simulator: one scenario file or a
+// directory of them, each against allot and the baselines on the same
+// arrivals. It prints a table, and writes the results as JSON and a
+// self-contained HTML report with charts.
+//
+//	sim [flags] sim/scenarios            # the whole library
+//	sim -seed 7 sim/scenarios/03-flash-crowd.yaml
+//
+// The exit status is 1 when any run FAILs (allot's overshoot above the
+// bound for the scenario's faults), and every failing run prints the
+// command that replays it exactly.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/allot-dev/allot/sim"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, errFailed) {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		os.Exit(1)
+	}
+}
+
+var errFailed = errors.New("sim: some runs failed")
+
+func run(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	seeds := fs.String("seeds", "", "comma-separated seeds to run (default: each scenario's first seed)")
+	seed := fs.Uint64("seed", 0, "run this one seed (overrides -seeds)")
+	allSeeds := fs.Bool("all-seeds", false, "run every seed the scenario lists")
+	scale := fs.Float64("scale", 1, "multiply every traffic rate and budget by this factor")
+	systems := fs.String("systems", "", "comma-separated systems to run (default all: "+strings.Join(sim.Systems, ",")+")")
+	jsonOut := fs.String("json", "", "write the results as JSON to this file")
+	htmlOut := fs.String("html", "", "write the HTML report to this file")
+	quiet := fs.Bool("q", false, "print no table")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: sim [flags] scenario.yaml|dir ...\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return fmt.Errorf("sim: no scenario given")
+	}
+	var scs []*sim.Scenario
+	var paths []string
+	for _, arg := range fs.Args() {
+		st, err := os.Stat(arg)
+		if err != nil {
+			return fmt.Errorf("sim: %w", err)
+		}
+		if st.IsDir() {
+			list, err := sim.LoadDir(arg)
+			if err != nil {
+				return err
+			}
+			names, _ := filepath.Glob(filepath.Join(arg, "*.yaml"))
+			scs = append(scs, list...)
+			paths = append(paths, sortedCopy(names)...)
+			continue
+		}
+		sc, err := sim.LoadScenario(arg)
+		if err != nil {
+			return err
+		}
+		scs = append(scs, sc)
+		paths = append(paths, arg)
+	}
+	var opts sim.Options
+	if *systems != "" {
+		opts.Systems = strings.Split(*systems, ",")
+	}
+	var fixed []uint64
+	switch {
+	case *seed != 0:
+		fixed = []uint64{*seed}
+	case *seeds != "":
+		for _, s := range strings.Split(*seeds, ",") {
+			v, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+			if err != nil {
+				return fmt.Errorf("sim: -seeds: %q is not a seed: %w", s, err)
+			}
+			fixed = append(fixed, v)
+		}
+	}
+	tty := isTTY(stderr)
+	var results []*sim.Result
+	failed := false
+	start := time.Now()
+	var arrivals int64
+	for i, sc := range scs {
+		if *scale != 1 {
+			s, err := sc.Scaled(*scale)
+			if err != nil {
+				return fmt.Errorf("%s: %w", paths[i], err)
+			}
+			sc = s
+		}
+		runSeeds := fixed
+		if runSeeds == nil {
+			runSeeds = sc.Seeds[:1]
+			if *allSeeds {
+				runSeeds = sc.Seeds
+			}
+		}
+		for _, sd := range runSeeds {
+			o := opts
+			began := time.Now()
+			if tty {
+				name := sc.Name
+				o.Progress = func(now, end time.Duration) {
+					if time.Since(began) < 500*time.Millisecond {
+						return // short runs need no bar
+					}
+					const width = 30
+					done := int(width * now / max(end, 1))
+					fmt.Fprintf(stderr, "\r%-24s seed %-6d [%s%s] %3.0f%%", name, sd,
+						strings.Repeat("#", done), strings.Repeat(".", width-done), 100*float64(now)/float64(max(end, 1)))
+				}
+			}
+			res, err := sim.Run(sc, sd, o)
+			if tty {
+				fmt.Fprintf(stderr, "\r%s\r", strings.Repeat(" ", 80))
+			}
+			if err != nil {
+				return fmt.Errorf("%s seed %d: %w", paths[i], sd, err)
+			}
+			arrivals += res.Arrivals
+			results = append(results, res)
+			if res.Verdict == sim.Fail {
+				failed = true
+				fmt.Fprintf(stderr, "FAIL %s seed=%d; replay: go run ./cmd/sim -seed %d -scale %v %s\n", sc.Name, sd, sd, *scale, paths[i])
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	if !*quiet {
+		if err := sim.WriteTable(stdout, results); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "\n%d runs, %d arrivals in %.2fs wall\n", len(results), arrivals, elapsed.Seconds())
+	}
+	if *jsonOut != "" {
+		if err := writeFile(*jsonOut, func(w io.Writer) error { return sim.WriteJSON(w, results) }); err != nil {
+			return err
+		}
+	}
+	if *htmlOut != "" {
+		if err := writeFile(*htmlOut, func(w io.Writer) error { return sim.WriteHTML(w, results) }); err != nil {
+			return err
+		}
+	}
+	if failed {
+		return errFailed
+	}
+	return nil
+}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("sim: close %s: %w", path, err)
+	}
+	return nil
+}
+
+func isTTY(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func sortedCopy(s []string) []string {
+	out := append([]string(nil), s...)
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && out[j] < out[j-1]; j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out
+}
