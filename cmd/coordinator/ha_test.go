@@ -80,6 +80,41 @@ func testEtcd(t *testing.T) string {
 	}
 }
 
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+)
+
+// buildBinary builds this command once per test run (into the first
+// caller's temporary directory, which lives until the run ends).
+func buildBinary(t *testing.T, _ string) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "allot-coordinator-test")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtBin = filepath.Join(dir, "coordinator")
+		if out, err := exec.Command("go", "build", "-o", builtBin, ".").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return builtBin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtBin != "" {
+		os.RemoveAll(filepath.Dir(builtBin))
+	}
+	os.Exit(code)
+}
+
 type coordProc struct {
 	cmd        *exec.Cmd
 	grpc, http string
@@ -105,10 +140,7 @@ func TestHAFailover(t *testing.T) {
 	}
 	endpoints := testEtcd(t)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "coordinator")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildBinary(t, dir)
 	prefix := fmt.Sprintf("/allot-test-%d", time.Now().UnixNano())
 	docPath := filepath.Join(dir, "budgets.yaml")
 	if err := os.WriteFile(docPath, []byte(haBudgets), 0o644); err != nil {
