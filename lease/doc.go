@@ -50,9 +50,30 @@
 // region may take it up again. Duplicated, reordered or lost messages can only
 // delay an acknowledgement, never shorten a bound.
 //
-// A new leader starts in learning mode for one TTL plus the drift margin: it
-// adopts what regions say they hold, renews and decreases, but grants no
-// increase until every lease the previous leader could have granted has
-// expired. Every grant carries the leader's term; a Holder ignores grants
-// from an older term.
+// A new leader starts in learning mode for one TTL plus twice the drift
+// margin: it adopts what regions say they may use now, renews and
+// decreases, but grants no increase until every lease the previous leader
+// could have granted has expired; its grants say so, and Holders apply them
+// only downwards. Every grant carries the leader's term; a Holder ignores
+// grants from an older term. Full tables carry the coordinator's budgets,
+// so a rules change reaches every region with its next full table.
+//
+// # Driving the state machines
+//
+// Region side (one Holder per region, run by the agent that speaks for it):
+//
+//	h, _ := lease.NewHolder(cfg, now)         // or RestoreHolder(cfg, saved, now)
+//	h.Demand(now, key, want)                  // per hot key, at least every refresh
+//	h.Tick(now)                               // every ~100 ms
+//	h.Step(now, msgFromCoordinator)
+//	for _, m := range h.Ready() { send(m) }
+//	h.Reconnect(now)                          // on every new stream
+//	l, ok := h.Allocation(now, key)           // what the region may use now
+//
+// Coordinator side (one Allocator per leader term):
+//
+//	a, _ := lease.NewAllocator(cfg, term, now)
+//	a.Step(now, msgFromRegion)                // Region set by the transport
+//	a.Tick(now)                               // every ~100 ms; rounds every Refresh
+//	for _, m := range a.Ready() { sendTo(m.Region, m) }
 package lease
