@@ -314,7 +314,9 @@ func (m *middleware) deny(w http.ResponseWriter, d limiter.Decision) {
 	h := w.Header()
 	switch d.Reason {
 	case limiter.ReasonOverLimit:
-		setQuotaHeaders(h, d, m.policy(d))
+		if d.Limited() {
+			setQuotaHeaders(h, d, m.policy(d))
+		}
 		ra := d.RetryAfterSeconds()
 		h.Set("Retry-After", strconv.FormatInt(ra, 10))
 		writeJSON(w, http.StatusTooManyRequests, body{Error: "rate limit exceeded", Policy: d.Policy, RetryAfter: ra})
