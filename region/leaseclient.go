@@ -178,6 +178,10 @@ func (s *speaker) run(ctx context.Context, release func() bool) error {
 		}
 		s.stream(ctx, st, tick.C)
 		st.Close()
+		// A stream that ends (a redirect, a coordinator restart, another
+		// agent of the region taking the stream over while membership
+		// converges) is reopened after a pause, never in a tight loop.
+		s.idle(ctx, tick.C, s.cfg.Redial)
 	}
 	return nil
 }

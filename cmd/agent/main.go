@@ -236,7 +236,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			return err
 		}
 		deps.Store, deps.Redis = rs, c
-		deps.Shared = region.NewRedisShared(c, o.redisPrefix, o.region, o.redisTimeout, time.Hour)
+		// The table and demand reports are off the decision path: they may
+		// wait longer than a decision would.
+		deps.Shared = region.NewRedisShared(c, o.redisPrefix, o.region, max(o.redisTimeout, time.Second), time.Hour)
 		logger.Info("agent: regional store is Redis", "addrs", addrs, "sentinel_master", o.redisMaster)
 	} else {
 		deps.Store = bucket.NewMemory(bucket.MemoryOptions{})

@@ -1,0 +1,422 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	allotv1 "github.com/allot-dev/allot/api/allot/v1"
+	"github.com/allot-dev/allot/internal/testenv"
+)
+
+// The end-to-end test runs real processes on loopback: a coordinator, and
+// three regions, each with its own redis-server and two agents joined by
+// memberlist. Traffic moves from region to region; the test checks the
+// global sum in every window, that the busy region gets the budget, a
+// takeover when a speaking agent is killed, each failure policy when a
+// region's Redis stops, and floors when the coordinator is cut off.
+
+const e2eRules = `version: e2e
+rules:
+  - name: api
+    match: {path: "/api/*"}
+    limit: "600 per second"
+    scope: global
+    on_unavailable: {policy: emergency}
+  - name: closed
+    match: {path: "/closed/*"}
+    limit: "600 per second"
+    on_unavailable: fail_closed
+  - name: open
+    match: {path: "/open/*"}
+    limit: "600 per second"
+    on_unavailable: fail_open
+`
+
+const (
+	e2eRate  = 600.0
+	e2eBurst = 600.0
+	e2eSlot  = 10 * time.Millisecond
+)
+
+func buildBinaries(t *testing.T, dir string) (agentBin, coordBin string) {
+	t.Helper()
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	agentBin, coordBin = filepath.Join(dir, "agent"), filepath.Join(dir, "coordinator")
+	for bin, pkg := range map[string]string{agentBin: "github.com/allot-dev/allot/cmd/agent", coordBin: "github.com/allot-dev/allot/cmd/coordinator"} {
+		out, err := exec.Command(gobin, "build", "-o", bin, pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return agentBin, coordBin
+}
+
+// proc is a child process whose output goes to a log file.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+func startProc(t *testing.T, dir, name, bin string, args ...string) *proc {
+	t.Helper()
+	logPath := filepath.Join(dir, name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { cmd.Wait(); f.Close(); close(p.done) }()
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			if len(b) > 3000 {
+				b = b[len(b)-3000:]
+			}
+			t.Logf("--- %s log (tail) ---\n%s", name, b)
+		}
+	})
+	return p
+}
+
+func (p *proc) kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+type e2eAgent struct {
+	name, region     string
+	httpAddr, gossip string
+	proc             *proc
+	allow            allotv1.AllowServiceClient
+}
+
+type agentStatus struct {
+	Members   []string `json:"members"`
+	Speaking  bool     `json:"speaking"`
+	LeaseLive bool     `json:"lease_live"`
+	Table     *struct {
+		Entries []struct {
+			Key   struct{ Rule, Subject string }
+			Count int64
+		} `json:"entries"`
+	} `json:"table"`
+}
+
+func (a *e2eAgent) status() (agentStatus, error) {
+	var st agentStatus
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + a.httpAddr + "/status")
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// allocation is the agent's view of its region's allocation of the hot key
+// (0 when it has no entry, the region is then at its floor).
+func (a *e2eAgent) allocation() int64 {
+	st, err := a.status()
+	if err != nil || st.Table == nil || !st.LeaseLive {
+		return 0
+	}
+	for _, e := range st.Table.Entries {
+		if e.Key.Rule == "api" && e.Key.Subject == "tenant-1" {
+			return e.Count
+		}
+	}
+	return 0
+}
+
+func (a *e2eAgent) decide(ctx context.Context, path string) (*allotv1.AllowResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return a.allow.Allow(ctx, &allotv1.AllowRequest{Subject: "tenant-1",
+		Descriptor_: []*allotv1.Entry{{Key: "path", Value: path}}})
+}
+
+func waitE2E(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > within {
+			t.Fatalf("not within %s: %s", within, what)
+		}
+		time.Sleep(50 * time.Millisecond) // polling other processes
+	}
+	return time.Since(start)
+}
+
+func TestEndToEndRealProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end test starts real processes")
+	}
+	dir := t.TempDir()
+	agentBin, coordBin := buildBinaries(t, dir)
+	rulesPath := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rulesPath, []byte(e2eRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	regions := []string{"r1", "r2", "r3"}
+	docPath := filepath.Join(dir, "budgets.yaml")
+	doc := fmt.Sprintf("regions: [r1, r2, r3]\nreserve: 0.333\nrules_file: %s\nlease: {ttl: 5s, refresh: 500ms, drift: 100ms, hold: 6s, demand_ttl: 1200ms}\n", rulesPath)
+	if err := os.WriteFile(docPath, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	coordAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	coord := startProc(t, dir, "coordinator", coordBin, "serve", "-budgets", docPath, "-listen", coordAddr,
+		"-http", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)))
+	coordStart := time.Now()
+
+	agents := map[string][]*e2eAgent{}
+	redises := map[string]*testenv.RedisServer{}
+	for _, r := range regions {
+		redises[r] = testenv.StartRedis(t)
+		for i := 0; i < 2; i++ {
+			a := &e2eAgent{name: fmt.Sprintf("%s-%d", r, i), region: r,
+				httpAddr: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)),
+				gossip:   fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))}
+			grpcAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+			args := []string{"-region", r, "-name", a.name, "-rules", rulesPath, "-redis", redises[r].Addr,
+				"-coordinators", coordAddr, "-regions", strings.Join(regions, ","), "-reserve", "0.333",
+				"-gossip-bind", a.gossip, "-grpc-listen", grpcAddr, "-http-listen", a.httpAddr,
+				"-lease-refresh", "500ms", "-lease-drift", "100ms", "-redis-timeout", "200ms",
+				"-breaker-failures", "3", "-breaker-backoff", "300ms", "-failover-empty", "*", "-log-level", "warn"}
+			if i > 0 {
+				args = append(args, "-gossip-join", agents[r][0].gossip)
+			}
+			a.proc = startProc(t, dir, a.name, agentBin, args...)
+			conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close() })
+			a.allow = allotv1.NewAllowServiceClient(conn)
+			agents[r] = append(agents[r], a)
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, r := range regions {
+				for _, a := range agents[r] {
+					st, err := a.status()
+					t.Logf("%s: %+v %v", a.name, st, err)
+				}
+			}
+		}
+	})
+	waitE2E(t, 30*time.Second, "every region has two members, one speaker and a live lease", func() bool {
+		for _, r := range regions {
+			speakers := 0
+			for _, a := range agents[r] {
+				st, err := a.status()
+				if err != nil || len(st.Members) != 2 || !st.LeaseLive {
+					return false
+				}
+				if st.Speaking {
+					speakers++
+				}
+			}
+			if speakers != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	// The coordinator learns for one TTL before granting increases.
+	if d := 5200*time.Millisecond - time.Since(coordStart); d > 0 {
+		time.Sleep(d) // the coordinator's learning period is real time in another process
+	}
+
+	// Traffic: the busy region offers 900/s, the others 60/s each.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now()
+	slots := make([]atomic.Int64, 4000) // 40 s of 10 ms slots
+	var busy atomic.Value
+	busy.Store("r1")
+	var wg sync.WaitGroup
+	for _, r := range regions {
+		for _, a := range agents[r] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tk := time.NewTicker(e2eSlot)
+				defer tk.Stop()
+				carry := 0.0
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-tk.C:
+					}
+					rate := 30.0
+					if busy.Load().(string) == a.region {
+						rate = 450
+					}
+					carry += rate * e2eSlot.Seconds()
+					for ; carry >= 1; carry-- {
+						d, err := a.decide(ctx, "/api/orders")
+						if err == nil && d.GetAllowed() {
+							if s := int(time.Since(start) / e2eSlot); s < len(slots) {
+								slots[s].Add(1)
+							}
+						}
+					}
+				}
+			}()
+		}
+	}
+
+	// The busy region receives most of the budget within a few refresh
+	// intervals; then the traffic moves.
+	region := func(r string) func() bool {
+		return func() bool {
+			for _, a := range agents[r] {
+				if a.allocation() < int64(e2eRate/2) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	took := waitE2E(t, 4*time.Second, "r1 holds more than half the budget", region("r1"))
+	t.Logf("r1 holds more than half the budget %s after its traffic started", took.Round(10*time.Millisecond))
+	time.Sleep(2 * time.Second) // steady state: let the window check see it
+	busy.Store("r2")
+	took = waitE2E(t, 5*time.Second, "r2 holds more than half the budget after the shift", region("r2"))
+	t.Logf("r2 holds more than half the budget %s after the shift", took.Round(10*time.Millisecond))
+
+	// Kill r2's speaking agent: the other takes over and the lease never
+	// lapses.
+	var spk, other *e2eAgent
+	for _, a := range agents["r2"] {
+		if st, _ := a.status(); st.Speaking {
+			spk = a
+		} else {
+			other = a
+		}
+	}
+	if spk == nil || other == nil {
+		t.Fatal("r2 has no single speaker")
+	}
+	spk.proc.kill()
+	killed := time.Now()
+	for {
+		st, err := other.status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.LeaseLive {
+			t.Fatalf("r2's lease lapsed %s after its speaker was killed", time.Since(killed))
+		}
+		if st.Speaking && len(st.Members) == 1 {
+			break
+		}
+		if time.Since(killed) > 8*time.Second {
+			t.Fatal("no takeover within 8 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("takeover %s after the speaker was killed; the lease stayed live", time.Since(killed).Round(10*time.Millisecond))
+
+	// Stop r3's Redis: each rule's policy answers at once.
+	redises["r3"].Kill()
+	a3 := agents["r3"][0]
+	counts := map[string]int{}
+	t0 := time.Now()
+	for i := 0; i < 200; i++ {
+		for _, p := range []string{"/closed/x", "/open/x", "/api/x"} {
+			d, err := a3.decide(ctx, p)
+			if err != nil {
+				t.Fatalf("%s during the outage: %v", p, err)
+			}
+			if d.GetAllowed() {
+				counts[p]++
+			}
+			if p == "/closed/x" && d.GetReason() != allotv1.Reason_REASON_UNAVAILABLE {
+				t.Fatalf("fail closed: reason %v", d.GetReason())
+			}
+		}
+	}
+	outage := time.Since(t0)
+	// Emergency: r3's floor (⌊(600−200)/3⌋ = 133/s, burst 133) divided by its
+	// two live agents: 66 at once plus 66/s.
+	if counts["/closed/x"] != 0 || counts["/open/x"] != 200 || counts["/api/x"] > 66+int(math.Ceil(66*outage.Seconds()))+1 || counts["/api/x"] < 30 {
+		t.Fatalf("policies during the outage (%s): admitted %v; want closed 0, open 200, api ≤ 66 + 66/s", outage.Round(time.Millisecond), counts)
+	}
+	if outage > 5*time.Second {
+		t.Fatalf("600 decisions took %s without Redis", outage)
+	}
+	t.Logf("without Redis: %v admitted of 200 each, in %s", counts, outage.Round(time.Millisecond))
+
+	// Cut the coordinator: regions run to the end of their leases, then on
+	// floors.
+	coord.kill()
+	cut := time.Now()
+	a1 := agents["r1"][0]
+	lapse := waitE2E(t, 8*time.Second, "r1 falls back to floors", func() bool {
+		st, err := a1.status()
+		return err == nil && !st.LeaseLive
+	})
+	if lapse < 2*time.Second {
+		t.Fatalf("r1 dropped its lease %s after the cut, before it could have expired", lapse)
+	}
+	t.Logf("r1 ran on its lease for %s after the coordinator was cut, then on floors", lapse.Round(10*time.Millisecond))
+	_ = cut
+	time.Sleep(time.Second)
+	cancel()
+	wg.Wait()
+
+	// The global sum in every window stays within B + R·t, plus what
+	// batches may spend after their debit (R × batch TTL) and one slot of
+	// rounding.
+	n := int(time.Since(start)/e2eSlot) + 1
+	n = min(n, len(slots))
+	var cum, minPrefix, worst float64
+	worst = math.Inf(-1)
+	var total int64
+	for s := 0; s < n; s++ {
+		v := slots[s].Load()
+		total += v
+		cum += float64(v)
+		x := cum - e2eRate*e2eSlot.Seconds()*float64(s+1)
+		worst = math.Max(worst, x-minPrefix-e2eBurst)
+		minPrefix = math.Min(minPrefix, x)
+	}
+	tol := e2eRate*0.1 + e2eRate*e2eSlot.Seconds()
+	t.Logf("admitted %d in %s; largest excess over B + R·t in any window: %.0f (allowed %.0f)", total,
+		time.Since(start).Round(time.Millisecond), math.Max(worst, 0), tol)
+	if worst > tol {
+		t.Fatalf("the global sum exceeded B + R·t by %.0f tokens in some window", worst)
+	}
+}
