@@ -18,7 +18,7 @@
 //	      - {path: /api/report, cost: 5}
 //	      - {method: POST, path: /api/export, cost: 50}
 //	    scope: global
-//	    on_unavailable: {policy: emergency, limit: "5 per second"}
+//	    on_unavailable: {policy: emergency, limit: "5 per second, burst 60"}
 //
 // A request is described by a Descriptor, an ordered list of key/value
 // entries (the shape Envoy's rate limit service uses): identity, plan, path,
