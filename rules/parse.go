@@ -145,9 +145,9 @@ type parser struct {
 	rulesLine       int
 	noIdentityLine  int
 	emergencyLines  map[*Rule]int
-	limitLines      map[*Rule]int
 	costLines       map[*Rule][]int
 	ruleField       map[*Rule]string
+	costKeyLines    map[*Rule]int
 }
 
 func (p *parser) add(line int, field, format string, args ...any) {
@@ -305,9 +305,9 @@ var topKeys = []string{"version", "domain", "default_plan", "plan_key", "no_iden
 
 func (p *parser) top(n *yaml.Node, s *Set) {
 	p.emergencyLines = map[*Rule]int{}
-	p.limitLines = map[*Rule]int{}
 	p.costLines = map[*Rule][]int{}
 	p.ruleField = map[*Rule]string{}
+	p.costKeyLines = map[*Rule]int{}
 	p.mapping(n, "", topKeys, func(key string, kn, vn *yaml.Node) {
 		switch key {
 		case "version":
@@ -452,7 +452,6 @@ func (p *parser) rules(n *yaml.Node, s *Set) {
 			case "match":
 				p.match(vn, sub, r)
 			case "limit":
-				p.limitLines[r] = vn.Line
 				v, ok := p.str(vn, sub)
 				if !ok {
 					return
@@ -473,6 +472,7 @@ func (p *parser) rules(n *yaml.Node, s *Set) {
 			case "subject":
 				p.subject(vn, sub, r)
 			case "cost":
+				p.costKeyLines[r] = vn.Line
 				if v, ok := p.integer(vn, sub, 1, maxQuotaNumber); ok {
 					r.DefaultCost = bucket.Tokens(v)
 				}

@@ -260,7 +260,7 @@ rules:
 		`bad.yaml:2: default_plan: plan "gold" is not defined under plans (defined: pro)`,
 		`bad.yaml:3: colour: unknown key "colour"`,
 		`bad.yaml:5: plans.free: quota "0 per minute": rate count=0 must be > 0`,
-		`bad.yaml:8: rules[0].cost: cost 5 exceeds the burst of every plan (pro 4)`,
+		`bad.yaml:10: rules[0].cost: cost 5 exceeds the burst of every plan (pro 4)`,
 		`bad.yaml:12: rules[0].scope: unknown scope "planet"`,
 		`bad.yaml:13: rules[1].name: duplicate rule name "api" (first at line 8)`,
 		`bad.yaml:18: rules[2].costs[0].cost: cost 9 exceeds the burst 3 of the rule's limit "3 per minute"`,

@@ -55,6 +55,9 @@ func (p *parser) validate(s *Set) {
 func (p *parser) checkCosts(s *Set, r *Rule) {
 	maxCost := r.MaxCost()
 	field, line := p.ruleField[r]+".cost", r.Line
+	if l, ok := p.costKeyLines[r]; ok {
+		line = l
+	}
 	for i, c := range r.Costs {
 		if c.Cost == maxCost && c.Cost > r.DefaultCost {
 			field = fmt.Sprintf("%s.costs[%d].cost", p.ruleField[r], i)
