@@ -1,5 +1,6 @@
-// Command demo runs allot on one machine: a coordinator and three regions of
-// two agents each (memberlist on loopback, an in-process regional store),
+// Command demo runs allot on one machine: a coordinator (the lease service
+// over gRPC on loopback) and three regions of two agents each (memberlist on
+// loopback, an in-process store per region standing in for its Redis),
 // with generated traffic on one tenant's global budget that moves from
 // region to region. It prints, every second, what each region admits
 // against the global budget and the allocation the coordinator gave it, and
@@ -17,6 +18,8 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -24,7 +27,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/limiter"
 	"github.com/allot-dev/allot/region"
@@ -111,15 +117,36 @@ rules:
 	lc.TTL, lc.Refresh, lc.Drift = 3*time.Second, 500*time.Millisecond, 150*time.Millisecond
 	lc.Hold, lc.DemandTTL = 4500*time.Millisecond, 1200*time.Millisecond
 	lc.Budgets = budgets
-	coord, err := region.NewLocalCoordinator(lc, nil)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// The coordinator: the real lease service over gRPC on loopback, with
+	// its status page.
+	ccfg := coordinator.DefaultConfig()
+	ccfg.Lease, ccfg.Tick, ccfg.Logger = lc, 50*time.Millisecond, quiet
+	coord, err := coordinator.NewServer(ccfg)
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go coord.Run(cctx, 50*time.Millisecond)
-
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	gs := grpc.NewServer(coordinator.ServerOptions()...)
+	coord.Register(gs)
+	go gs.Serve(lis)
+	defer gs.Stop()
+	if err := coord.BecomeLeader(uint64(time.Now().UnixMilli())); err != nil {
+		return err
+	}
+	go coord.Run(cctx)
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	hsrv := &http.Server{Handler: coord.Handler(nil), ReadHeaderTimeout: 5 * time.Second}
+	go hsrv.Serve(hl)
+	defer hsrv.Close()
 	nslots := int(o.duration/slot) + 2
 	var drs []*demoRegion
 	var wg sync.WaitGroup
@@ -161,8 +188,13 @@ rules:
 			cfg.Core.Rules = region.RuleConfigs(set, nil)
 			cfg.Speaker.Budgets = budgets
 			cfg.Speaker.Refresh, cfg.Speaker.Drift = lc.Refresh, lc.Drift
+			client, err := coordinator.NewClient(coordinator.ClientConfig{Addrs: []string{lis.Addr().String()}, Region: name})
+			if err != nil {
+				return err
+			}
+			defer client.Close()
 			a, err := region.NewAgent(cfg, region.AgentDeps{Store: store, Shared: shared, Membership: mem,
-				Transport: coord.Transport(name), Namer: region.NewNamer(set), Logger: quiet, Seed: uint64(ri*100 + i + 1)})
+				Transport: transport{client}, Namer: region.NewNamer(set), Logger: quiet, Seed: uint64(ri*100 + i + 1)})
 			if err != nil {
 				return err
 			}
@@ -178,7 +210,8 @@ rules:
 	}
 	defer func() { cancel(); wg.Wait() }()
 
-	fmt.Printf("allot demo: %d regions × %d agents, one tenant with a global budget of %s\n", len(drs), o.agents, rules.FormatQuota(global))
+	fmt.Printf("allot demo: a coordinator (gRPC %s, status page http://%s/status) and %d regions × %d agents;\n", lis.Addr(), hl.Addr(), len(drs), o.agents)
+	fmt.Printf("one tenant with a global budget of %s\n", rules.FormatQuota(global))
 	fmt.Printf("floors: %d/s per region (a third of the budget held in reserve); the busy region offers %.0f/s, the others %.0f/s each\n\n",
 		budgets[0].FloorCount(o.regions[0]), o.heavy*float64(o.budget), o.light*float64(o.budget))
 
@@ -228,6 +261,17 @@ loop:
 		fmt.Println("(interrupted)")
 	}
 	return nil
+}
+
+// transport adapts the coordinator client to region.LeaseTransport.
+type transport struct{ c *coordinator.Client }
+
+func (t transport) Connect(ctx context.Context) (region.LeaseStream, error) {
+	s, err := t.c.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // staticAs is a shared static membership seen by one of its agents.
@@ -327,7 +371,7 @@ func bar(v, budget float64) string {
 
 // summary prints the totals, the overshoot over every window and how the
 // allocation moved.
-func summary(drs []*demoRegion, global bucket.Limit, elapsed time.Duration, coord *region.LocalCoordinator) {
+func summary(drs []*demoRegion, global bucket.Limit, elapsed time.Duration, coord *coordinator.Server) {
 	R, B := global.Rate(), float64(global.Burst())
 	var total, offered int64
 	fmt.Printf("\n%-8s %10s %10s %8s\n", "region", "offered", "admitted", "share")
@@ -373,8 +417,11 @@ func summary(drs []*demoRegion, global bucket.Limit, elapsed time.Duration, coor
 		}
 		fmt.Printf("  %-6s %s\n", dr.name, strings.Join(parts, " "))
 	}
-	st := coord.Stats()
-	fmt.Printf("\ncoordinator: %d messages from regions; %+v\n", coord.Messages(), st)
+	cs := coord.Status(10)
+	fmt.Printf("\ncoordinator: term %d, learning %v, %d hot key(s)\n", cs.Term, cs.Learning, len(cs.Keys))
+	for _, k := range cs.Keys {
+		fmt.Printf("  %s/%s: allocation %v, floors %v, demand %v per %s\n", k.Key.Rule, k.Key.Subject, k.Counts, k.Floors, k.Wants, k.Budget.Limit.Period())
+	}
 	fmt.Println("regional store operations per 1000 decisions (light traffic is decided exactly, one call each; heavy traffic from batches):")
 	for _, dr := range drs {
 		var ops, decisions int64
