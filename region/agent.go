@@ -207,15 +207,19 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 		a.pollFailover(ctx, now)
 	}
 	a.core.Tick(ctx, now)
-	if err := a.deps.Shared.PutDemand(ctx, ReportOf(a.cfg.Name, now, a.core.Demand(now))); err != nil {
-		a.noteErr(err)
-	}
 	if !speak {
 		if t, err := a.deps.Shared.LoadTable(ctx); err != nil {
 			a.noteErr(err)
 		} else if t != nil {
 			a.view.Set(t)
 		}
+	}
+	rep := ReportOf(a.cfg.Name, now, a.core.Demand(now))
+	if t := a.view.Table(); t != nil {
+		rep.Pub = t.Pub
+	}
+	if err := a.deps.Shared.PutDemand(ctx, rep); err != nil {
+		a.noteErr(err)
 	}
 }
 

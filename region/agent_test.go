@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/rules"
@@ -308,5 +310,84 @@ func TestRedisOutagePolicies(t *testing.T) {
 			})
 			waitFor(t, 3*time.Second, "the restart is detected", func() bool { return a.Core().Stats().Failovers >= 1 })
 		})
+	}
+}
+
+// captureStream records what the speaker sends.
+type captureStream struct {
+	mu   sync.Mutex
+	sent []lease.Message
+}
+
+func (c *captureStream) Send(m lease.Message) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sent = append(c.sent, m)
+	return nil
+}
+func (c *captureStream) Recv() (lease.Message, error) { select {} }
+func (c *captureStream) Close() error                 { return nil }
+
+func (c *captureStream) acks() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, m := range c.sent {
+		if m.Type == lease.MsgAck {
+			n++
+		}
+	}
+	return n
+}
+
+// TestAckWaitsForEveryAgent checks that the speaking agent acknowledges a
+// grant only once every live agent of the region decides with the table
+// that carries it: until then another agent may still use the allocation
+// the grant took away.
+func TestAckWaitsForEveryAgent(t *testing.T) {
+	global := bucket.PerSecond(300)
+	budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: []string{"a", "b"}}}
+	clk := clock.NewManual(t0)
+	shared := NewMemShared()
+	members := []string{"a-0", "a-1"}
+	cfg := DefaultSpeakerConfig()
+	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
+	s := &speaker{cfg: cfg, clock: clk, shared: shared, view: NewTableView("a", FloorSpec{Regions: []string{"a", "b"}}),
+		members: func() []string { return members }, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rng: rand.New(rand.NewPCG(1, 2))}
+	ctx := context.Background()
+	if err := s.start(ctx, clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	st := &captureStream{}
+	s.holder.Reconnect(clk.Now())
+	if err := s.step(ctx, st, nil); err != nil {
+		t.Fatal(err)
+	}
+	var hello lease.Message
+	for _, m := range st.sent {
+		if m.Type == lease.MsgHello {
+			hello = m
+		}
+	}
+	grant := lease.Message{Type: lease.MsgGrant, Region: "a", Session: hello.Session, Term: 1, Seq: hello.Seq, Grant: 1,
+		Version: 1, Full: true, Renew: true, TTL: 10 * time.Second, Hold: 20 * time.Second, Refresh: time.Second,
+		Entries: []lease.Entry{{Key: bucket.Key{Rule: "api", Subject: "x"}, Count: 50, Burst: 50}}}
+	if err := s.step(ctx, st, &grant); err != nil {
+		t.Fatal(err)
+	}
+	pub := s.view.Table().Pub
+	if st.acks() != 0 {
+		t.Fatal("acknowledged before the other agent adopted the table")
+	}
+	// The other agent reports the table before: still held.
+	shared.PutDemand(ctx, DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub - 1})
+	s.step(ctx, st, nil)
+	if st.acks() != 0 {
+		t.Fatal("acknowledged while the other agent decides with an older table")
+	}
+	shared.PutDemand(ctx, DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub})
+	s.step(ctx, st, nil)
+	if st.acks() != 1 {
+		t.Fatalf("acks %d after every agent adopted the table, want 1", st.acks())
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -81,9 +82,19 @@ type speaker struct {
 	log       *slog.Logger
 	rng       *rand.Rand
 
-	mu     sync.Mutex // serializes holder and last
+	mu     sync.Mutex // serializes holder, last, pending and adopted
 	holder *lease.Holder
 	last   *Table
+	// pending are acknowledgements held back until every live agent has
+	// adopted the table publication they belong to; adopted is the
+	// publication each agent last reported.
+	pending []pendingAck
+	adopted map[string]uint64
+}
+
+type pendingAck struct {
+	m   lease.Message
+	pub uint64
 }
 
 func (s *speaker) holderConfig(session uint64) lease.HolderConfig {
@@ -239,6 +250,7 @@ func (s *speaker) stream(ctx context.Context, st LeaseStream, tick <-chan time.T
 		}
 	}()
 	s.mu.Lock()
+	s.pending = nil // acknowledgements of the last stream are answered by the hello
 	s.holder.Reconnect(s.clock.Now())
 	s.mu.Unlock()
 	if err := s.step(ctx, st, nil); err != nil {
@@ -274,13 +286,24 @@ func (s *speaker) stream(ctx context.Context, st LeaseStream, tick <-chan time.T
 // hello again on reconnect) and publishes the table.
 func (s *speaker) step(ctx context.Context, st LeaseStream, m *lease.Message) error {
 	var demand []lease.Demand
+	var reports []DemandReport
+	members := s.members()
 	if m == nil && s.shared != nil {
-		if reports, err := s.shared.Demands(ctx); err == nil {
-			demand = SumDemand(reports, s.members(), s.clock.Now(), s.cfg.DemandMaxAge)
+		var err error
+		if reports, err = s.shared.Demands(ctx); err == nil {
+			demand = SumDemand(reports, members, s.clock.Now(), s.cfg.DemandMaxAge)
 		}
 	}
 	s.mu.Lock()
 	now := s.clock.Now()
+	if s.adopted == nil {
+		s.adopted = map[string]uint64{}
+	}
+	for _, r := range reports {
+		if now.Sub(r.At) <= s.cfg.DemandMaxAge {
+			s.adopted[r.Agent] = r.Pub
+		}
+	}
 	if m != nil {
 		if err := s.holder.Step(now, *m); err != nil {
 			s.log.Warn("region: bad message from coordinator", "region", s.cfg.Region, "msg", m.String(), "err", err)
@@ -293,16 +316,48 @@ func (s *speaker) step(ctx context.Context, st LeaseStream, m *lease.Message) er
 	}
 	out := s.holder.Ready()
 	s.publishLocked(ctx, now)
-	s.mu.Unlock()
 	if st == nil {
+		s.pending = nil
+		s.mu.Unlock()
 		return nil
 	}
+	// An acknowledgement tells the coordinator the region no longer uses
+	// what the grant took away; the other agents use it until they read
+	// the new table. So it waits until every live agent reports that table.
+	var send []lease.Message
 	for _, o := range out {
+		if o.Type == lease.MsgAck {
+			s.pending = append(s.pending, pendingAck{m: o, pub: s.last.Pub})
+		} else {
+			send = append(send, o)
+		}
+	}
+	done := s.adoptedLocked(members)
+	i := 0
+	for ; i < len(s.pending) && s.pending[i].pub <= done; i++ {
+		send = append(send, s.pending[i].m)
+	}
+	s.pending = s.pending[i:]
+	s.mu.Unlock()
+	for _, o := range send {
 		if err := st.Send(o); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// adoptedLocked is the table publication every live agent but this one has
+// reported adopting (this one adopts on publishing). Requires s.mu.
+func (s *speaker) adoptedLocked(members []string) uint64 {
+	done := uint64(math.MaxUint64)
+	for _, a := range members {
+		if a == s.cfg.Agent {
+			continue
+		}
+		done = min(done, s.adopted[a])
+	}
+	return done
 }
 
 // setBudgets replaces the Holder's budgets.

@@ -87,6 +87,8 @@ type GossipConfig struct {
 	SuspicionMult int
 	// GossipInterval is how often state is gossiped.
 	GossipInterval time.Duration
+	// JoinRetry is how often an agent that is alone tries Join again.
+	JoinRetry time.Duration
 	// Logger receives memberlist's log; nil discards it.
 	Logger *log.Logger
 }
@@ -100,6 +102,7 @@ func DefaultGossipConfig() GossipConfig {
 		ProbeTimeout:   200 * time.Millisecond, // far above a LAN round trip
 		SuspicionMult:  3,                      // suspect for ~3 probe rounds before declaring death
 		GossipInterval: 100 * time.Millisecond, // spread changes within a few hundred ms
+		JoinRetry:      time.Second,            // peers that start together find each other within a second
 	}
 }
 
@@ -120,6 +123,8 @@ func (c GossipConfig) Validate() error {
 		return fmt.Errorf("%w: gossip suspicion_mult=%d must be ≥ 1", ErrInvalidConfig, c.SuspicionMult)
 	case c.GossipInterval <= 0:
 		return fmt.Errorf("%w: gossip gossip_interval=%s must be > 0", ErrInvalidConfig, c.GossipInterval)
+	case c.JoinRetry <= 0:
+		return fmt.Errorf("%w: gossip join_retry=%s must be > 0", ErrInvalidConfig, c.JoinRetry)
 	}
 	return nil
 }
@@ -127,8 +132,10 @@ func (c GossipConfig) Validate() error {
 // Gossip is Membership over hashicorp/memberlist: the agents of a region
 // gossip to know who is alive. It is safe for concurrent use.
 type Gossip struct {
-	cfg GossipConfig
-	ml  *memberlist.Memberlist
+	cfg  GossipConfig
+	ml   *memberlist.Memberlist
+	stop chan struct{}
+	once sync.Once
 }
 
 var _ Membership = (*Gossip)(nil)
@@ -140,7 +147,7 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gossip{cfg: cfg}
+	g := &Gossip{cfg: cfg, stop: make(chan struct{})}
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.Name
 	mc.Label = "allot-region:" + cfg.Region
@@ -165,11 +172,28 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 		g.cfg.BindPort = int(ml.LocalNode().Port)
 	}
 	if len(cfg.Join) > 0 {
-		// Errors mean nobody answered yet; gossip keeps the agent alone
-		// until someone joins it.
+		// Errors mean nobody answered yet (the others may be starting
+		// too): keep trying while this agent is alone.
 		_, _ = ml.Join(cfg.Join)
+		go g.rejoin()
 	}
 	return g, nil
+}
+
+// rejoin retries the join every JoinRetry while the agent sees no one else.
+func (g *Gossip) rejoin() {
+	t := time.NewTicker(g.cfg.JoinRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+			if g.ml.NumMembers() <= 1 {
+				_, _ = g.ml.Join(g.cfg.Join)
+			}
+		}
+	}
 }
 
 // Addr returns host:port of this agent's memberlist, for others to join.
@@ -201,9 +225,13 @@ func (g *Gossip) Join(addrs []string) error {
 
 // Leave tells the others this agent is going, then stops gossiping.
 func (g *Gossip) Leave(timeout time.Duration) error {
+	g.once.Do(func() { close(g.stop) })
 	err := g.ml.Leave(timeout)
 	return errors.Join(err, g.ml.Shutdown())
 }
 
 // Shutdown stops gossiping without telling anyone, as a crash would.
-func (g *Gossip) Shutdown() error { return g.ml.Shutdown() }
+func (g *Gossip) Shutdown() error {
+	g.once.Do(func() { close(g.stop) })
+	return g.ml.Shutdown()
+}

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/allot-dev/allot/internal/testenv"
 )
 
 // waitFor polls cond until it holds or the deadline passes. It waits for
@@ -105,4 +107,26 @@ func TestSpeakerAndStatic(t *testing.T) {
 	if err := (GossipConfig{Name: "x", Region: "r", BindAddr: "nope"}).Validate(); err == nil {
 		t.Fatal("bad bind address accepted")
 	}
+}
+
+func TestGossipJoinsAPeerThatStartsLater(t *testing.T) {
+	port := testenv.FreePort(t)
+	late := fmt.Sprintf("127.0.0.1:%d", port)
+	c := fastGossip("agent-2", "eu", []string{late})
+	c.JoinRetry = 100 * time.Millisecond
+	g2, err := StartGossip(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g2.Shutdown() })
+	c1 := fastGossip("agent-1", "eu", nil)
+	c1.BindPort = port
+	g1, err := StartGossip(c1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g1.Shutdown() })
+	waitFor(t, 5*time.Second, "the early agent joins the late one", func() bool {
+		return len(g1.Members()) == 2 && len(g2.Members()) == 2
+	})
 }

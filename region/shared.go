@@ -34,9 +34,13 @@ type Shared interface {
 
 // DemandReport is one agent's demand for the keys it should report.
 type DemandReport struct {
-	Agent string       `json:"agent"`
-	At    time.Time    `json:"at"`
-	Keys  []DemandItem `json:"keys"`
+	Agent string    `json:"agent"`
+	At    time.Time `json:"at"`
+	// Pub is the publication of the allocation table the agent decides
+	// with: the speaking agent acknowledges a grant to the coordinator only
+	// once every live agent has adopted the table that carries it.
+	Pub  uint64       `json:"pub"`
+	Keys []DemandItem `json:"keys"`
 }
 
 // DemandItem is one key's demand in a report: Want tokens per the budget's
