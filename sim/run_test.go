@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -16,6 +17,26 @@ func testScale() float64 {
 	}
 	return 0.05
 }
+
+// testScenario is sc as the tests run it: scaled, and under the race
+// detector with at most 100 keys per rule, since an agent's periodic work
+// grows with the keys it tracks.
+func testScenario(t *testing.T, sc *Scenario) *Scenario {
+	t.Helper()
+	small, err := sc.Scaled(testScale())
+	if err != nil {
+		t.Fatalf("%s: %v", sc.Name, err)
+	}
+	if raceEnabled {
+		if small, err = small.WithMaxKeys(testMaxKeys); err != nil {
+			t.Fatalf("%s: %v", sc.Name, err)
+		}
+	}
+	return small
+}
+
+// testMaxKeys caps the keys per rule under the race detector.
+const testMaxKeys = 100
 
 func testSeeds() []uint64 {
 	if raceEnabled {
@@ -41,10 +62,7 @@ func loadLibrary(t *testing.T) []*Scenario {
 // rule; a fail-open scenario must say UNBOUNDED instead.
 func TestLibraryWithinBounds(t *testing.T) {
 	for _, sc := range loadLibrary(t) {
-		small, err := sc.Scaled(testScale())
-		if err != nil {
-			t.Fatalf("%s: %v", sc.Name, err)
-		}
+		small := testScenario(t, sc)
 		for _, seed := range testSeeds() {
 			res, err := Run(small, seed, Options{})
 			if err != nil {
@@ -61,8 +79,12 @@ func TestLibraryWithinBounds(t *testing.T) {
 						t.Errorf("%s seed=%d rule %s: UNBOUNDED without a fail-open rule", sc.Name, seed, r.Rule)
 					}
 				case r.Verdict != Pass:
-					t.Errorf("%s seed=%d rule %s: overshoot %.3f tokens > bound %.3f (%v); replay with: go run ./cmd/sim -seed %d -scale %v sim/scenarios/…%s",
-						sc.Name, seed, r.Rule, r.PeakTokens, *r.Bound, r.BoundTerms, seed, testScale(), sc.Name)
+					replay := fmt.Sprintf("go run ./cmd/sim -seed %d -scale %v", seed, testScale())
+					if raceEnabled {
+						replay += fmt.Sprintf(" -max-keys %d", testMaxKeys)
+					}
+					t.Errorf("%s seed=%d rule %s: overshoot %.3f tokens > bound %.3f (%v); replay: %s on the scenario named %s",
+						sc.Name, seed, r.Rule, r.PeakTokens, *r.Bound, r.BoundTerms, replay, sc.Name)
 				}
 			}
 			if res.Arrivals == 0 || al.Admitted == 0 {
@@ -88,10 +110,7 @@ func TestDeterministic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	small, err := sc.Scaled(testScale())
-	if err != nil {
-		t.Fatal(err)
-	}
+	small := testScenario(t, sc)
 	enc := func(seed uint64) []byte {
 		res, err := Run(small, seed, Options{})
 		if err != nil {
@@ -120,10 +139,7 @@ func TestBrokenAllocatorIsCaught(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	small, err := sc.Scaled(testScale())
-	if err != nil {
-		t.Fatal(err)
-	}
+	small := testScenario(t, sc)
 	good, err := Run(small, 1, Options{Systems: []string{"allot"}})
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +163,18 @@ func TestLeakyLimitChangesAreCaught(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Run(sc, 1, Options{Systems: []string{"allot"}, LeakyLimitChanges: true})
+	small, err := sc.Scaled(0.1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, err := Run(small, 1, Options{Systems: []string{"allot"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if good.Verdict != Pass {
+		t.Fatalf("carried limit changes: verdict %s: %+v", good.Verdict, good.Systems[0].Rules)
+	}
+	res, err := Run(small, 1, Options{Systems: []string{"allot"}, LeakyLimitChanges: true})
 	if err != nil {
 		t.Fatal(err)
 	}

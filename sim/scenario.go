@@ -622,3 +622,28 @@ func (sc *Scenario) Scaled(f float64) (*Scenario, error) {
 	}
 	return &c, nil
 }
+
+// WithMaxKeys returns a copy of sc with at most n keys per rule, for quick
+// runs: an agent's periodic work grows with the keys it tracks. Traffic
+// pinned to a key beyond n is pinned to key n−1.
+func (sc *Scenario) WithMaxKeys(n int) (*Scenario, error) {
+	if n < 1 {
+		return nil, bad("max keys=%d must be ≥ 1", n)
+	}
+	c := *sc
+	c.Rules = append([]RuleSpec(nil), sc.Rules...)
+	c.Traffic = append([]TrafficSpec(nil), sc.Traffic...)
+	for i := range c.Rules {
+		c.Rules[i].Keys = min(c.Rules[i].Keys, n)
+	}
+	for i := range c.Traffic {
+		if k := c.Traffic[i].Key; k != nil && *k >= n {
+			v := n - 1
+			c.Traffic[i].Key = &v
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}

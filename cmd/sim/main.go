@@ -43,6 +43,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 0, "run this one seed (overrides -seeds)")
 	allSeeds := fs.Bool("all-seeds", false, "run every seed the scenario lists")
 	scale := fs.Float64("scale", 1, "multiply every traffic rate and budget by this factor")
+	maxKeys := fs.Int("max-keys", 0, "cap the keys of every rule (0: as the scenario says)")
 	systems := fs.String("systems", "", "comma-separated systems to run (default all: "+strings.Join(sim.Systems, ",")+")")
 	jsonOut := fs.String("json", "", "write the results as JSON to this file")
 	htmlOut := fs.String("html", "", "write the HTML report to this file")
@@ -112,6 +113,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 			}
 			sc = s
 		}
+		if *maxKeys > 0 {
+			s, err := sc.WithMaxKeys(*maxKeys)
+			if err != nil {
+				return fmt.Errorf("%s: %w", paths[i], err)
+			}
+			sc = s
+		}
 		runSeeds := fixed
 		if runSeeds == nil {
 			runSeeds = sc.Seeds[:1]
@@ -145,7 +153,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			results = append(results, res)
 			if res.Verdict == sim.Fail {
 				failed = true
-				fmt.Fprintf(stderr, "FAIL %s seed=%d; replay: go run ./cmd/sim -seed %d -scale %v %s\n", sc.Name, sd, sd, *scale, paths[i])
+				fmt.Fprintf(stderr, "FAIL %s seed=%d; replay: go run ./cmd/sim -seed %d -scale %v -max-keys %d %s\n", sc.Name, sd, sd, *scale, *maxKeys, paths[i])
 			}
 		}
 	}
