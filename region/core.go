@@ -171,6 +171,9 @@ type keyState struct {
 	lastActive int64        // µs of the last sample with arrivals
 	emergency  bucket.State
 	drained    uint64 // failover epoch this key was emptied for
+	given      int64  // tokens ever added to the batch
+	back       int64  // tokens ever taken out of the batch unspent (returned or lost)
+	lastSpent  int64  // given − back − held at the last sample
 }
 
 type allocCache struct {
@@ -372,7 +375,11 @@ func (c *Core) allocation(ks *keyState, now time.Time, global bucket.Limit) *all
 		l, hot, until := c.alloc.Allocation(now, ks.key, global)
 		ac.limit, ac.hot, ac.until = l, hot, until.UnixMicro()
 	}
-	ks.alloc.Store(ac)
+	if old := ks.alloc.Swap(ac); old != nil && ac.limit.Count() > old.limit.Count() {
+		// A denial remembered under a smaller allocation may no longer
+		// hold.
+		ks.deniedUntil.Store(0)
+	}
 	return ac
 }
 
@@ -417,36 +424,59 @@ func (ks *keyState) denyUntil(until int64, cost bucket.Tokens) {
 // attemptID makes a retry idempotent on the store path; a decision from a
 // batch does not remember it.
 func (c *Core) Decide(ctx context.Context, now time.Time, key bucket.Key, global bucket.Limit, cost bucket.Tokens, attemptID string) (Result, error) {
-	if err := bucket.Check(global, cost); err != nil {
-		return Result{Decision: bucket.Decision{Limit: global}}, err
+	var res Result
+	err := c.decide(ctx, now, key, &global, cost, attemptID, &res)
+	return res, err
+}
+
+// decide is Decide writing its result into res, so that the path from a
+// batch copies no Result.
+func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global *bucket.Limit, cost bucket.Tokens, attemptID string, res *Result) error {
+	if err := bucket.Check(*global, cost); err != nil {
+		res.Decision.Limit = *global
+		return err
 	}
 	nowUS := now.UnixMicro()
 	ks := c.state(key, nowUS)
-	ks.arrived.Add(int64(cost))
-	ac := c.allocation(ks, now, global)
+	ac := c.allocation(ks, now, *global)
+	res.Hot = ac.hot
+	if ks.tokens.Load() > 0 || ks.batched.Load() {
+		if cost <= ac.limit.Burst() && (nowUS >= ks.deniedUntil.Load() || int64(cost) < ks.deniedCost.Load()) {
+			if left, ok := ks.take(cost); ok {
+				// Counted per key and folded into the rule's counters at
+				// the next sample, so the hot path writes one cache line.
+				ks.batchAdmits.Add(1)
+				res.Path = PathBatch
+				res.Alloc, res.Decision.Limit = ac.limit, ac.limit
+				res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
+				return nil
+			}
+		}
+	}
+	var err error
+	*res, err = c.slow(ctx, now, nowUS, ks, ac, cost, attemptID)
+	return err
+}
+
+// slow is every decision but one from a held batch.
+func (c *Core) slow(ctx context.Context, now time.Time, nowUS int64, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string) (Result, error) {
 	lim := ac.limit
 	res := Result{Hot: ac.hot, Alloc: lim, Decision: bucket.Decision{Limit: lim}}
-	if lim.IsZero() || cost > lim.Burst() {
+	// Arrivals are counted for demand on every path but the batch's, whose
+	// spending sampleLocked reads off the batch itself.
+	if cost > lim.Burst() { // a zero allocation has burst 0
+		ks.arrived.Add(int64(cost))
 		res.Path, res.Decision.RetryAfter = PathNoAllocation, c.cfg.DenyRetry
 		return c.done(ks, res), nil
 	}
 	if du := ks.deniedUntil.Load(); nowUS < du && int64(cost) >= ks.deniedCost.Load() {
+		ks.arrived.Add(int64(cost))
 		res.Path = PathDenyCache
 		res.Decision.RetryAfter = time.Duration(du-nowUS) * time.Microsecond
 		return c.done(ks, res), nil
 	}
-	if ks.tokens.Load() > 0 || ks.batched.Load() {
-		if left, ok := ks.take(cost); ok {
-			// Counted per key and folded into the rule's counters at the
-			// next sample, so the hot path writes one cache line only.
-			ks.batchAdmits.Add(1)
-			res.Path = PathBatch
-			res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
-			return res, nil
-		}
-		if ks.batched.Load() {
-			return c.refill(ctx, now, ks, lim, cost, attemptID, res)
-		}
+	if ks.batched.Load() {
+		return c.refill(ctx, now, ks, lim, cost, attemptID, res)
 	}
 	return c.exact(ctx, now, ks, lim, cost, attemptID, res)
 }
@@ -468,6 +498,7 @@ func isInputErr(err error) bool {
 
 // exact decides one request in the store.
 func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, lim bucket.Limit, cost bucket.Tokens, attemptID string, res Result) (Result, error) {
+	ks.arrived.Add(int64(cost))
 	c.sample(ks, now)
 	if !c.breaker.Allow(now) {
 		return c.fallback(now, ks, lim, cost, res)
@@ -513,6 +544,7 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim buck
 	}
 	if !c.breaker.Allow(now) {
 		ks.mu.Unlock()
+		ks.arrived.Add(int64(cost))
 		return c.fallback(now, ks, lim, cost, res)
 	}
 	want := c.batchSize(ks.rate, lim, cost)
@@ -527,11 +559,13 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim buck
 	if err == nil {
 		ks.batchLimit, ks.takenAt = lim, now.UnixMicro()
 		if got > 0 {
+			ks.given += int64(got)
 			ks.tokens.Add(int64(got))
 		}
 	}
 	ks.mu.Unlock()
 	if err != nil {
+		ks.arrived.Add(int64(cost))
 		if isInputErr(err) || ctx.Err() != nil {
 			c.breaker.Success(now)
 			return res, err
@@ -551,6 +585,7 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim buck
 	// tokens wait in the regional bucket meanwhile, up to its burst, so
 	// none is lost), which keeps a key over its allocation at a few store
 	// calls per batch window.
+	ks.arrived.Add(int64(cost))
 	held := ks.tokens.Load()
 	retry := time.Duration(max(int64(cost)-held, 1)) * lim.Interval()
 	quiet := time.Duration(max(int64(want)-held, 1)) * lim.Interval()
@@ -602,7 +637,9 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 		ks.rs.Load().admitted[PathBatch].Add(n)
 	}
 	hl := c.cfg.DemandHalfLife.Microseconds()
-	a := ks.arrived.Swap(0)
+	spent := ks.given - ks.back - ks.tokens.Load()
+	a := ks.arrived.Swap(0) + max(spent-ks.lastSpent, 0)
+	ks.lastSpent = spent
 	ks.rate = ewma(ks.rate, float64(a)/(float64(dt)/1e6), dt, hl)
 	ks.lastSample = nowUS
 	ks.winTokens += a
@@ -780,11 +817,14 @@ func (ks *keyState) allocGlobal() bucket.Limit {
 // current allocation. Tokens that cannot be returned are lost, which only
 // ever under-admits.
 func (c *Core) giveBack(ctx context.Context, now time.Time, ks *keyState) {
+	ks.mu.Lock()
 	n := ks.tokens.Swap(0)
+	ks.back += max(n, 0)
+	lim := ks.batchLimit
+	ks.mu.Unlock()
 	if n <= 0 {
 		return
 	}
-	lim := ks.batchLimit
 	if g := ks.allocGlobal(); !g.IsZero() {
 		if ac := c.allocation(ks, now, g); !ac.limit.IsZero() {
 			lim = ac.limit

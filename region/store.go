@@ -50,7 +50,8 @@ func (s *Store) Core() *Core { return s.core }
 // Decide implements bucket.Store.
 func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (bucket.Decision, error) {
 	now := s.clock.Now()
-	r, err := s.core.Decide(ctx, now, s.namer.Load().Budget(key, l), l, cost, attemptID)
+	var r Result
+	err := s.core.decide(ctx, now, s.namer.Load().Budget(key, l), &l, cost, attemptID, &r)
 	if s.observe != nil {
 		s.observe(r, s.clock.Now().Sub(now))
 	}
