@@ -379,14 +379,16 @@ func (a *allot) fault(w *world, f *FaultSpec, start bool) {
 }
 
 func (a *allot) finish(w *world) map[string]any {
-	var lost int64
+	var lost, scripts int64
 	for _, rd := range a.redis {
 		for _, v := range rd.lost {
 			lost += v
 		}
+		scripts += rd.ops
 	}
 	var st region.Stats
-	out := map[string]any{"redis_lost_tokens": lost, "lease_step_errors": a.plane.stepErrors}
+	out := map[string]any{"redis_lost_tokens": lost, "lease_step_errors": a.plane.stepErrors,
+		"redis_scripts": scripts}
 	var refills, returns, drains, storeErrors int64
 	for _, ags := range a.agents {
 		for _, ag := range ags {

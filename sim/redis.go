@@ -21,9 +21,8 @@ type regionalRedis struct {
 	downUntil Micros
 	failovers uint32
 	// lost counts, per budget, tokens debited in writes the failover lost.
-	lost  []int64
-	ops   int64
-	fails int
+	lost []int64
+	ops  int64 // script calls, for the report
 	// last is, per budget, the limit of the previous operation, for carry;
 	// nil when limit changes are left to bucket/ alone (the behaviour the
 	// tests show overshoots).
@@ -212,5 +211,4 @@ func (r *regionalRedis) failover(t, down Micros) {
 	r.clock, r.repClk = r.repClk, r.clock
 	r.downUntil = t + down
 	r.failovers++
-	r.fails++
 }

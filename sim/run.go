@@ -283,7 +283,7 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 		sr.Latency = []LatencyStats{}
 	}
 	dur := float64(w.end)
-	for ri, r := range w.rules {
+	for _, r := range w.rules {
 		ro := RuleOutcome{Rule: r.spec.Name, WorstKey: -1}
 		var worst int64
 		var tw float64
@@ -301,7 +301,6 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 		ro.PeakTokens = round(float64(worst)/float64(r.p), 6)
 		ro.PeakPctOfBurst = round(100*ro.PeakTokens/float64(r.spec.Burst), 4)
 		ro.TimeWeighted = round(tw, 6)
-		_ = ri
 		sr.Rules = append(sr.Rules, ro)
 	}
 	bs := m.bins

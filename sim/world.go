@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -39,7 +38,7 @@ type regionRT struct {
 }
 
 // system is one limiter under measurement, fed the same arrivals as the
-// others. Events it schedules carry its index in event.j's high half; the
+// others. Events it schedules (world.at) carry its index in event.i; the
 // world routes them back through handle.
 type system interface {
 	name() string
@@ -79,7 +78,7 @@ type world struct {
 	// progress, when set, is called every so often with the virtual time
 	// reached.
 	progress func(now, end Micros)
-	// testHooks configure deliberate bugs for the tests that prove the
+	// opts may configure deliberate bugs, for the tests that prove the
 	// simulator catches them.
 	opts Options
 	cur  event
@@ -270,8 +269,7 @@ func (w *world) arrival(e *event) {
 		w.idealM.rejected++
 	}
 	w.decisions++
-	for i, sys := range w.systems {
-		_ = i
+	for _, sys := range w.systems {
 		sys.arrive(w, t, s.region, b, cost, idealOK)
 	}
 	if nt := s.next(w.trng, t); nt >= 0 {
@@ -318,5 +316,3 @@ func (w *world) fault(i int, start bool) {
 		s.fault(w, f, start)
 	}
 }
-
-func (w *world) String() string { return fmt.Sprintf("%s seed=%d", w.sc.Name, w.seed) }
