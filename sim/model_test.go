@@ -1,0 +1,148 @@
+package sim
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+// TestFailoverLosesUnreplicatedWrites writes one token a millisecond for
+// 100 ms with a 10 ms replication lag, fails over, and expects the writes
+// of the last 10 ms lost and the replica's state as of 90 ms.
+func TestFailoverLosesUnreplicatedWrites(t *testing.T) {
+	l := bucket.PerSecond(100).WithBurst(1000)
+	rd := newRegionalRedis(1, nodeClock{}, nodeClock{}, 10_000, true)
+	for ms := Micros(1); ms <= 100; ms++ {
+		if d := rd.decide(0, ms*1000, l, 1); !d.Allowed {
+			t.Fatalf("write at %d ms denied", ms)
+		}
+	}
+	before := rd.peek(0, 100_000, l).Remaining
+	rd.failover(100_000, 3_000_000)
+	if got := rd.lost[0]; got != 10 {
+		t.Fatalf("lost %d tokens, want the 10 written in the last 10 ms", got)
+	}
+	if rd.up(100_000) || rd.up(3_099_999) || !rd.up(3_100_000) {
+		t.Fatal("the region must have no primary for the failover window only")
+	}
+	// The new primary holds the state written at 90 ms: the 10 tokens
+	// debited since are available again.
+	if after := rd.peek(0, 100_000, l).Remaining; after-before != 10 {
+		t.Fatalf("remaining %d before the failover, %d after: want 10 more", before, after)
+	}
+}
+
+func carried(floor bucket.Limit) *regionalRedis {
+	rd := newRegionalRedis(1, nodeClock{}, nodeClock{}, 0, false)
+	rd.last = make([]bucket.Limit, 1)
+	rd.seen = make([]bool, 1)
+	rd.rule = []uint16{0}
+	rd.floors = []bucket.Limit{floor}
+	return rd
+}
+
+// TestIncreaseArrivesSpent: a region whose allocation grows from its floor
+// (burst 10) to burst 20 can admit 10 at once, not 20.
+func TestIncreaseArrivesSpent(t *testing.T) {
+	floor := bucket.PerSecond(10).WithBurst(10)
+	big := bucket.PerSecond(20).WithBurst(20)
+	rd := carried(floor)
+	if d := rd.peek(0, 0, big); d.Remaining != 10 {
+		t.Fatalf("after an increase remaining = %d, want 10", d.Remaining)
+	}
+	// Without carrying, bucket/ alone hands out the whole new burst.
+	plain := newRegionalRedis(1, nodeClock{}, nodeClock{}, 0, false)
+	if d := plain.peek(0, 0, big); d.Remaining != 20 {
+		t.Fatalf("plain bucket remaining = %d, want 20", d.Remaining)
+	}
+}
+
+// TestSettleRefillsAtTheNewRate: a bucket emptied at 100/s and settled at
+// 10/s the same instant refills 5 tokens in half a second, not 50.
+func TestSettleRefillsAtTheNewRate(t *testing.T) {
+	old := bucket.PerSecond(100).WithBurst(100)
+	small := bucket.PerSecond(10).WithBurst(100)
+	rd := carried(old)
+	if got := rd.takeUpTo(0, 0, old, 100); got != 100 {
+		t.Fatalf("took %d, want 100", got)
+	}
+	rd.settle(0, 0, small)
+	if d := rd.peek(0, 500_000, small); d.Remaining != 5 {
+		t.Fatalf("settled: remaining after 0.5 s = %d, want 5", d.Remaining)
+	}
+	// Unsettled, the state written at 100/s refills at 100/s until the
+	// next operation re-expresses it: 50 tokens.
+	lazy := carried(old)
+	lazy.takeUpTo(0, 0, old, 100)
+	lazy.last = nil // no carrying, no settling
+	if d := lazy.peek(0, 500_000, small); d.Remaining != 50 {
+		t.Fatalf("lazy: remaining after 0.5 s = %d, want 50", d.Remaining)
+	}
+}
+
+func TestNetworkPartitionsAndLoss(t *testing.T) {
+	n := &network{lat: [][]Micros{{500, 40_000}, {40_000, 500}}}
+	rng := rand.New(rand.NewPCG(1, 2))
+	agent0, redis0 := node{kind: kindAgent, region: 0}, node{kind: kindRedis, region: 0}
+	coord := node{kind: kindCoordinator, region: 1}
+	if at, ok := n.send(rng, agent0, coord, 1000); !ok || at != 41_000 {
+		t.Fatalf("send = %d, %v; want 41000, true", at, ok)
+	}
+	c := cut{kind: FaultCoordinatorCut, region: 0, agent: -1}
+	n.addCut(c)
+	if _, ok := n.send(rng, agent0, coord, 0); ok {
+		t.Fatal("a coordinator cut let a message through")
+	}
+	if _, ok := n.send(rng, agent0, redis0, 0); !ok {
+		t.Fatal("a coordinator cut blocked the regional Redis")
+	}
+	n.removeCut(c)
+	n.addCut(cut{kind: FaultRedisCut, region: 0, agent: 1})
+	if _, ok := n.send(rng, agent0, redis0, 0); !ok {
+		t.Fatal("a cut of agent 1 blocked agent 0")
+	}
+	if _, ok := n.send(rng, node{kind: kindAgent, region: 0, idx: 1}, redis0, 0); ok {
+		t.Fatal("a cut of agent 1 let agent 1 through")
+	}
+	n.cuts = nil
+	n.loss = 0.25
+	lost := 0
+	for i := 0; i < 10000; i++ {
+		if _, ok := n.send(rng, agent0, redis0, 0); !ok {
+			lost++
+		}
+	}
+	if lost < 2300 || lost > 2700 {
+		t.Fatalf("lost %d of 10000 at loss 0.25", lost)
+	}
+}
+
+// TestTrafficRates checks the arrival processes against their means.
+func TestTrafficRates(t *testing.T) {
+	sc := synthetic(1, 10, 1, time.Minute)
+	cases := []struct {
+		name string
+		ts   TrafficSpec
+		want float64 // mean arrivals per second
+	}{
+		{"poisson", TrafficSpec{Region: "r00", Rule: "tenant", Rate: 2000, Kind: "poisson", Stop: 100 * time.Second}, 2000},
+		{"bursty", TrafficSpec{Region: "r00", Rule: "tenant", Rate: 2000, Kind: "bursty", BurstFactor: 5, BurstOn: time.Second, BurstOff: 4 * time.Second, Stop: 100 * time.Second}, 2000},
+		{"diurnal", TrafficSpec{Region: "r00", Rule: "tenant", Rate: 2000, Kind: "poisson", Stop: 100 * time.Second,
+			Diurnal: &DiurnalSpec{Amplitude: 0.8, Period: 20 * time.Second}}, 2000},
+	}
+	for _, c := range cases {
+		rng := rand.New(rand.NewPCG(3, 4))
+		src := newSource(sc, c.ts, rng, []int{0})
+		n := 0
+		for at := src.next(rng, -1); at >= 0; at = src.next(rng, at) {
+			n++
+		}
+		got := float64(n) / 100
+		if math.Abs(got-c.want)/c.want > 0.1 {
+			t.Errorf("%s: %.0f arrivals/s, want about %.0f", c.name, got, c.want)
+		}
+	}
+}
