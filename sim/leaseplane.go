@@ -278,7 +278,14 @@ func (p *leasePlane) settleOne(w *world, r int, t Micros, b int32, now time.Time
 	if l == prev {
 		return
 	}
-	p.a.redis[r].settle(int(b), t, l)
+	if rd := p.a.redis[r]; !rd.settle(int(b), t, l) {
+		// No primary (a failover): settle again when one answers.
+		if at := rd.downUntil; at != p.settleAt[r] {
+			p.settleAt[r] = at
+			w.at(at, p.a.si, event{sub: alPlane, flag: plSettle, aux: int32(r)})
+		}
+		return
+	}
 	if l == floor {
 		delete(p.applied[r], b)
 	} else {

@@ -102,9 +102,13 @@ func (r *regionalRedis) carry(b int, t Micros, l bucket.Limit, st bucket.State) 
 // the last write; without this, a region whose allocation shrank would keep
 // refilling at its old rate until its next request for the key, while the
 // rate it gave up is already in use elsewhere.
-func (r *regionalRedis) settle(b int, t Micros, l bucket.Limit) {
-	if r.last == nil || !r.up(t) {
-		return
+// It reports false when no primary answers; the caller retries.
+func (r *regionalRedis) settle(b int, t Micros, l bucket.Limit) bool {
+	if r.last == nil {
+		return true
+	}
+	if !r.up(t) {
+		return false
 	}
 	r.ops++
 	st := r.load(b, t, l)
@@ -121,6 +125,7 @@ func (r *regionalRedis) settle(b int, t Micros, l bucket.Limit) {
 		}
 	}
 	r.store(b, t, st, 0)
+	return true
 }
 
 // store writes budget b's new state and queues it for the replica.
