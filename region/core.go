@@ -148,9 +148,11 @@ type keyState struct {
 	// What a decision from a batch touches comes first, to share one cache
 	// line: the compare-and-swap on tokens brings it in, and the rest are
 	// then hits rather than further cache-line transfers between cores.
-	tokens      atomic.Int64 // batch tokens held, debited from the regional bucket
-	arrived     atomic.Int64 // tokens asked since the last sample
-	batchAdmits atomic.Int64 // decisions admitted from the batch since the last sample
+	// batch packs the batch tokens held (debited from the regional bucket)
+	// above countBits, and the decisions admitted from them since the last
+	// sample below, so a decision from the batch is one compare-and-swap.
+	batch   atomic.Int64
+	arrived atomic.Int64 // tokens asked since the last sample
 	deniedUntil atomic.Int64 // µs: requests of cost ≥ deniedCost are denied locally until then
 	deniedCost  atomic.Int64
 	alloc       atomic.Pointer[allocCache]
@@ -398,16 +400,56 @@ func (c *Core) Allocation(now time.Time, key bucket.Key, global bucket.Limit) (b
 	return l, hot
 }
 
+// countBits is how many low bits of keyState.batch count decisions; the
+// count wraps (losing only metric counts) past 2^24 between samples.
+const (
+	countBits = 24
+	countMask = 1<<countBits - 1
+)
+
+// held is the batch tokens held.
+func (ks *keyState) held() int64 { return ks.batch.Load() >> countBits }
+
 // take spends cost tokens of the batch if it holds them; left is what
-// remains.
-func (ks *keyState) take(cost bucket.Tokens) (left int64, ok bool) {
+// remains. count counts the decision in the batch word (the paths that
+// count decisions themselves pass false).
+func (ks *keyState) take(cost bucket.Tokens, count bool) (left int64, ok bool) {
+	inc := int64(0)
+	if count {
+		inc = 1
+	}
 	for {
-		t := ks.tokens.Load()
+		w := ks.batch.Load()
+		t := w >> countBits
 		if t < int64(cost) {
 			return t, false
 		}
-		if ks.tokens.CompareAndSwap(t, t-int64(cost)) {
+		nw := (t-int64(cost))<<countBits | (w+inc)&countMask
+		if ks.batch.CompareAndSwap(w, nw) {
 			return t - int64(cost), true
+		}
+	}
+}
+
+// addTokens adds n tokens to the batch.
+func (ks *keyState) addTokens(n int64) { ks.batch.Add(n << countBits) }
+
+// takeAll empties the batch and returns the tokens it held.
+func (ks *keyState) takeAll() int64 {
+	for {
+		w := ks.batch.Load()
+		if ks.batch.CompareAndSwap(w, w&countMask) {
+			return w >> countBits
+		}
+	}
+}
+
+// takeCount returns and clears the decisions counted since the last call.
+func (ks *keyState) takeCount() int64 {
+	for {
+		w := ks.batch.Load()
+		if ks.batch.CompareAndSwap(w, w&^countMask) {
+			return w & countMask
 		}
 	}
 }
@@ -425,37 +467,39 @@ func (ks *keyState) denyUntil(until int64, cost bucket.Tokens) {
 // batch does not remember it.
 func (c *Core) Decide(ctx context.Context, now time.Time, key bucket.Key, global bucket.Limit, cost bucket.Tokens, attemptID string) (Result, error) {
 	var res Result
-	err := c.decide(ctx, now, key, &global, cost, attemptID, &res)
+	path, ac, err := c.decide(ctx, now, key, &global, cost, attemptID, &res.Decision)
+	res.Path = path
+	if ac != nil {
+		res.Hot, res.Alloc = ac.hot, ac.limit
+	}
 	return res, err
 }
 
-// decide is Decide writing its result into res, so that the path from a
-// batch copies no Result.
-func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global *bucket.Limit, cost bucket.Tokens, attemptID string, res *Result) error {
+// decide is Decide writing the decision into d, so that a decision from a
+// batch copies nothing it does not have to. It returns the path and the
+// allocation it used (nil when the request was rejected before one was
+// looked up).
+func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global *bucket.Limit, cost bucket.Tokens, attemptID string, d *bucket.Decision) (Path, *allocCache, error) {
 	if err := bucket.Check(*global, cost); err != nil {
-		res.Decision.Limit = *global
-		return err
+		d.Limit = *global
+		return PathNoAllocation, nil, err
 	}
 	nowUS := now.UnixMicro()
 	ks := c.state(key, nowUS)
 	ac := c.allocation(ks, now, *global)
-	res.Hot = ac.hot
-	if ks.tokens.Load() > 0 || ks.batched.Load() {
+	if ks.held() > 0 || ks.batched.Load() {
 		if cost <= ac.limit.Burst() && (nowUS >= ks.deniedUntil.Load() || int64(cost) < ks.deniedCost.Load()) {
-			if left, ok := ks.take(cost); ok {
-				// Counted per key and folded into the rule's counters at
-				// the next sample, so the hot path writes one cache line.
-				ks.batchAdmits.Add(1)
-				res.Path = PathBatch
-				res.Alloc, res.Decision.Limit = ac.limit, ac.limit
-				res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
-				return nil
+			if left, ok := ks.take(cost, true); ok {
+				// take counted the decision in the key's batch word; it
+				// is folded into the rule's counters at the next sample.
+				d.Allowed, d.Remaining, d.Limit = true, bucket.Tokens(left), ac.limit
+				return PathBatch, ac, nil
 			}
 		}
 	}
-	var err error
-	*res, err = c.slow(ctx, now, nowUS, ks, ac, cost, attemptID)
-	return err
+	res, err := c.slow(ctx, now, nowUS, ks, ac, cost, attemptID)
+	*d = res.Decision
+	return res.Path, ac, err
 }
 
 // slow is every decision but one from a held batch.
@@ -536,7 +580,7 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim buck
 		ks.mu.Unlock()
 		return c.exact(ctx, now, ks, lim, cost, attemptID, res)
 	}
-	if left, ok := ks.take(cost); ok {
+	if left, ok := ks.take(cost, false); ok {
 		ks.mu.Unlock()
 		res.Path = PathBatch
 		res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
@@ -560,7 +604,7 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim buck
 		ks.batchLimit, ks.takenAt = lim, now.UnixMicro()
 		if got > 0 {
 			ks.given += int64(got)
-			ks.tokens.Add(int64(got))
+			ks.addTokens(int64(got))
 		}
 	}
 	ks.mu.Unlock()
@@ -576,7 +620,7 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim buck
 	c.breaker.Success(now)
 	c.stats.refills.Add(1)
 	res.Path = PathStore
-	if left, ok := ks.take(cost); ok {
+	if left, ok := ks.take(cost, false); ok {
 		res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
 		return c.done(ks, res), nil
 	}
@@ -586,7 +630,7 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim buck
 	// none is lost), which keeps a key over its allocation at a few store
 	// calls per batch window.
 	ks.arrived.Add(int64(cost))
-	held := ks.tokens.Load()
+	held := ks.held()
 	retry := time.Duration(max(int64(cost)-held, 1)) * lim.Interval()
 	quiet := time.Duration(max(int64(want)-held, 1)) * lim.Interval()
 	ks.denyUntil(now.Add(max(retry, quiet)).UnixMicro(), 1)
@@ -633,11 +677,11 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 	if dt < sampleEvery.Microseconds() {
 		return
 	}
-	if n := ks.batchAdmits.Swap(0); n > 0 {
+	if n := ks.takeCount(); n > 0 {
 		ks.rs.Load().admitted[PathBatch].Add(n)
 	}
 	hl := c.cfg.DemandHalfLife.Microseconds()
-	spent := ks.given - ks.back - ks.tokens.Load()
+	spent := ks.given - ks.back - ks.held()
 	a := ks.arrived.Swap(0) + max(spent-ks.lastSpent, 0)
 	ks.lastSpent = spent
 	ks.rate = ewma(ks.rate, float64(a)/(float64(dt)/1e6), dt, hl)
@@ -768,14 +812,14 @@ func (c *Core) Tick(ctx context.Context, now time.Time) {
 		for k, ks := range s.keys {
 			ks.mu.Lock()
 			c.sampleLocked(ks, nowUS)
-			stale := ks.tokens.Load() > 0 && !ks.refilling && nowUS-ks.takenAt > c.cfg.BatchTTL.Microseconds()
-			if ks.tokens.Load() > 0 && !ks.refilling && !stale {
+			stale := ks.held() > 0 && !ks.refilling && nowUS-ks.takenAt > c.cfg.BatchTTL.Microseconds()
+			if ks.held() > 0 && !ks.refilling && !stale {
 				ac := c.allocation(ks, now, ks.allocGlobal())
 				stale = ac.limit != ks.batchLimit && ac.limit.Count() < ks.batchLimit.Count()
 			}
 			if stale {
 				ret = append(ret, ks)
-			} else if ks.tokens.Load() == 0 && !ks.refilling && nowUS-ks.lastActive > c.cfg.IdleAfter.Microseconds() {
+			} else if ks.held() == 0 && !ks.refilling && nowUS-ks.lastActive > c.cfg.IdleAfter.Microseconds() {
 				idle = append(idle, k)
 			}
 			ks.mu.Unlock()
@@ -784,7 +828,7 @@ func (c *Core) Tick(ctx context.Context, now time.Time) {
 		if len(idle) > 0 {
 			s.mu.Lock()
 			for _, k := range idle {
-				if ks := s.keys[k]; ks != nil && ks.tokens.Load() == 0 && ks.arrived.Load() == 0 {
+				if ks := s.keys[k]; ks != nil && ks.held() == 0 && ks.arrived.Load() == 0 {
 					c.hot[hotSlot(k)].CompareAndSwap(ks, nil)
 					delete(s.keys, k)
 					c.stats.keys.Add(-1)
@@ -818,7 +862,7 @@ func (ks *keyState) allocGlobal() bucket.Limit {
 // ever under-admits.
 func (c *Core) giveBack(ctx context.Context, now time.Time, ks *keyState) {
 	ks.mu.Lock()
-	n := ks.tokens.Swap(0)
+	n := ks.takeAll()
 	ks.back += max(n, 0)
 	lim := ks.batchLimit
 	ks.mu.Unlock()
@@ -853,7 +897,7 @@ func (c *Core) Shutdown(ctx context.Context, now time.Time) {
 		s := &c.shards[i]
 		s.mu.RLock()
 		for _, ks := range s.keys {
-			if ks.tokens.Load() > 0 {
+			if ks.held() > 0 {
 				all = append(all, ks)
 			}
 		}

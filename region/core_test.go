@@ -328,7 +328,7 @@ func TestTokensReturnedOnShrinkStaleAndShutdown(t *testing.T) {
 	run(30)
 	held := func() int64 {
 		ks := f.core.state(key("hot"), 0)
-		return ks.tokens.Load()
+		return ks.held()
 	}
 	if held() == 0 {
 		t.Fatal("no batch held after 30 ms at 50k/s")

@@ -23,6 +23,7 @@ import (
 type Store struct {
 	core    *Core
 	clock   clock.Clock
+	real    bool // clock is clock.Real: read time.Now directly, no interface call
 	namer   atomic.Pointer[Namer]
 	observe func(Result, time.Duration)
 }
@@ -36,7 +37,8 @@ func NewStore(core *Core, clk clock.Clock, namer *Namer, observe func(Result, ti
 	if clk == nil {
 		clk = clock.Real{}
 	}
-	s := &Store{core: core, clock: clk, observe: observe}
+	_, real := clk.(clock.Real)
+	s := &Store{core: core, clock: clk, real: real, observe: observe}
 	s.namer.Store(namer)
 	return s
 }
@@ -48,17 +50,25 @@ func (s *Store) SetNamer(n *Namer) { s.namer.Store(n) }
 func (s *Store) Core() *Core { return s.core }
 
 // Decide implements bucket.Store.
-func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (bucket.Decision, error) {
-	now := s.clock.Now()
-	var r Result
-	err := s.core.decide(ctx, now, s.namer.Load().Budget(key, l), &l, cost, attemptID, &r)
+func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (d bucket.Decision, err error) {
+	var now time.Time
+	if s.real {
+		now = time.Now()
+	} else {
+		now = s.clock.Now()
+	}
+	path, ac, err := s.core.decide(ctx, now, s.namer.Load().Budget(key, l), &l, cost, attemptID, &d)
 	if s.observe != nil {
+		r := Result{Decision: d, Path: path}
+		if ac != nil {
+			r.Hot, r.Alloc = ac.hot, ac.limit
+		}
 		s.observe(r, s.clock.Now().Sub(now))
 	}
-	if err == nil && r.Path == PathFailOpen {
+	if err == nil && path == PathFailOpen {
 		err = ErrFailOpen
 	}
-	return r.Decision, err
+	return d, err
 }
 
 // TakeUpTo implements bucket.Store on the key's regional bucket, at the
