@@ -151,8 +151,8 @@ type keyState struct {
 	// batch packs the batch tokens held (debited from the regional bucket)
 	// above countBits, and the decisions admitted from them since the last
 	// sample below, so a decision from the batch is one compare-and-swap.
-	batch   atomic.Int64
-	arrived atomic.Int64 // tokens asked since the last sample
+	batch       atomic.Int64
+	arrived     atomic.Int64 // tokens asked since the last sample
 	deniedUntil atomic.Int64 // µs: requests of cost ≥ deniedCost are denied locally until then
 	deniedCost  atomic.Int64
 	alloc       atomic.Pointer[allocCache]
