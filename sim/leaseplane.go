@@ -42,8 +42,6 @@ type leasePlane struct {
 	msgs       int64
 	tracked    []int // per rule: the budget whose allocation is charted
 	allocBins  [][][]float64
-	maxRate    [][]float64 // [region][rule] largest allocation rate seen, tokens/s
-	maxBurst   [][]int64
 	broken     bool
 	stepErrors int64
 	// applied is, per region, the limit last applied to the regional bucket
@@ -148,12 +146,6 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 		p.floors = append(p.floors, fl)
 		p.cacheLim = append(p.cacheLim, make([]bucket.Limit, w.nb))
 		p.cacheEp = append(p.cacheEp, make([]uint32, w.nb))
-		p.maxRate = append(p.maxRate, make([]float64, len(w.rules)))
-		p.maxBurst = append(p.maxBurst, make([]int64, len(w.rules)))
-		for i := range w.rules {
-			p.maxRate[r][i] = fl[i].Rate()
-			p.maxBurst[r][i] = int64(fl[i].Burst())
-		}
 		p.epoch[r] = 1
 		// Stagger the regions' ticks so they do not all fire at once.
 		w.at(Micros(r+1)*997, a.si, event{sub: alPlane, flag: plHolderTick, aux: int32(r)})
@@ -188,12 +180,6 @@ func (p *leasePlane) limit(r, b int) (bucket.Limit, bool) {
 		l, _ := p.holders[r].Allocation(wall(now), p.keys[b])
 		p.cacheLim[r][b] = l
 		p.cacheEp[r][b] = p.epoch[r]
-		if rate := l.Rate(); rate > p.maxRate[r][w.ruleIdx[b]] {
-			p.maxRate[r][w.ruleIdx[b]] = rate
-		}
-		if bu := int64(l.Burst()); bu > p.maxBurst[r][w.ruleIdx[b]] {
-			p.maxBurst[r][w.ruleIdx[b]] = bu
-		}
 	}
 	l := p.cacheLim[r][b]
 	return l, l != p.floors[r][w.ruleIdx[b]]
@@ -522,12 +508,6 @@ func (p *leasePlane) fault(w *world, f *FaultSpec, start bool) {
 			p.flushHolder(w, r, t)
 		}
 	}
-}
-
-func (p *leasePlane) maxLimit(r, ri int) bucket.Limit {
-	rt := p.a.w.rules[ri]
-	c := int64(math.Ceil(p.maxRate[r][ri] * rt.spec.Period.Seconds()))
-	return bucket.Per(bucket.Tokens(max(c, 1)), rt.spec.Period).WithBurst(bucket.Tokens(max(p.maxBurst[r][ri], 1)))
 }
 
 // boundTerms is the lease protocol's allowance: clocks that drift faster
