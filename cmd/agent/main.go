@@ -41,6 +41,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -77,7 +78,7 @@ type options struct {
 	gossipBind, gossipJoin             string
 	grpcListen, httpListen             string
 	tlsCert, tlsKey, tlsCA             string
-	coordTLS                           bool
+	coordTLS, redisTLS                 bool
 	failoverEmpty                      string
 	leaseRefresh, leaseDrift           time.Duration
 	onFailover                         string
@@ -104,6 +105,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.StringVar(&o.redisPrefix, "redis-prefix", "allot:", "prefix of every Redis key the agent writes")
 	fs.DurationVar(&o.redisTimeout, "redis-timeout", 100*time.Millisecond, "bound on every Redis call; then the rule's failure policy applies")
 	fs.StringVar(&o.coordinators, "coordinators", "", "coordinator addresses, comma-separated; empty: floors alone")
+	fs.BoolVar(&o.redisTLS, "redis-tls", false, "connect to Redis over TLS (server verified against -tls-ca; -tls-cert/-tls-key as client certificate when given)")
 	fs.BoolVar(&o.coordTLS, "coordinator-tls", false, "use -tls-cert/-tls-key/-tls-ca for the coordinator connection (mutual TLS)")
 	fs.StringVar(&o.regions, "regions", "", "every region sharing the budgets, comma-separated, as the coordinator has them (floors); empty: this region alone")
 	fs.StringVar(&o.weights, "weights", "", "floor weights in -regions order, comma-separated; empty: equal")
@@ -227,9 +229,27 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	cfg.Speaker.Budgets = region.Budgets(set, spec, policy)
 
 	deps := region.AgentDeps{Logger: logger, Namer: region.NewNamer(set), Seed: uint64(time.Now().UnixNano())}
+	// TLS.
+	var serverTLS, clientTLS *tls.Config
+	if o.tlsCert != "" {
+		if serverTLS, clientTLS, err = loadTLS(o.tlsCert, o.tlsKey, o.tlsCA); err != nil {
+			return err
+		}
+	}
 	// The regional store.
 	if addrs := split(o.redisAddrs); len(addrs) > 0 {
-		c := bucket.NewUniversalClient(addrs, o.redisMaster, o.redisPass)
+		var c redis.UniversalClient
+		if o.redisTLS {
+			rt, err := redisTLSConfig(clientTLS, o.tlsCA)
+			if err != nil {
+				return err
+			}
+			// bucket.NewUniversalClient's settings, plus TLS.
+			c = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs, MasterName: o.redisMaster,
+				Password: o.redisPass, ContextTimeoutEnabled: true, TLSConfig: rt})
+		} else {
+			c = bucket.NewUniversalClient(addrs, o.redisMaster, o.redisPass)
+		}
 		defer c.Close()
 		rs, err := bucket.NewRedis(c, bucket.RedisOptions{Prefix: o.redisPrefix, Timeout: o.redisTimeout})
 		if err != nil {
@@ -262,13 +282,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		defer g.Leave(time.Second)
 		deps.Membership = g
 		logger.Info("agent: gossiping", "addr", g.Addr(), "join", gc.Join)
-	}
-	// TLS.
-	var serverTLS, clientTLS *tls.Config
-	if o.tlsCert != "" {
-		if serverTLS, clientTLS, err = loadTLS(o.tlsCert, o.tlsKey, o.tlsCA); err != nil {
-			return err
-		}
 	}
 	// The coordinator.
 	if addrs := split(o.coordinators); len(addrs) > 0 {
@@ -400,6 +413,27 @@ func loadTLS(certFile, keyFile, caFile string) (server, client *tls.Config, err 
 		client.RootCAs = pool
 	}
 	return server, client, nil
+}
+
+// redisTLSConfig is the client TLS for Redis: the agent's client
+// certificate when it has one, the CA in caFile (else the system roots).
+func redisTLSConfig(client *tls.Config, caFile string) (*tls.Config, error) {
+	if client != nil {
+		return client.Clone(), nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("-tls-ca=%q: %w", caFile, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("-tls-ca=%q: no certificate found", caFile)
+		}
+		tc.RootCAs = pool
+	}
+	return tc, nil
 }
 
 // mux serves the HTTP endpoints.

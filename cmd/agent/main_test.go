@@ -167,3 +167,59 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 		t.Fatalf("bad environment value: %v", err)
 	}
 }
+
+func TestAgentReloadsRules(t *testing.T) {
+	dir := t.TempDir()
+	rf := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rf, []byte(testRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	grpcAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		errc <- run(ctx, []string{"-region", "eu", "-name", "eu-1", "-rules", rf, "-http-listen", httpAddr, "-grpc-listen", grpcAddr},
+			func(string) string { return "" }, io.Discard)
+	}()
+	defer func() { cancel(); <-errc }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + httpAddr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("agent not healthy")
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for a listener
+	}
+	for i := 0; i < 6; i++ {
+		if !allow(t, httpAddr, "carol").GetAllowed() {
+			t.Fatalf("request %d denied within the floor", i)
+		}
+	}
+	if allow(t, httpAddr, "carol").GetAllowed() {
+		t.Fatal("7th request admitted on a floor of 6")
+	}
+	// A larger quota: the file is reloaded within a poll interval and the
+	// same bucket has room again.
+	if err := os.WriteFile(rf, []byte(strings.Replace(testRules, "10 per minute", "1000 per minute", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		d := allow(t, httpAddr, "carol")
+		if d.GetAllowed() {
+			if d.GetLimit().GetCount() != 1000 {
+				t.Fatalf("admitted under limit %v, want 1000 per minute", d.GetLimit())
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the new rules did not apply within 5 s")
+		}
+		time.Sleep(100 * time.Millisecond) // the watcher polls the file every second
+	}
+}
