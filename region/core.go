@@ -172,10 +172,11 @@ type keyState struct {
 	winTokens  int64        // tokens asked in the current demand window
 	lastActive int64        // µs of the last sample with arrivals
 	emergency  bucket.State
-	drained    uint64 // failover epoch this key was emptied for
-	given      int64  // tokens ever added to the batch
-	back       int64  // tokens ever taken out of the batch unspent (returned or lost)
-	lastSpent  int64  // given − back − held at the last sample
+	drained    uint64      // failover epoch this key was emptied for
+	attempts   *attemptLog // recent attempt ids decided here; nil until one is seen
+	given      int64       // tokens ever added to the batch
+	back       int64       // tokens ever taken out of the batch unspent (returned or lost)
+	lastSpent  int64       // given − back − held at the last sample
 }
 
 type allocCache struct {
@@ -400,6 +401,46 @@ func (c *Core) Allocation(now time.Time, key bucket.Key, global bucket.Limit) (b
 	return l, hot
 }
 
+// attemptLog remembers the last decisions made for attempt ids on a key,
+// so a retry of a request decided from a batch is not charged twice. It is
+// per agent: a retry that reaches another agent is charged again unless the
+// store decides it (the store remembers attempt ids across agents).
+type attemptLog struct {
+	byID  map[string]attemptRec
+	order []string // ring of ids, oldest first once full
+	next  int
+}
+
+type attemptRec struct {
+	d       bucket.Decision
+	path    Path
+	expires int64 // µs
+}
+
+// attemptLogSize bounds the attempt ids remembered per key: retries come
+// within moments, so the last few hundred suffice.
+const attemptLogSize = 256
+
+func (l *attemptLog) recall(id string, nowUS int64) (attemptRec, bool) {
+	r, ok := l.byID[id]
+	return r, ok && nowUS < r.expires
+}
+
+func (l *attemptLog) remember(id string, r attemptRec) {
+	if _, ok := l.byID[id]; ok {
+		l.byID[id] = r
+		return
+	}
+	if len(l.order) < attemptLogSize {
+		l.order = append(l.order, id)
+	} else {
+		delete(l.byID, l.order[l.next])
+		l.order[l.next] = id
+		l.next = (l.next + 1) % attemptLogSize
+	}
+	l.byID[id] = r
+}
+
 // countBits is how many low bits of keyState.batch count decisions; the
 // count wraps (losing only metric counts) past 2^24 between samples.
 const (
@@ -463,8 +504,9 @@ func (ks *keyState) denyUntil(until int64, cost bucket.Tokens) {
 // global, at now. The error is non-nil for an invalid limit or cost, a cost
 // above the global burst (bucket.ErrNeverFits), a canceled context, and
 // ErrFailClosed when the store is unavailable and the rule fails closed.
-// attemptID makes a retry idempotent on the store path; a decision from a
-// batch does not remember it.
+// A non-empty attemptID makes a retry idempotent: this agent remembers the
+// last few hundred attempt ids per key for bucket.DefaultAttemptWindow, and
+// the store remembers those it decides across agents.
 func (c *Core) Decide(ctx context.Context, now time.Time, key bucket.Key, global bucket.Limit, cost bucket.Tokens, attemptID string) (Result, error) {
 	var res Result
 	path, ac, err := c.decide(ctx, now, key, &global, cost, attemptID, &res.Decision)
@@ -487,6 +529,9 @@ func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global
 	nowUS := now.UnixMicro()
 	ks := c.state(key, nowUS)
 	ac := c.allocation(ks, now, *global)
+	if attemptID != "" {
+		return c.decideAttempt(ctx, now, nowUS, ks, ac, cost, attemptID, d)
+	}
 	if ks.held() > 0 || ks.batched.Load() {
 		if cost <= ac.limit.Burst() && (nowUS >= ks.deniedUntil.Load() || int64(cost) < ks.deniedCost.Load()) {
 			if left, ok := ks.take(cost, true); ok {
@@ -498,6 +543,43 @@ func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global
 		}
 	}
 	res, err := c.slow(ctx, now, nowUS, ks, ac, cost, attemptID)
+	*d = res.Decision
+	return res.Path, ac, err
+}
+
+// decideAttempt decides a request that carries an attempt id: a retry of
+// one this agent decided within the attempt window gets the first answer
+// and is not charged again.
+func (c *Core) decideAttempt(ctx context.Context, now time.Time, nowUS int64, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string, d *bucket.Decision) (Path, *allocCache, error) {
+	ks.mu.Lock()
+	if ks.attempts != nil {
+		if r, ok := ks.attempts.recall(attemptID, nowUS); ok {
+			ks.mu.Unlock()
+			*d = r.d
+			return r.path, ac, nil
+		}
+	}
+	ks.mu.Unlock()
+	var res Result
+	if ks.held() > 0 || ks.batched.Load() {
+		if cost <= ac.limit.Burst() && (nowUS >= ks.deniedUntil.Load() || int64(cost) < ks.deniedCost.Load()) {
+			if left, ok := ks.take(cost, true); ok {
+				res = Result{Path: PathBatch, Decision: bucket.Decision{Allowed: true, Remaining: bucket.Tokens(left), Limit: ac.limit}}
+			}
+		}
+	}
+	var err error
+	if res.Path != PathBatch {
+		res, err = c.slow(ctx, now, nowUS, ks, ac, cost, attemptID)
+	}
+	if err == nil {
+		ks.mu.Lock()
+		if ks.attempts == nil {
+			ks.attempts = &attemptLog{byID: map[string]attemptRec{}}
+		}
+		ks.attempts.remember(attemptID, attemptRec{d: res.Decision, path: res.Path, expires: nowUS + bucket.DefaultAttemptWindow.Microseconds()})
+		ks.mu.Unlock()
+	}
 	*d = res.Decision
 	return res.Path, ac, err
 }

@@ -661,3 +661,38 @@ func TestConcurrentDecisionsStayWithinAllocation(t *testing.T) {
 		t.Fatalf("admitted %d, burst 10000", admitted)
 	}
 }
+
+func TestAttemptIDsAreChargedOnce(t *testing.T) {
+	f := newFixture(t, nil)
+	now := f.clk.Now()
+	f.view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour), HoldUntil: now.Add(time.Hour),
+		Entries: []lease.Entry{{Key: key("hot"), Count: 100_000, Burst: 100_000}}})
+	global := bucket.PerSecond(300_000)
+	ctx := context.Background()
+	// Make the key batched.
+	for ms := 0; ms < 20; ms++ {
+		for i := 0; i < 50; i++ {
+			f.core.Decide(ctx, f.clk.Now(), key("hot"), global, 1, "")
+		}
+		f.clk.Advance(time.Millisecond)
+	}
+	first, err := f.core.Decide(ctx, f.clk.Now(), key("hot"), global, 5, "attempt-1")
+	if err != nil || first.Path != PathBatch || !first.Decision.Allowed {
+		t.Fatalf("first attempt: %+v %v", first, err)
+	}
+	held := f.core.state(key("hot"), 0).held()
+	for i := 0; i < 3; i++ {
+		again, err := f.core.Decide(ctx, f.clk.Now(), key("hot"), global, 5, "attempt-1")
+		if err != nil || again.Decision != first.Decision {
+			t.Fatalf("retry %d: %+v, want the first decision %+v", i, again.Decision, first.Decision)
+		}
+	}
+	if h := f.core.state(key("hot"), 0).held(); h != held {
+		t.Fatalf("retries spent %d tokens", held-h)
+	}
+	// Past the attempt window the id is a new request.
+	f.clk.Advance(bucket.DefaultAttemptWindow + time.Second)
+	if r, _ := f.core.Decide(ctx, f.clk.Now(), key("hot"), global, 5, "attempt-1"); r.Decision == first.Decision {
+		t.Fatal("an attempt id older than the window was replayed")
+	}
+}
