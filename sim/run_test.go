@@ -202,3 +202,61 @@ func TestScenarioErrorsNameTheField(t *testing.T) {
 		}
 	}
 }
+
+// TestFaultsTakeEffect checks that the library's faults reach the code
+// they are meant to exercise, so that a PASS is not a fault that never
+// fired.
+func TestFaultsTakeEffect(t *testing.T) {
+	pathCount := func(s SystemResult, p string) int64 {
+		for _, l := range s.Latency {
+			if l.Path == p {
+				return l.Count
+			}
+		}
+		return 0
+	}
+	cases := []struct {
+		file  string
+		check func(r *Result) string
+	}{
+		{"06-redis-failover-keep.yaml", func(r *Result) string {
+			if v, _ := r.Systems[0].Extra["redis_lost_tokens"].(int64); v <= 0 {
+				return fmt.Sprintf("no writes lost in the failover (%v)", r.Systems[0].Extra["redis_lost_tokens"])
+			}
+			return ""
+		}},
+		{"08-redis-cut-closed.yaml", func(r *Result) string {
+			if pathCount(r.Systems[0], "closed") == 0 {
+				return "no request failed closed"
+			}
+			return ""
+		}},
+		{"09-redis-cut-emergency.yaml", func(r *Result) string {
+			if pathCount(r.Systems[0], "emergency") == 0 {
+				return "no emergency decision"
+			}
+			return ""
+		}},
+		{"12-region-cut.yaml", func(r *Result) string {
+			for _, s := range r.Systems {
+				if s.Name == "central" && s.Unavailable == 0 {
+					return "the central baseline never lost its Redis"
+				}
+			}
+			return ""
+		}},
+	}
+	for _, c := range cases {
+		sc, err := LoadScenario("scenarios/" + c.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := Run(testScenario(t, sc), 1, Options{Systems: []string{"allot", "central"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg := c.check(res); msg != "" {
+			t.Errorf("%s: %s", sc.Name, msg)
+		}
+	}
+}
