@@ -16,7 +16,7 @@ import (
 //
 // An Allocator serves one leader term. A coordinator that becomes leader
 // builds a new Allocator with the term from its election; it learns what
-// regions hold for TTL+Drift before it grants any increase.
+// regions hold for TTL+2×Drift before it grants any increase.
 //
 // Rounds run from Tick every Refresh: every hot key is rebalanced and every
 // region's lease renewed. Between rounds, a report of a key pressing on its
