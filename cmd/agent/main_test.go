@@ -2,8 +2,17 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -222,4 +231,117 @@ func TestAgentReloadsRules(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond) // the watcher polls the file every second
 	}
+}
+
+// writeTestPKI writes a CA and a certificate for 127.0.0.1 signed by it.
+func writeTestPKI(t *testing.T, dir string) (caFile, certFile, keyFile string) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "allot test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "eu"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile, certFile, keyFile = filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	for f, b := range map[string]*pem.Block{caFile: {Type: "CERTIFICATE", Bytes: caDER}, certFile: {Type: "CERTIFICATE", Bytes: der},
+		keyFile: {Type: "EC PRIVATE KEY", Bytes: kb}} {
+		if err := os.WriteFile(f, pem.EncodeToMemory(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return caFile, certFile, keyFile
+}
+
+// TestAgentOverTLS runs the agent with its servers on TLS and its Redis
+// reached over TLS (a redis-server with a TLS port, requiring client
+// certificates).
+func TestAgentOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	caFile, certFile, keyFile := writeTestPKI(t, dir)
+	tlsPort := testenv.FreePort(t)
+	testenv.StartRedis(t, "--tls-port", fmt.Sprint(tlsPort), "--tls-cert-file", certFile, "--tls-key-file", keyFile,
+		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "yes")
+	rf := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rf, []byte(testRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	grpcAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		errc <- run(ctx, []string{"-region", "eu", "-name", "eu-1", "-rules", rf, "-http-listen", httpAddr, "-grpc-listen", grpcAddr,
+			"-redis", fmt.Sprintf("127.0.0.1:%d", tlsPort), "-redis-tls", "-tls-cert", certFile, "-tls-key", keyFile, "-tls-ca", caFile},
+			func(string) string { return "" }, io.Discard)
+	}()
+	defer func() { cancel(); <-errc }()
+	pool := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(caFile)
+	pool.AppendCertsFromPEM(caPEM)
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
+	body := `{"subject": "dave", "descriptor": [{"key": "path", "value": "/orders"}]}`
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := hc.Post("https://"+httpAddr+"/v1/allow", "application/json", strings.NewReader(body))
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var out allotv1.AllowResponse
+			if err := protojson.Unmarshal(b, &out); err != nil || !out.GetAllowed() || out.GetReason() != allotv1.Reason_REASON_OK {
+				t.Fatalf("allow over TLS with Redis over TLS: %s %v", b, err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent over TLS not answering: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for a listener
+	}
+	// The decision went to Redis: the store was not unavailable.
+	resp, err := hc.Get("https://" + httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `allot_region_decisions_total{agent="eu-1",path="store",result="admitted",rule="api"} 1`) ||
+		strings.Contains(string(b), "allot_region_store_errors_total{agent=\"eu-1\"} 1") {
+		t.Fatalf("the decision did not go through Redis over TLS:\n%s", grepLines(string(b), "allot_region_store"))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
