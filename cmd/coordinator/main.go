@@ -6,6 +6,7 @@
 //	coordinator serve -etcd 127.0.0.1:2379 -advertise host:7070   # HA, one of several
 //	coordinator rules put -etcd 127.0.0.1:2379 -f budgets.yaml
 //	coordinator rules get -etcd 127.0.0.1:2379
+//	coordinator rules check -f budgets.yaml         # floors per region
 //
 // Standalone mode serves the budgets of a file and leads on its own. HA
 // mode runs several coordinators on etcd: one leads (elected, its etcd
@@ -35,6 +36,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/region"
@@ -55,7 +57,11 @@ func main() {
 		usage()
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "coordinator:", err)
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "coordinator:") {
+			msg = "coordinator: " + msg
+		}
+		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(1)
 	}
 }
@@ -63,6 +69,7 @@ func main() {
 func usage() {
 	fmt.Fprintln(os.Stderr, `usage:
   coordinator serve [flags]            run a coordinator (-h for flags)
+  coordinator rules check -f F         validate a budgets document and print every region's floors
   coordinator rules put -etcd E -f F   validate a budgets document and store it in etcd
   coordinator rules get -etcd E        print the stored budgets document`)
 	os.Exit(2)
@@ -227,6 +234,15 @@ func serverTLS(certFile, keyFile, clientCA string) (*tls.Config, error) {
 }
 
 func rulesCmd(args []string, out io.Writer) error {
+	if len(args) > 0 && args[0] == "check" {
+		fs := flag.NewFlagSet("rules check", flag.ExitOnError)
+		file := fs.String("f", "", "budgets document to check")
+		_ = fs.Parse(args[1:])
+		if *file == "" {
+			return errors.New("rules check: -f is required")
+		}
+		return check(*file, out)
+	}
 	if len(args) == 0 || (args[0] != "put" && args[0] != "get") {
 		usage()
 	}
@@ -268,5 +284,34 @@ func rulesCmd(args []string, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "stored %s at %s\n", *file, coordinator.DocumentKey(*prefix))
+	return nil
+}
+
+// check validates a budgets document and prints each budget's split.
+func check(path string, out io.Writer) error {
+	doc, err := coordinator.LoadDocument(path)
+	if err != nil {
+		return err
+	}
+	bs, err := doc.Resolve(fromRules)
+	if err != nil {
+		return err
+	}
+	lc := doc.LeaseConfig(lease.DefaultConfig())
+	lc.Budgets = bs
+	if err := lc.Validate(); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s: %d budgets; lease ttl=%s refresh=%s drift=%s hold=%s\n", path, len(bs), lc.TTL, lc.Refresh, lc.Drift, lc.Hold)
+	for _, b := range bs {
+		fmt.Fprintf(out, "%s: %s, %s, reserve %d, floors:", b.Rule, b.Limit, b.Policy, b.ReserveCount())
+		var sum bucket.Tokens
+		for _, r := range b.Regions {
+			f := b.FloorCount(r)
+			sum += f
+			fmt.Fprintf(out, " %s=%d/%d", r, f, b.BurstOf(f))
+		}
+		fmt.Fprintf(out, " (Σ %d of %d)\n", sum, b.Limit.Count())
+	}
 	return nil
 }

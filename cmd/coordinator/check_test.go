@@ -1,0 +1,50 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/allot-dev/allot/coordinator"
+)
+
+// TestCheck: `rules check` prints every region's floor, rules included,
+// and rejects a document naming the bad field.
+func TestCheck(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	_ = os.WriteFile(good, []byte(`
+regions: [us, eu, ap]
+weights: [2, 1, 1]
+budgets:
+  - rule: api
+    limit: "6000 per minute, burst 100"
+rules: |
+  plans: {free: "10 per minute"}
+  default_plan: free
+  rules:
+    - {name: search, match: {path: "/*"}, limit: plan, scope: global}
+`), 0o644)
+	var out bytes.Buffer
+	if err := check(good, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"2 budgets",
+		"api: 6000 per 1m0s, burst 100, max-min, reserve 2000, floors: us=2000/33 eu=1000/16 ap=1000/16 (Σ 4000 of 6000)",
+		"search/free: 10 per 1m0s",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("check output lacks %q:\n%s", want, out.String())
+		}
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	_ = os.WriteFile(bad, []byte("regions: [us]\nbudgets: [{rule: x, limit: \"0 per second\"}]\n"), 0o644)
+	err := check(bad, &out)
+	if !errors.Is(err, coordinator.ErrInvalidDocument) || !strings.Contains(err.Error(), `budgets[0] (rule "x"): limit`) {
+		t.Fatalf("bad document: %v", err)
+	}
+}
