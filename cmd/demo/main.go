@@ -56,6 +56,9 @@ type options struct {
 
 const slot = 10 * time.Millisecond
 
+// out receives the demo's report; tests replace it.
+var out io.Writer = os.Stdout
+
 func run() error {
 	var o options
 	var regions string
@@ -210,15 +213,15 @@ rules:
 	}
 	defer func() { cancel(); wg.Wait() }()
 
-	fmt.Printf("allot demo: a coordinator (gRPC %s, status page http://%s/status) and %d regions × %d agents;\n", lis.Addr(), hl.Addr(), len(drs), o.agents)
-	fmt.Printf("one tenant with a global budget of %s\n", rules.FormatQuota(global))
-	fmt.Printf("floors: %d/s per region (a third of the budget held in reserve); the busy region offers %.0f/s, the others %.0f/s each\n\n",
+	fmt.Fprintf(out, "allot demo: a coordinator (gRPC %s, status page http://%s/status) and %d regions × %d agents;\n", lis.Addr(), hl.Addr(), len(drs), o.agents)
+	fmt.Fprintf(out, "one tenant with a global budget of %s\n", rules.FormatQuota(global))
+	fmt.Fprintf(out, "floors: %d/s per region (a third of the budget held in reserve); the busy region offers %.0f/s, the others %.0f/s each\n\n",
 		budgets[0].FloorCount(o.regions[0]), o.heavy*float64(o.budget), o.light*float64(o.budget))
 
 	// A new coordinator grants no increase until every lease a previous
 	// leader could have granted has expired: one TTL of learning.
 	warm := lc.TTL + lc.Drift + 200*time.Millisecond
-	fmt.Printf("the coordinator starts in learning mode for one lease TTL (%s): regions run on their floors meanwhile...\n\n", warm.Round(100*time.Millisecond))
+	fmt.Fprintf(out, "the coordinator starts in learning mode for one lease TTL (%s): regions run on their floors meanwhile...\n\n", warm.Round(100*time.Millisecond))
 	select {
 	case <-time.After(warm):
 	case <-ctx.Done():
@@ -258,7 +261,7 @@ loop:
 	elapsed := time.Since(start)
 	summary(drs, global, elapsed, coord)
 	if errors.Is(ctx.Err(), context.Canceled) {
-		fmt.Println("(interrupted)")
+		fmt.Fprintln(out, "(interrupted)")
 	}
 	return nil
 }
@@ -323,11 +326,11 @@ func traffic(ctx context.Context, dr *demoRegion, ri int, start time.Time, busy 
 }
 
 func header(drs []*demoRegion) {
-	fmt.Printf("%5s ", "t")
+	fmt.Fprintf(out, "%5s ", "t")
 	for _, dr := range drs {
-		fmt.Printf("| %-25s", dr.name+": admitted/s  alloc")
+		fmt.Fprintf(out, "| %-25s", dr.name+": admitted/s  alloc")
 	}
-	fmt.Printf("| %s\n", "total admitted/s")
+	fmt.Fprintf(out, "| %s\n", "total admitted/s")
 }
 
 // alloc returns the region's allocation of the hot key now, and whether
@@ -339,7 +342,7 @@ func alloc(dr *demoRegion, global bucket.Limit) (bucket.Limit, bool) {
 }
 
 func line(drs []*demoRegion, sec, busy int, global bucket.Limit, last []int64, budget float64) {
-	fmt.Printf("%4ds ", sec)
+	fmt.Fprintf(out, "%4ds ", sec)
 	var total int64
 	for i, dr := range drs {
 		a := dr.allowed.Load()
@@ -355,9 +358,9 @@ func line(drs []*demoRegion, sec, busy int, global bucket.Limit, last []int64, b
 		if hot {
 			kind = "lease"
 		}
-		fmt.Printf("|%s%-8d %6d %-9s", mark, d, l.Count(), kind)
+		fmt.Fprintf(out, "|%s%-8d %6d %-9s", mark, d, l.Count(), kind)
 	}
-	fmt.Printf("| %-6d %s\n", total, bar(float64(total), budget))
+	fmt.Fprintf(out, "| %-6d %s\n", total, bar(float64(total), budget))
 }
 
 func bar(v, budget float64) string {
@@ -374,17 +377,17 @@ func bar(v, budget float64) string {
 func summary(drs []*demoRegion, global bucket.Limit, elapsed time.Duration, coord *coordinator.Server) {
 	R, B := global.Rate(), float64(global.Burst())
 	var total, offered int64
-	fmt.Printf("\n%-8s %10s %10s %8s\n", "region", "offered", "admitted", "share")
+	fmt.Fprintf(out, "\n%-8s %10s %10s %8s\n", "region", "offered", "admitted", "share")
 	for _, dr := range drs {
 		total += dr.allowed.Load()
 		offered += dr.offered.Load()
 	}
 	for _, dr := range drs {
 		a := dr.allowed.Load()
-		fmt.Printf("%-8s %10d %10d %7.1f%%\n", dr.name, dr.offered.Load(), a, 100*float64(a)/math.Max(float64(total), 1))
+		fmt.Fprintf(out, "%-8s %10d %10d %7.1f%%\n", dr.name, dr.offered.Load(), a, 100*float64(a)/math.Max(float64(total), 1))
 	}
 	ideal := B + R*elapsed.Seconds()
-	fmt.Printf("%-8s %10d %10d   of at most B + R·t = %.0f + %.0f × %.1fs = %.0f (%.1f%% used)\n",
+	fmt.Fprintf(out, "%-8s %10d %10d   of at most B + R·t = %.0f + %.0f × %.1fs = %.0f (%.1f%% used)\n",
 		"total", offered, total, B, R, elapsed.Seconds(), ideal, 100*float64(total)/ideal)
 
 	// The largest excess over B + R·t in any window, in linear time:
@@ -407,22 +410,22 @@ func summary(drs []*demoRegion, global bucket.Limit, elapsed time.Duration, coor
 	if worst > tol {
 		verdict = "OVER the budget"
 	}
-	fmt.Printf("largest excess over B + R·t in any window: %.0f tokens (%s; %.0f allowed for %s slots)\n", math.Max(worst, 0), verdict, tol, slot)
+	fmt.Fprintf(out, "largest excess over B + R·t in any window: %.0f tokens (%s; %.0f allowed for %s slots)\n", math.Max(worst, 0), verdict, tol, slot)
 
-	fmt.Println("\nallocation of the hot key per region, tokens/s, every 2 s (floor when no lease entry):")
+	fmt.Fprintln(out, "\nallocation of the hot key per region, tokens/s, every 2 s (floor when no lease entry):")
 	for _, dr := range drs {
 		var parts []string
 		for i := 1; i < len(dr.allocs); i += 2 {
 			parts = append(parts, fmt.Sprint(dr.allocs[i]))
 		}
-		fmt.Printf("  %-6s %s\n", dr.name, strings.Join(parts, " "))
+		fmt.Fprintf(out, "  %-6s %s\n", dr.name, strings.Join(parts, " "))
 	}
 	cs := coord.Status(10)
-	fmt.Printf("\ncoordinator: term %d, learning %v, %d hot key(s)\n", cs.Term, cs.Learning, len(cs.Keys))
+	fmt.Fprintf(out, "\ncoordinator: term %d, learning %v, %d hot key(s)\n", cs.Term, cs.Learning, len(cs.Keys))
 	for _, k := range cs.Keys {
-		fmt.Printf("  %s/%s: allocation %v, floors %v, demand %v per %s\n", k.Key.Rule, k.Key.Subject, k.Counts, k.Floors, k.Wants, k.Budget.Limit.Period())
+		fmt.Fprintf(out, "  %s/%s: allocation %v, floors %v, demand %v per %s\n", k.Key.Rule, k.Key.Subject, k.Counts, k.Floors, k.Wants, k.Budget.Limit.Period())
 	}
-	fmt.Println("regional store operations per 1000 decisions (light traffic is decided exactly, one call each; heavy traffic from batches):")
+	fmt.Fprintln(out, "regional store operations per 1000 decisions (light traffic is decided exactly, one call each; heavy traffic from batches):")
 	for _, dr := range drs {
 		var ops, decisions int64
 		for _, a := range dr.agents {
@@ -433,6 +436,6 @@ func summary(drs []*demoRegion, global bucket.Limit, elapsed time.Duration, coor
 				decisions += ad + de
 			}
 		}
-		fmt.Printf("  %-6s %6.1f  (%d operations, %d decisions)\n", dr.name, 1000*float64(ops)/math.Max(float64(decisions), 1), ops, decisions)
+		fmt.Fprintf(out, "  %-6s %6.1f  (%d operations, %d decisions)\n", dr.name, 1000*float64(ops)/math.Max(float64(decisions), 1), ops, decisions)
 	}
 }
