@@ -29,13 +29,14 @@ var (
 	descUrgent     = prometheus.NewDesc("allot_coordinator_urgent_rebalances_total", "Keys rebalanced on a report between rounds.", nil, nil)
 	descRounds     = prometheus.NewDesc("allot_coordinator_rounds_total", "Allocation rounds run.", nil, nil)
 	descLeaderTerm = prometheus.NewDesc("allot_coordinator_leaderships_total", "Times this coordinator became leader.", nil, nil)
+	descRoundTime  = prometheus.NewDesc("allot_coordinator_round_seconds", "How long the last allocation round (every hot key, every lease) took to compute.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLeader, descTerm, descLearning, descHotKeys, descAlloc, descHeadroom,
 		descConnected, descMessages, descGrants, descRenewals, descIncreases, descReclaims, descBlocked, descExpired,
-		descUrgent, descRounds, descLeaderTerm} {
+		descUrgent, descRounds, descLeaderTerm, descRoundTime} {
 		ch <- d
 	}
 }
@@ -68,6 +69,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descLearning, 0)
 	}
 	gauge(descConnected, float64(len(s.streams)))
+	gauge(descRoundTime, s.lastRound.Seconds())
 	n := s.counts
 	counter(descMessages, n.up, "up", "ok")
 	counter(descMessages, n.rejected, "up", "rejected")

@@ -110,6 +110,8 @@ type Server struct {
 	streams map[string]*conn
 	counts  counters
 	prev    lease.Stats // allocator stats already added to counts
+	// lastRound is how long the last allocation round took to compute.
+	lastRound time.Duration
 }
 
 // counters are the Server's cumulative figures across terms.
@@ -260,8 +262,14 @@ func (s *Server) Tick() {
 	if s.alloc == nil {
 		return
 	}
+	rounds := s.prev.Rounds
+	start := time.Now() // compute time, not lease time: the real clock
 	s.alloc.Tick(s.cfg.Clock.Now())
+	elapsed := time.Since(start)
 	s.dispatchLocked()
+	if s.prev.Rounds != rounds {
+		s.lastRound = elapsed
+	}
 }
 
 // dispatchLocked sends the Allocator's messages. Requires s.mu.
