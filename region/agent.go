@@ -249,7 +249,9 @@ func (a *Agent) setSpeaking(ctx context.Context, speak bool) {
 		<-done
 		return
 	}
-	sctx, cancel := context.WithCancel(ctx)
+	// Only setSpeaking and stop end the speaker, so that stop can decide
+	// (closing) whether the lease is released before the speaker exits.
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s := &speaker{cfg: a.cfg.Speaker, clock: a.deps.Clock, shared: a.deps.Shared, view: a.view,
 		transport: a.deps.Transport, members: a.Members, log: a.log, rng: rand.New(rand.NewPCG(a.rng.Uint64(), a.rng.Uint64()))}
 	done := make(chan struct{})

@@ -391,3 +391,42 @@ func TestAckWaitsForEveryAgent(t *testing.T) {
 		t.Fatalf("acks %d after every agent adopted the table, want 1", st.acks())
 	}
 }
+
+// TestLastAgentReleasesTheLease stops a region's only agent cleanly: it
+// gives its allocations back to the coordinator at once.
+func TestLastAgentReleasesTheLease(t *testing.T) {
+	global := bucket.PerSecond(100)
+	spec := FloorSpec{Regions: []string{"solo", "other"}}
+	budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: spec.Regions}}
+	coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, ccancel := context.WithCancel(context.Background())
+	defer ccancel()
+	go coord.Run(cctx, 20*time.Millisecond)
+	cfg := DefaultAgentConfig()
+	cfg.Name, cfg.Core.Region, cfg.Core.Floors = "solo-0", "solo", spec
+	cfg.Speaker.Budgets, cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Tick = budgets, 400*time.Millisecond, 100*time.Millisecond, 20*time.Millisecond
+	cfg.Tick = 20 * time.Millisecond
+	a, err := NewAgent(cfg, AgentDeps{Store: bucket.NewMemory(bucket.MemoryOptions{}), Transport: coord.Transport("solo"),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	status := func() lease.RegionStatus {
+		for _, r := range coord.Regions() {
+			if r.Region == "solo" {
+				return r
+			}
+		}
+		return lease.RegionStatus{}
+	}
+	waitFor(t, 3*time.Second, "the coordinator knows the region", func() bool { return status().Known })
+	cancel()
+	<-done
+	waitFor(t, 2*time.Second, "the region's release reaches the coordinator", func() bool { return status().Released })
+}

@@ -454,6 +454,13 @@ func (c *LocalCoordinator) Stats() lease.Stats {
 	return c.alloc.Stats(c.clock.Now())
 }
 
+// Regions reports the allocator's view of every region.
+func (c *LocalCoordinator) Regions() []lease.RegionStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.alloc.Regions()
+}
+
 // Transport returns region's transport.
 func (c *LocalCoordinator) Transport(region string) LeaseTransport {
 	return localTransport{c: c, region: region}
