@@ -82,9 +82,10 @@ type speaker struct {
 	log       *slog.Logger
 	rng       *rand.Rand
 
-	mu     sync.Mutex // serializes holder, last, pending and adopted
-	holder *lease.Holder
-	last   *Table
+	mu      sync.Mutex // serializes holder, last, pending and adopted
+	holder  *lease.Holder
+	last    *Table
+	pubBase uint64 // the last publication number used
 	// pending are acknowledgements held back until every live agent has
 	// adopted the table publication they belong to; adopted is the
 	// publication each agent last reported.
@@ -130,23 +131,26 @@ func (s *speaker) start(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("region: speaker for %s: %w", s.cfg.Region, err)
 	}
+	// Publications go on from the stored table's, or from the clock when
+	// that is later: a speaker that starts after the stored table was lost
+	// (a Redis failover) still publishes above any table an agent holds.
+	base := uint64(now.UnixMicro())
+	if t != nil {
+		base = max(base, t.Pub)
+	}
 	s.mu.Lock()
-	s.holder, s.last = h, t
+	s.holder, s.last, s.pubBase = h, t, base
 	s.mu.Unlock()
 	return nil
 }
 
 // publish writes the Holder's table when it changed. Requires s.mu.
 func (s *speaker) publishLocked(ctx context.Context, now time.Time) {
-	var pub uint64
-	if s.last != nil {
-		pub = s.last.Pub
-	}
-	t := TableOf(s.cfg.Region, s.cfg.Agent, pub+1, s.holder.Snapshot(), now)
+	t := TableOf(s.cfg.Region, s.cfg.Agent, s.pubBase+1, s.holder.Snapshot(), now)
 	if t.Same(s.last) {
 		return
 	}
-	s.last = t
+	s.last, s.pubBase = t, t.Pub
 	s.view.Set(t)
 	if s.shared != nil {
 		if _, err := s.shared.PublishTable(ctx, t); err != nil {
