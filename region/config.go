@@ -99,7 +99,7 @@ func DefaultConfig() Config {
 		BreakerMaxBackoff: 15 * time.Second,       // never stay away from a recovered store long
 		DemandHalfLife:    500 * time.Millisecond, // follows demand within a refresh interval
 		HotFraction:       0.8,                    // report before the allocation is exhausted
-		IdleAfter:         30 * time.Second,       // keep state for keys in recent use only
+		IdleAfter:         10 * time.Second,       // keep state for keys in recent use only (~600 B each)
 		DenyRetry:         time.Second,            // about one lease refresh
 		Shards:            64,                     // spread 2–64 cores' worth of callers
 	}
