@@ -17,6 +17,9 @@ type State struct {
 	Rem int64 // in [0, Den): fraction of a µs, in units of 1/Den
 	Num int64 // interval numerator (µs) the state was written with; 0 if fresh
 	Den int64 // interval denominator the state was written with
+	// Burst is the burst the state was written with: with Num and Den it
+	// lets a changed limit carry the bucket's tokens across.
+	Burst int64
 }
 
 // Decision is the outcome of a request against a bucket.
@@ -67,26 +70,23 @@ type gcra struct {
 
 // load brings a stored state to now under limit l. It enforces the clock
 // rules: time that runs backwards grants nothing (an absolute TAT only moves
-// further away), and a TAT beyond now+τ — a clock stepped back, or a shrunk
-// limit — is capped at an empty bucket rather than locking the caller out for
-// the length of the jump. A changed limit keeps the tokens spent.
+// further away), and a TAT beyond now+τ — a clock stepped back — is capped
+// at an empty bucket rather than locking the caller out for the length of
+// the jump. A bucket that is full is the same under any limit. A bucket in
+// debt under another limit carries its available tokens across (see carry).
 func load(s State, now int64, l *Limit) gcra {
 	g := gcra{now: now, l: l}
 	tau := l.tau
 	if s.Den == 0 || s.TAT < now || (s.TAT == now && s.Rem == 0) {
 		return g // fresh or full
 	}
-	if s.Num != l.num || s.Den != l.den {
-		// Re-express the spent tokens under the new interval, rounding the
-		// time up so that a change never refills.
-		spent := (float64(s.TAT-now) + float64(s.Rem)/float64(s.Den)) * float64(s.Den) / float64(s.Num)
-		scaled := math.Ceil(spent * float64(l.num))
-		if scaled >= float64(tau) {
-			g.used = tau
-		} else {
-			g.used = int64(scaled)
-		}
+	if s.Num != l.num || s.Den != l.den || s.Burst != int64(l.burst) {
 		g.moved = true
+		if s.Num <= 0 || s.Burst <= 0 {
+			g.used = tau // not a state this package wrote: empty, never full
+			return g
+		}
+		g.used = carry(s.position(now), s.Num, s.Burst, l)
 		return g
 	}
 	if s.TAT-now > l.tauUS {
@@ -100,6 +100,32 @@ func load(s State, now int64, l *Limit) gcra {
 	return g
 }
 
+// position is how much of its own limit's tolerance (Burst×Num) a stored
+// state has spent at now, capped at all of it; the state is not full.
+func (s State) position(now int64) int64 {
+	tau := s.Burst * s.Num
+	if s.TAT-now > tau/s.Den+1 {
+		return tau
+	}
+	return min((s.TAT-now)*s.Den+s.Rem, tau)
+}
+
+// carry re-expresses a bucket that has spent used (of tolerance burst×num,
+// in its own units) under the limit l: the tokens it holds carry across,
+// rounded down, and at most l's burst. An increase therefore arrives spent
+// and a decrease clamps; a change never refills. Keeping the tokens spent
+// instead would hand a region its larger burst at once, and the region that
+// gave the capacity up may have spent it a moment ago: the simulator showed
+// one window admitting that burst twice.
+func carry(used, num, burst int64, l *Limit) int64 {
+	tokens := float64(burst*num-used) / float64(num)
+	held := math.Floor(tokens * float64(l.num))
+	if held >= float64(l.tau) {
+		return 0
+	}
+	return l.tau - int64(held)
+}
+
 // state stores the position back as an absolute TAT. A full bucket is the
 // zero State, the same as a bucket never seen, so stores may delete it.
 func (g gcra) state() State {
@@ -107,9 +133,9 @@ func (g gcra) state() State {
 	case g.used == 0:
 		return State{}
 	case g.l.den == 1:
-		return State{TAT: g.now + g.used, Num: g.l.num, Den: 1}
+		return State{TAT: g.now + g.used, Num: g.l.num, Den: 1, Burst: int64(g.l.burst)}
 	}
-	return State{TAT: g.now + g.used/g.l.den, Rem: g.used % g.l.den, Num: g.l.num, Den: g.l.den}
+	return State{TAT: g.now + g.used/g.l.den, Rem: g.used % g.l.den, Num: g.l.num, Den: g.l.den, Burst: int64(g.l.burst)}
 }
 
 func (g gcra) tau() int64 { return g.l.tau }
@@ -229,6 +255,29 @@ func Peek(s State, now time.Time, l Limit) (Decision, error) {
 func peek(s State, now int64, l *Limit) Decision {
 	g := load(s, now, l)
 	return g.decision(g.used+l.num <= g.tau(), 1)
+}
+
+// Rebase moves a bucket from limit from to limit to at now, as a region must
+// the moment its allocation for a key changes: the tokens the bucket holds
+// under from (a bucket never seen or full holds from's whole burst) carry
+// across, rounded down and at most to's burst, and the bucket refills at
+// to's rate from now on. Without it a bucket would go on refilling at the
+// old rate until its next request, while the rate it gave up is already in
+// use in another region.
+func Rebase(s State, now time.Time, from, to Limit) (State, error) {
+	if err := Check(from, 1); err != nil {
+		return s, err
+	}
+	if err := Check(to, 1); err != nil {
+		return s, err
+	}
+	return rebase(s, now.UnixMicro(), &from, &to), nil
+}
+
+func rebase(s State, now int64, from, to *Limit) State {
+	g := load(s, now, from)
+	used := carry(g.used, from.num, int64(from.burst), to)
+	return gcra{now: now, used: used, l: to}.state()
 }
 
 func errCost(n Tokens) error { return Check(PerSecond(1), n) }

@@ -63,7 +63,10 @@ type attemptRecord struct {
 	expires int64 // µs
 }
 
-var _ Store = (*Memory)(nil)
+var (
+	_ Store   = (*Memory)(nil)
+	_ Rebaser = (*Memory)(nil)
+)
 
 // NewMemory returns an in-process store.
 func NewMemory(opts MemoryOptions) *Memory {
@@ -162,6 +165,23 @@ func (m *Memory) Return(_ context.Context, key Key, l Limit, n Tokens) error {
 	p, st := s.get(key)
 	_, ns := giveBack(st, now, &l, n)
 	s.put(key, p, st, ns)
+	return nil
+}
+
+// Rebase implements Rebaser.
+func (m *Memory) Rebase(_ context.Context, key Key, from, to Limit) error {
+	if err := Check(from, 1); err != nil {
+		return err
+	}
+	if err := Check(to, 1); err != nil {
+		return err
+	}
+	now := m.clock.Now().UnixMicro()
+	s := m.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, st := s.get(key)
+	s.put(key, p, st, rebase(st, now, &from, &to))
 	return nil
 }
 

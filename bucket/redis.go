@@ -66,7 +66,10 @@ type Redis struct {
 	repaired int64
 }
 
-var _ Store = (*Redis)(nil)
+var (
+	_ Store   = (*Redis)(nil)
+	_ Rebaser = (*Redis)(nil)
+)
 
 // NewRedis returns a Redis store on c. It returns an error naming the field
 // when the options cannot work.
@@ -138,7 +141,7 @@ type result struct {
 	granted   Tokens
 }
 
-func (r *Redis) run(ctx context.Context, op string, key Key, l Limit, n Tokens, attemptID string) (result, error) {
+func (r *Redis) run(ctx context.Context, op string, key Key, l Limit, n Tokens, attemptID string, from ...int64) (result, error) {
 	bk := r.RedisKey(key)
 	keys := []string{bk}
 	if attemptID != "" {
@@ -150,8 +153,11 @@ func (r *Redis) run(ctx context.Context, op string, key Key, l Limit, n Tokens, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 	defer cancel()
-	v, err := script.Run(ctx, r.c, keys, op, l.num, l.den, int64(l.burst), int64(n), now,
-		r.opts.AttemptWindow.Milliseconds()).Int64Slice()
+	args := []any{op, l.num, l.den, int64(l.burst), int64(n), now, r.opts.AttemptWindow.Milliseconds()}
+	for _, f := range from {
+		args = append(args, f)
+	}
+	v, err := script.Run(ctx, r.c, keys, args...).Int64Slice()
 	if err != nil {
 		return result{}, fmt.Errorf("%w: redis %s on %s: %w", ErrUnavailable, opName(op), bk, err)
 	}
@@ -180,6 +186,8 @@ func opName(op string) string {
 		return "take-up-to"
 	case "r":
 		return "return"
+	case "b":
+		return "rebase"
 	}
 	return "peek"
 }
@@ -225,6 +233,18 @@ func (r *Redis) Return(ctx context.Context, key Key, l Limit, n Tokens) error {
 		return errCost(n)
 	}
 	_, err := r.run(ctx, "r", key, l, n, "")
+	return err
+}
+
+// Rebase implements Rebaser.
+func (r *Redis) Rebase(ctx context.Context, key Key, from, to Limit) error {
+	if err := Check(from, 1); err != nil {
+		return err
+	}
+	if err := Check(to, 1); err != nil {
+		return err
+	}
+	_, err := r.run(ctx, "b", key, to, 1, "", from.num, from.den, int64(from.burst))
 	return err
 }
 

@@ -162,7 +162,8 @@ func TestRedisWrongTypeAndCorrupt(t *testing.T) {
 		"garbage":   func(k string) error { return c.Set(ctx, k, "soon", 0).Err() },
 		"negative":  func(k string) error { return c.Set(ctx, k, "-5 0 1 1", 0).Err() },
 		"bad den":   func(k string) error { return c.Set(ctx, k, "1 5 1 0", 0).Err() },
-		"rem ≥ den": func(k string) error { return c.Set(ctx, k, "99999999999999 7 1 7", 0).Err() },
+		"rem ≥ den": func(k string) error { return c.Set(ctx, k, "99999999999999 7 1 7 10", 0).Err() },
+		"too large": func(k string) error { return c.Set(ctx, k, "99999999999999 0 4503599627370496 1 10", 0).Err() },
 	} {
 		t.Run(name, func(t *testing.T) {
 			key := bucket.Key{Rule: uniqueRule(t), Subject: "x"}

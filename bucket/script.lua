@@ -3,12 +3,13 @@
 -- 2^53, so Lua's doubles hold them exactly, and integer division is done by
 -- idiv, which corrects the rounding of a/b for large quotients.
 --
--- KEYS[1]  bucket: the string "TAT rem num den" (TAT in µs; the TAT is
---          TAT + rem/den µs; num/den the interval it was written under)
+-- KEYS[1]  bucket: the string "TAT rem num den burst" (the TAT is
+--          TAT + rem/den µs; num/den and burst: the limit it was written under)
 -- KEYS[2]  attempt record (optional, op 'd' only)
--- ARGV     op ('d' decide, 't' take-up-to, 'r' return, 'p' peek),
+-- ARGV     op ('d' decide, 't' take-up-to, 'r' return, 'p' peek, 'b' rebase),
 --          num, den, burst, n (cost / batch size), now µs or '' for the
---          server's TIME, attempt window ms
+--          server's TIME, attempt window ms, and for 'b' the limit the
+--          bucket moves from: num, den, burst
 -- returns  {allowed, remaining, retry µs, reset µs, granted, repaired}
 
 local floor = math.floor
@@ -23,6 +24,14 @@ end
 local function cdiv(a, b)
   if a <= 0 then return 0 end
   return idiv(a + b - 1, b)
+end
+
+-- carry: a bucket that spent used of tolerance burst*num holds its tokens,
+-- rounded down and at most the new burst, under the new limit (bucket.carry).
+local function carry(used, onum, oburst, num, tau)
+  local held = floor((oburst * onum - used) / onum * num)
+  if held >= tau then return 0 end
+  return tau - held
 end
 
 local key = KEYS[1]
@@ -55,42 +64,53 @@ if op == 'd' and KEYS[2] then
   end
 end
 
-local tau = burst * num
+-- The limit the stored state is read under: the from-limit for a rebase.
+local lnum, lden, lburst = num, den, burst
+if op == 'b' then
+  lnum, lden, lburst = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+end
+local ltau = lburst * lnum
+
+-- used: how much of the tolerance ltau is spent at now (bucket.load).
 local used = 0
 local repaired = 0
-local moved = false -- capped or carried over to a new limit: store even if nothing is spent
+local moved = false -- capped or carried to a new limit: store even if nothing is spent
 local v = redis.pcall('GET', key)
 if type(v) == 'table' and v.err then
   -- A key of another type: replace it with an empty bucket, never a full one.
   redis.call('DEL', key)
-  used = tau
+  used = ltau
   repaired = 1
 elseif v then
-  local a, b, c, d = string.match(v, '^(%d+) (%d+) (%d+) (%d+)$')
-  local tat, rem, sn, sd = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
-  if not (tat and rem and sn and sd) or sn <= 0 or sd <= 0 or rem < 0 or rem >= sd
-     or tat ~= math.floor(tat) or rem ~= math.floor(rem) then
-    used = tau
+  local a, b, c, d, e = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+  local tat, rem, sn, sd, sb = tonumber(a), tonumber(b), tonumber(c), tonumber(d), tonumber(e)
+  if not (tat and rem and sn and sd and sb) or sn <= 0 or sd <= 0 or sb <= 0
+     or rem >= sd or sb * sn > 4503599627370496 then
+    used = ltau
     repaired = 1
   elseif tat < now or (tat == now and rem == 0) then
     used = 0
-  elseif sn ~= num or sd ~= den then
-    local spent = ((tat - now) + rem / sd) * sd / sn
-    local scaled = math.ceil(spent * num)
-    if scaled >= tau then used = tau else used = scaled end
+  elseif sn ~= lnum or sd ~= lden or sb ~= lburst then
+    local stau = sb * sn
+    local sused = stau
+    if tat - now <= idiv(stau, sd) + 1 then
+      sused = math.min((tat - now) * sd + rem, stau)
+    end
+    used = carry(sused, sn, sb, lnum, ltau)
     moved = true
-  elseif tat - now > idiv(tau, den) + 1 then
-    used = tau
+  elseif tat - now > idiv(ltau, lden) + 1 then
+    used = ltau
     moved = true
   else
-    used = (tat - now) * den + rem
-    if used > tau then
-      used = tau
+    used = (tat - now) * lden + rem
+    if used > ltau then
+      used = ltau
       moved = true
     end
   end
 end
 
+local tau = burst * num
 local allowed = 1
 local granted = 0
 local write = repaired == 1 or moved
@@ -117,7 +137,11 @@ elseif op == 't' then
 elseif op == 'r' then
   used = math.max(used - math.min(n, burst) * num, 0)
   write = true
-else -- 'p'
+elseif op == 'b' then
+  used = carry(used, lnum, lburst, num, tau)
+  write = true
+else -- 'p' reads and never writes, whatever load found
+  write = false
   if used + num > tau then
     allowed = 0
     retry = cdiv(used + num - tau, den)
@@ -130,7 +154,7 @@ if write then
     redis.call('DEL', key)
   else
     local q = idiv(used, den)
-    redis.call('SET', key, string.format('%d %d %d %d', now + q, used - q * den, num, den),
+    redis.call('SET', key, string.format('%d %d %d %d %d', now + q, used - q * den, num, den, burst),
       'PX', math.max(cdiv(reset, 1000), 1) + grace)
   end
 end

@@ -38,3 +38,9 @@ type Store interface {
 // DefaultAttemptWindow is how long a store remembers an attempt id's
 // decision: long enough to cover a client's retries of one request.
 const DefaultAttemptWindow = 10 * time.Second
+
+// Rebaser is implemented by stores that can move a bucket to a new limit at
+// once (see Rebase). Both stores of this package implement it.
+type Rebaser interface {
+	Rebase(ctx context.Context, key Key, from, to Limit) error
+}

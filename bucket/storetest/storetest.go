@@ -27,8 +27,9 @@ var T0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // step is one operation at a fixed offset from T0 and what it must return.
 type step struct {
 	at     time.Duration
-	op     string // decide, take, return, peek
+	op     string // decide, take, return, peek, rebase
 	limit  bucket.Limit
+	from   bucket.Limit // for rebase
 	n      bucket.Tokens
 	id     string // attempt id for decide
 	want   bucket.Decision
@@ -101,14 +102,29 @@ var cases = []struct {
 		{at: 4 * time.Second, op: "peek", limit: tenMin, want: allow(4, 36*time.Second, tenMin)},
 		{at: 10 * time.Second, op: "peek", limit: tenMin, want: allow(5, 30*time.Second, tenMin)},
 	}},
-	{"limit change keeps what was spent", []step{
+	{"limit change never refills", []step{
 		{at: 0, op: "decide", limit: bucket.PerSecond(10), n: 5, want: allow(5, 500*time.Millisecond, bucket.PerSecond(10))},
-		// Grows to 20/s burst 20: the 5 spent stay spent, nothing refills.
-		{at: 0, op: "peek", limit: bucket.PerSecond(20), want: allow(15, 250*time.Millisecond, bucket.PerSecond(20))},
-		// Shrinks to burst 3: clamped to the new burst, empty for now.
-		{at: 0, op: "decide", limit: bucket.PerSecond(3), n: 1, want: deny(0, 333334*time.Microsecond, time.Second, bucket.PerSecond(3))},
-		// The clamp is stored: 3 spent under the old limit stay 3 spent.
-		{at: 0, op: "peek", limit: bucket.PerSecond(10), want: allow(7, 300*time.Millisecond, bucket.PerSecond(10))},
+		// Grows to 20/s burst 20: the 5 tokens held carry across, the added
+		// burst arrives spent (15 tokens to refill at 20/s).
+		{at: 0, op: "peek", limit: bucket.PerSecond(20), want: allow(5, 750*time.Millisecond, bucket.PerSecond(20))},
+		// Shrinks to burst 3: the tokens held are clamped to the new burst.
+		{at: 0, op: "decide", limit: bucket.PerSecond(3), n: 1, want: allow(2, 333334*time.Microsecond, bucket.PerSecond(3))},
+		{at: 0, op: "peek", limit: bucket.PerSecond(10), want: allow(2, 800*time.Millisecond, bucket.PerSecond(10))},
+	}},
+	{"rebase carries tokens and refills at the new rate", []step{
+		// A bucket never seen holds its old limit's whole burst: 10, not 20.
+		{at: 0, op: "rebase", from: bucket.PerSecond(10), limit: bucket.PerSecond(20), noWant: true},
+		{at: 0, op: "peek", limit: bucket.PerSecond(20), want: allow(10, 500*time.Millisecond, bucket.PerSecond(20))},
+		{at: 0, op: "decide", limit: bucket.PerSecond(20), n: 10, want: allow(0, time.Second, bucket.PerSecond(20))},
+		// 100 ms at 20/s refilled 2; moved to 5/s the bucket holds 2 of 5.
+		{at: 100 * time.Millisecond, op: "rebase", from: bucket.PerSecond(20), limit: bucket.PerSecond(5), noWant: true},
+		{at: 100 * time.Millisecond, op: "peek", limit: bucket.PerSecond(5), want: allow(2, 600*time.Millisecond, bucket.PerSecond(5))},
+		// From now on it refills at 5/s: one more token in 200 ms, not four.
+		{at: 300 * time.Millisecond, op: "peek", limit: bucket.PerSecond(5), want: allow(3, 400*time.Millisecond, bucket.PerSecond(5))},
+		// A full bucket moved to a smaller burst is full, and deleted.
+		{at: time.Minute, op: "rebase", from: bucket.PerSecond(5), limit: bucket.PerSecond(2), noWant: true},
+		{at: time.Minute, op: "peek", limit: bucket.PerSecond(2), want: allow(2, 0, bucket.PerSecond(2))},
+		{at: time.Minute, op: "rebase", from: bucket.Limit{}, limit: bucket.PerSecond(2), errIs: bucket.ErrInvalidLimit},
 	}},
 	{"take up to and return", []step{
 		{at: 0, op: "take", limit: tenMin, n: 4, got: 4, noWant: true},
@@ -152,6 +168,8 @@ func Run(t *testing.T, newStore Factory) {
 					err = s.Return(ctx, key, st.limit, st.n)
 				case "peek":
 					d, err = s.Peek(ctx, key, st.limit)
+				case "rebase":
+					err = rebaser(t, s).Rebase(ctx, key, st.from, st.limit)
 				}
 				if st.errIs != nil {
 					if !errors.Is(err, st.errIs) {
@@ -173,6 +191,14 @@ func Run(t *testing.T, newStore Factory) {
 	}
 	t.Run("seeds example", func(t *testing.T) { seedsExample(t, newStore) })
 	t.Run("matches pure functions", func(t *testing.T) { matchesModel(t, newStore) })
+}
+
+func rebaser(t *testing.T, s bucket.Store) bucket.Rebaser {
+	r, ok := s.(bucket.Rebaser)
+	if !ok {
+		t.Fatalf("%T does not implement bucket.Rebaser", s)
+	}
+	return r
 }
 
 // seedsExample: capacity 100 refilled at 10 per second admits a burst of 100
@@ -246,7 +272,18 @@ func matchesModel(t *testing.T, newStore Factory) {
 			}
 			now = now.Truncate(time.Microsecond)
 			if rng.IntN(20) == 0 {
-				l = limits[rng.IntN(len(limits))]
+				next := limits[rng.IntN(len(limits))]
+				if rng.IntN(2) == 0 { // settled at once, or left to the next call
+					var err error
+					if st, err = bucket.Rebase(st, now, l, next); err != nil {
+						t.Fatal(err)
+					}
+					clk.Set(now)
+					if err := rebaser(t, s).Rebase(ctx, key, l, next); err != nil {
+						t.Fatalf("seed %d step %d: rebase %s -> %s: %v", seed, i, l, next, err)
+					}
+				}
+				l = next
 			}
 			clk.Set(now)
 			n := bucket.Tokens(1 + rng.IntN(int(min(l.Burst(), 8))))
