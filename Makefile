@@ -39,5 +39,10 @@ proto:
 run:
 	$(GO) run ./cmd/demo
 
+## sim: the whole scenario library; a table, sim-results.json and a
+## self-contained sim-report.html (inline SVG, no network needed).
+sim:
+	$(GO) run ./cmd/sim -json sim-results.json -html sim-report.html sim/scenarios
+
 clean:
-	rm -rf bin
+	rm -rf bin sim-results.json sim-report.html
