@@ -103,6 +103,7 @@ type Core struct {
 	rules   atomic.Pointer[map[string]*ruleState]
 
 	live       atomic.Int64
+	coldCount  atomic.Uint64
 	failEpoch  atomic.Uint64
 	failAt     atomic.Int64 // µs
 	lastErr    atomic.Pointer[error]
@@ -338,8 +339,8 @@ func (c *Core) shard(k bucket.Key) *coreShard {
 	return &c.shards[(h>>7)&c.mask]
 }
 
-// state returns key's state, creating it on first use.
-func (c *Core) state(key bucket.Key, now int64) *keyState {
+// lookup returns key's state, nil when the key has none.
+func (c *Core) lookup(key bucket.Key) *keyState {
 	if ks := c.hot[hotSlot(key)].Load(); ks != nil && ks.key == key {
 		return ks
 	}
@@ -351,16 +352,38 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	ks := s.keys[key]
+	if ks != nil {
+		s.missLocked()
+	}
+	return ks
+}
+
+// missLocked counts a lookup that found a key in keys but not in read, and
+// republishes read once that has cost about as much as a copy. Requires
+// that s.mu is held.
+func (s *coreShard) missLocked() {
 	s.misses++
 	if s.misses > len(s.keys)/2+8 {
-		defer s.publishLocked()
+		s.publishLocked()
 	}
+}
+
+// state returns key's state, creating it on first use.
+func (c *Core) state(key bucket.Key, now int64) *keyState {
+	if ks := c.lookup(key); ks != nil {
+		return ks
+	}
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if ks := s.keys[key]; ks != nil {
 		return ks
 	}
 	ks := &keyState{key: key, lastSample: now, lastActive: now, winStart: now}
 	ks.rs.Store(c.rule(key.Rule))
 	s.keys[key] = ks
+	s.missLocked()
 	c.stats.keys.Add(1)
 	return ks
 }
@@ -509,26 +532,34 @@ func (ks *keyState) denyUntil(until int64, cost bucket.Tokens) {
 // the store remembers those it decides across agents.
 func (c *Core) Decide(ctx context.Context, now time.Time, key bucket.Key, global bucket.Limit, cost bucket.Tokens, attemptID string) (Result, error) {
 	var res Result
-	path, ac, err := c.decide(ctx, now, key, &global, cost, attemptID, &res.Decision)
+	path, ac, err := c.decide(ctx, now, key, &global, cost, attemptID, &res.Decision, &res.Alloc)
 	res.Path = path
-	if ac != nil {
-		res.Hot, res.Alloc = ac.hot, ac.limit
-	}
+	res.Hot = ac != nil && ac.hot
 	return res, err
 }
 
 // decide is Decide writing the decision into d, so that a decision from a
-// batch copies nothing it does not have to. It returns the path and the
-// allocation it used (nil when the request was rejected before one was
-// looked up).
-func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global *bucket.Limit, cost bucket.Tokens, attemptID string, d *bucket.Decision) (Path, *allocCache, error) {
+// batch copies nothing it does not have to, and the region's allocation
+// into alloc when it is not nil. It returns the path and the key's cached
+// allocation (nil for a key decided without state).
+func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global *bucket.Limit, cost bucket.Tokens, attemptID string, d *bucket.Decision, alloc *bucket.Limit) (Path, *allocCache, error) {
 	if err := bucket.Check(*global, cost); err != nil {
 		d.Limit = *global
 		return PathNoAllocation, nil, err
 	}
 	nowUS := now.UnixMicro()
-	ks := c.state(key, nowUS)
+	ks := c.lookup(key)
+	if ks == nil {
+		path, done, err := c.cold(ctx, now, key, global, cost, attemptID, d, alloc)
+		if done {
+			return path, nil, err
+		}
+		ks = c.state(key, nowUS)
+	}
 	ac := c.allocation(ks, now, *global)
+	if alloc != nil {
+		*alloc = ac.limit
+	}
 	if attemptID != "" {
 		return c.decideAttempt(ctx, now, nowUS, ks, ac, cost, attemptID, d)
 	}
@@ -545,6 +576,80 @@ func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global
 	res, err := c.slow(ctx, now, nowUS, ks, ac, cost, attemptID)
 	*d = res.Decision
 	return res.Path, ac, err
+}
+
+// coldSample: every coldSample-th decision of a key without state gives
+// it state, so a key in heavy demand far below its allocation (which the
+// store never reports as pressed) is soon tracked and batched, while
+// keys in light use keep none.
+const coldSample = 64
+
+// cold decides a request for a key with no local state: exactly, in the
+// store, keeping no state unless the key needs it — a coordinator entry, an
+// attempt id, a failover to drain, the store unavailable (the emergency
+// bucket lives in the state), the bucket pressed (denied, or under half
+// full: demand to report, denials to cache), or the periodic sample. done
+// is false when the caller must decide with state instead; no store call
+// was made then.
+func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *bucket.Limit, cost bucket.Tokens, attemptID string, d *bucket.Decision, alloc *bucket.Limit) (Path, bool, error) {
+	rs := c.rule(key.Rule)
+	lim := *global
+	if rs.cfg.Scope == rules.ScopeGlobal {
+		var hot bool
+		lim, hot, _ = c.alloc.Allocation(now, key, *global)
+		if hot {
+			return 0, false, nil
+		}
+	}
+	if attemptID != "" || (rs.cfg.EmptyOnFailover && c.failEpoch.Load() > 0) || c.coldCount.Add(1)%coldSample == 0 {
+		return 0, false, nil
+	}
+	// Last: a true answer may make this call the breaker's probe, which
+	// must then reach the store and report back.
+	if !c.breaker.Allow(now) {
+		return 0, false, nil
+	}
+	if alloc != nil {
+		*alloc = lim
+	}
+	if cost > lim.Burst() {
+		*d = bucket.Decision{Limit: lim, RetryAfter: c.cfg.DenyRetry}
+		rs.denied[PathNoAllocation].Add(1)
+		return PathNoAllocation, true, nil
+	}
+	dd, err := c.store.Decide(ctx, key, lim, cost, attemptID)
+	c.stats.storeOps.Add(1)
+	if err != nil {
+		if isInputErr(err) || ctx.Err() != nil {
+			c.breaker.Success(now)
+			d.Limit = lim
+			return PathStore, true, err
+		}
+		c.storeFailed(now, err)
+		ks := c.state(key, now.UnixMicro())
+		ac := c.allocation(ks, now, *global)
+		ks.arrived.Add(int64(cost))
+		res, err := c.fallback(now, ks, ac.limit, cost, Result{Alloc: ac.limit, Decision: bucket.Decision{Limit: ac.limit}})
+		*d = res.Decision
+		return res.Path, true, err
+	}
+	c.breaker.Success(now)
+	*d = dd
+	if dd.Allowed {
+		rs.admitted[PathStore].Add(1)
+	} else {
+		rs.denied[PathStore].Add(1)
+	}
+	if !dd.Allowed || dd.Remaining < lim.Burst()/2 {
+		// Pressed: from now on the key has state (its demand is reported
+		// and its denials cached).
+		ks := c.state(key, now.UnixMicro())
+		ks.arrived.Add(int64(cost))
+		if !dd.Allowed && dd.RetryAfter > 0 {
+			ks.denyUntil(now.Add(dd.RetryAfter).UnixMicro(), cost)
+		}
+	}
+	return PathStore, true, nil
 }
 
 // decideAttempt decides a request that carries an attempt id: a retry of

@@ -583,8 +583,16 @@ func TestDemandReportsPressingAndHotKeys(t *testing.T) {
 
 func TestIdleKeysAreDropped(t *testing.T) {
 	f := newFixture(t, nil)
+	// Keys in light use keep no state (one in coldSample decisions gives
+	// a key state); keys whose bucket is pressed do.
+	for i := 0; i < 30; i++ {
+		f.decide(t, key(fmt.Sprint("light", i)), 1)
+	}
+	if n := f.core.Stats().Keys; n != 0 {
+		t.Fatalf("keys %d after light use, want 0", n)
+	}
 	for i := 0; i < 100; i++ {
-		f.decide(t, key(fmt.Sprint("k", i)), 1)
+		f.decide(t, key(fmt.Sprint("k", i)), 60) // more than half the floor's burst of 100
 	}
 	if n := f.core.Stats().Keys; n != 100 {
 		t.Fatalf("keys %d, want 100", n)

@@ -57,14 +57,16 @@ func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost
 	} else {
 		now = s.clock.Now()
 	}
-	path, ac, err := s.core.decide(ctx, now, s.namer.Load().Budget(key, l), &l, cost, attemptID, &d)
-	if s.observe != nil {
-		r := Result{Decision: d, Path: path}
-		if ac != nil {
-			r.Hot, r.Alloc = ac.hot, ac.limit
+	if s.observe == nil {
+		path, _, err := s.core.decide(ctx, now, s.namer.Load().Budget(key, l), &l, cost, attemptID, &d, nil)
+		if err == nil && path == PathFailOpen {
+			err = ErrFailOpen
 		}
-		s.observe(r, s.clock.Now().Sub(now))
+		return d, err
 	}
+	var alloc bucket.Limit
+	path, ac, err := s.core.decide(ctx, now, s.namer.Load().Budget(key, l), &l, cost, attemptID, &d, &alloc)
+	s.observe(Result{Decision: d, Path: path, Hot: ac != nil && ac.hot, Alloc: alloc}, s.clock.Now().Sub(now))
 	if err == nil && path == PathFailOpen {
 		err = ErrFailOpen
 	}
