@@ -309,11 +309,11 @@ func TestEndToEndRealProcesses(t *testing.T) {
 			return true
 		}
 	}
-	took := waitE2E(t, 8*time.Second, "r1 holds more than half the budget", region("r1"))
+	took := waitE2E(t, 5*time.Second, "r1 holds more than half the budget (10 refresh intervals)", region("r1"))
 	t.Logf("r1 holds more than half the budget %s after its traffic started", took.Round(10*time.Millisecond))
 	time.Sleep(2 * time.Second) // steady state: let the window check see it
 	busy.Store("r2")
-	took = waitE2E(t, 8*time.Second, "r2 holds more than half the budget after the shift", region("r2"))
+	took = waitE2E(t, 6*time.Second, "r2 holds more than half the budget after the shift (12 refresh intervals)", region("r2"))
 	t.Logf("r2 holds more than half the budget %s after the shift", took.Round(10*time.Millisecond))
 
 	// Kill r2's speaking agent: the other takes over and the lease never
