@@ -160,6 +160,10 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 		return o, fmt.Errorf("-tls-cert=%q and -tls-key=%q must be given together", o.tlsCert, o.tlsKey)
 	case o.coordTLS && o.tlsCert == "":
 		return o, errors.New("-coordinator-tls needs -tls-cert and -tls-key")
+	case o.coordinators != "" && o.regions == "":
+		// Floors must be the coordinator's: a region that thought itself
+		// alone would take the whole budget as its floor.
+		return o, fmt.Errorf("-coordinators=%q needs -regions (every region sharing the budgets, as the coordinator has them)", o.coordinators)
 	}
 	return o, nil
 }

@@ -171,6 +171,9 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 	if _, err := parse(nil, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), "-region") {
 		t.Fatalf("missing region: %v", err)
 	}
+	if _, err := parse([]string{"-region", "eu", "-rules", "r", "-coordinators", "c:1"}, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), "-regions") {
+		t.Fatalf("coordinators without regions: %v", err)
+	}
 	env["ALLOT_RESERVE"] = "lots"
 	if _, err := parse(nil, func(k string) string { return env[k] }, io.Discard); err == nil || !strings.Contains(err.Error(), "ALLOT_RESERVE") {
 		t.Fatalf("bad environment value: %v", err)
