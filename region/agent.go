@@ -35,16 +35,21 @@ type AgentConfig struct {
 	// FailoverPoll is how often the regional Redis's run id and role are
 	// read to detect a failover; 0 turns detection off.
 	FailoverPoll time.Duration
+	// SpeakerSettle is how long a starting agent waits before it may speak
+	// for the region, so that membership converges first and two agents
+	// starting together do not both speak.
+	SpeakerSettle time.Duration
 }
 
 // DefaultAgentConfig returns an AgentConfig with production defaults;
 // Name and Core.Region are left to the caller.
 func DefaultAgentConfig() AgentConfig {
 	return AgentConfig{
-		Core:         DefaultConfig(),
-		Speaker:      DefaultSpeakerConfig(),
-		Tick:         100 * time.Millisecond, // tables and demand move within a tenth of a refresh
-		FailoverPoll: 500 * time.Millisecond, // a failover takes seconds; notice it within half of one
+		Core:          DefaultConfig(),
+		Speaker:       DefaultSpeakerConfig(),
+		Tick:          100 * time.Millisecond,  // tables and demand move within a tenth of a refresh
+		FailoverPoll:  500 * time.Millisecond,  // a failover takes seconds; notice it within half of one
+		SpeakerSettle: 1500 * time.Millisecond, // memberlist joins and gossips within about a second
 	}
 }
 
@@ -57,6 +62,8 @@ func (c AgentConfig) Validate() error {
 		return fmt.Errorf("%w: agent tick=%s must be > 0", ErrInvalidConfig, c.Tick)
 	case c.FailoverPoll < 0:
 		return fmt.Errorf("%w: agent failover_poll=%s must be ≥ 0", ErrInvalidConfig, c.FailoverPoll)
+	case c.SpeakerSettle < 0:
+		return fmt.Errorf("%w: agent speaker_settle=%s must be ≥ 0", ErrInvalidConfig, c.SpeakerSettle)
 	case c.Speaker.Tick <= 0 || c.Speaker.Refresh <= 0 || c.Speaker.Redial <= 0 || c.Speaker.DemandMaxAge <= 0:
 		return fmt.Errorf("%w: speaker tick=%s, refresh=%s, redial=%s and demand_max_age=%s must be > 0",
 			ErrInvalidConfig, c.Speaker.Tick, c.Speaker.Refresh, c.Speaker.Redial, c.Speaker.DemandMaxAge)
@@ -104,6 +111,8 @@ type Agent struct {
 	store *Store
 	log   *slog.Logger
 	rng   *rand.Rand
+
+	started time.Time // when Run began, by the agent's clock
 
 	mu        sync.Mutex
 	speaking  bool
@@ -172,6 +181,7 @@ func (a *Agent) Region() string { return a.cfg.Core.Region }
 // Run drives the agent until ctx ends, then stops it cleanly: batch tokens
 // go back and, if this was the region's last agent, the lease is released.
 func (a *Agent) Run(ctx context.Context) error {
+	a.started = a.deps.Clock.Now()
 	t := time.NewTicker(a.cfg.Tick)
 	defer t.Stop()
 	var lastPoll time.Time
@@ -196,7 +206,7 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 		slices.Sort(members)
 	}
 	a.core.SetLive(len(members))
-	speak := a.deps.Transport != nil && Speaker(members) == a.cfg.Name
+	speak := a.deps.Transport != nil && Speaker(members) == a.cfg.Name && now.Sub(a.started) >= a.cfg.SpeakerSettle
 	a.mu.Lock()
 	a.members = members
 	a.mu.Unlock()
