@@ -226,7 +226,7 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	}
 	rep := ReportOf(a.cfg.Name, now, a.core.Demand(now))
 	if t := a.view.Table(); t != nil {
-		rep.Pub = t.Pub
+		rep.Pub, rep.Speaker = t.Pub, t.Speaker
 	}
 	if err := a.deps.Shared.PutDemand(ctx, rep); err != nil {
 		a.noteErr(err)

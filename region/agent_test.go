@@ -380,12 +380,18 @@ func TestAckWaitsForEveryAgent(t *testing.T) {
 		t.Fatal("acknowledged before the other agent adopted the table")
 	}
 	// The other agent reports the table before: still held.
-	shared.PutDemand(ctx, DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub - 1})
+	shared.PutDemand(ctx, DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub - 1, Speaker: "a-0"})
 	s.step(ctx, st, nil)
 	if st.acks() != 0 {
 		t.Fatal("acknowledged while the other agent decides with an older table")
 	}
-	shared.PutDemand(ctx, DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub})
+	// A table as new from another speaker (membership split) is not ours.
+	shared.PutDemand(ctx, DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub + 5, Speaker: "a-9"})
+	s.step(ctx, st, nil)
+	if st.acks() != 0 {
+		t.Fatal("acknowledged while the other agent decides with another speaker's table")
+	}
+	shared.PutDemand(ctx, DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub, Speaker: "a-0"})
 	s.step(ctx, st, nil)
 	if st.acks() != 1 {
 		t.Fatalf("acks %d after every agent adopted the table, want 1", st.acks())
@@ -429,4 +435,36 @@ func TestLastAgentReleasesTheLease(t *testing.T) {
 	cancel()
 	<-done
 	waitFor(t, 2*time.Second, "the region's release reaches the coordinator", func() bool { return status().Released })
+}
+
+// TestSpeakerPublishesAboveAnotherSpeaker: a table another speaker wrote
+// with a higher number (while membership was split) does not keep the
+// region's agents from taking this speaker's tables.
+func TestSpeakerPublishesAboveAnotherSpeaker(t *testing.T) {
+	budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a", "b"}}}
+	clk := clock.NewManual(t0)
+	shared := NewMemShared()
+	cfg := DefaultSpeakerConfig()
+	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
+	s := &speaker{cfg: cfg, clock: clk, shared: shared, view: NewTableView("a", FloorSpec{Regions: []string{"a", "b"}}),
+		members: func() []string { return []string{"a-0"} }, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rng: rand.New(rand.NewPCG(1, 2))}
+	ctx := context.Background()
+	if err := s.start(ctx, clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// The other speaker publishes far ahead.
+	other := &Table{Region: "a", Speaker: "a-9", Pub: uint64(t0.UnixMicro()) + 1_000_000, Term: 7, Version: 3}
+	if ok, _ := shared.PublishTable(ctx, other); !ok {
+		t.Fatal("setup: other table not stored")
+	}
+	clk.Advance(time.Second)
+	s.mu.Lock()
+	s.holder.Tick(clk.Now())
+	s.holder.Release(clk.Now()) // any change of the table
+	s.publishLocked(ctx, clk.Now())
+	s.mu.Unlock()
+	got, _ := shared.LoadTable(ctx)
+	if got.Speaker != "a-0" || got.Pub <= other.Pub {
+		t.Fatalf("stored table from %s pub %d, want a-0's above %d", got.Speaker, got.Pub, other.Pub)
+	}
 }

@@ -90,7 +90,7 @@ type speaker struct {
 	// adopted the table publication they belong to; adopted is the
 	// publication each agent last reported.
 	pending []pendingAck
-	adopted map[string]uint64
+	adopted map[string]DemandReport
 }
 
 type pendingAck struct {
@@ -151,12 +151,23 @@ func (s *speaker) publishLocked(ctx context.Context, now time.Time) {
 		return
 	}
 	s.last, s.pubBase = t, t.Pub
-	s.view.Set(t)
 	if s.shared != nil {
-		if _, err := s.shared.PublishTable(ctx, t); err != nil {
+		ok, err := s.shared.PublishTable(ctx, t)
+		if err == nil && !ok {
+			// Another speaker (while membership was split) published a
+			// higher number: go on above it, so the region's agents take
+			// this table.
+			if cur, lerr := s.shared.LoadTable(ctx); lerr == nil && cur != nil && cur.Pub >= t.Pub {
+				t = TableOf(s.cfg.Region, s.cfg.Agent, cur.Pub+1, s.holder.Snapshot(), now)
+				s.last, s.pubBase = t, t.Pub
+				_, err = s.shared.PublishTable(ctx, t)
+			}
+		}
+		if err != nil {
 			s.log.Warn("region: publish table", "region", s.cfg.Region, "err", err)
 		}
 	}
+	s.view.Set(t)
 }
 
 // run speaks for the region until ctx ends. release, read at the end,
@@ -301,11 +312,11 @@ func (s *speaker) step(ctx context.Context, st LeaseStream, m *lease.Message) er
 	s.mu.Lock()
 	now := s.clock.Now()
 	if s.adopted == nil {
-		s.adopted = map[string]uint64{}
+		s.adopted = map[string]DemandReport{}
 	}
 	for _, r := range reports {
 		if now.Sub(r.At) <= s.cfg.DemandMaxAge {
-			s.adopted[r.Agent] = r.Pub
+			s.adopted[r.Agent] = DemandReport{Agent: r.Agent, Pub: r.Pub, Speaker: r.Speaker}
 		}
 	}
 	if m != nil {
@@ -359,7 +370,11 @@ func (s *speaker) adoptedLocked(members []string) uint64 {
 		if a == s.cfg.Agent {
 			continue
 		}
-		done = min(done, s.adopted[a])
+		r := s.adopted[a]
+		if r.Speaker != s.cfg.Agent {
+			return 0 // it decides with another speaker's table
+		}
+		done = min(done, r.Pub)
 	}
 	return done
 }

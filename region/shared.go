@@ -39,8 +39,10 @@ type DemandReport struct {
 	// Pub is the publication of the allocation table the agent decides
 	// with: the speaking agent acknowledges a grant to the coordinator only
 	// once every live agent has adopted the table that carries it.
-	Pub  uint64       `json:"pub"`
-	Keys []DemandItem `json:"keys"`
+	Pub uint64 `json:"pub"`
+	// Speaker is the agent that wrote that table.
+	Speaker string       `json:"speaker"`
+	Keys    []DemandItem `json:"keys"`
 }
 
 // DemandItem is one key's demand in a report: Want tokens per the budget's
