@@ -262,7 +262,7 @@ func (a *Agent) setSpeaking(ctx context.Context, speak bool) {
 	// Only setSpeaking and stop end the speaker, so that stop can decide
 	// (closing) whether the lease is released before the speaker exits.
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s := &speaker{cfg: a.cfg.Speaker, clock: a.deps.Clock, shared: a.deps.Shared, view: a.view,
+	s := &speaker{cfg: a.cfg.Speaker, clock: a.deps.Clock, shared: a.deps.Shared, store: a.deps.Store, view: a.view,
 		transport: a.deps.Transport, members: a.Members, log: a.log, rng: rand.New(rand.NewPCG(a.rng.Uint64(), a.rng.Uint64()))}
 	done := make(chan struct{})
 	a.spk, a.stopSpk, a.spkDone = s, cancel, done

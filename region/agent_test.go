@@ -468,3 +468,67 @@ func TestSpeakerPublishesAboveAnotherSpeaker(t *testing.T) {
 		t.Fatalf("stored table from %s pub %d, want a-0's above %d", got.Speaker, got.Pub, other.Pub)
 	}
 }
+
+// TestIncreasesArriveSpent: when a grant raises a key's allocation, the
+// speaker takes the increase of burst out of the regional bucket before it
+// publishes the table, so capacity another region just gave up (and may
+// have spent) is not handed out twice; a decrease rewrites the bucket at
+// once under the smaller rate.
+func TestIncreasesArriveSpent(t *testing.T) {
+	global := bucket.PerSecond(300)
+	budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: []string{"a", "b", "c"}}}
+	clk := clock.NewManual(t0)
+	store := bucket.NewMemory(bucket.MemoryOptions{Clock: clk})
+	cfg := DefaultSpeakerConfig()
+	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
+	s := &speaker{cfg: cfg, clock: clk, shared: NewMemShared(), store: store, view: NewTableView("a", FloorSpec{Regions: []string{"a", "b", "c"}}),
+		members: func() []string { return []string{"a-0"} }, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rng: rand.New(rand.NewPCG(1, 2))}
+	ctx := context.Background()
+	if err := s.start(ctx, clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	st := &captureStream{}
+	s.holder.Reconnect(clk.Now())
+	s.step(ctx, st, nil)
+	var hello lease.Message
+	for _, m := range st.sent {
+		if m.Type == lease.MsgHello {
+			hello = m
+		}
+	}
+	k := bucket.Key{Rule: "api", Subject: "x"}
+	floor := bucket.PerSecond(100)
+	// The region spends 40 of its floor's 100.
+	if n, _ := store.TakeUpTo(ctx, k, floor, 40); n != 40 {
+		t.Fatalf("setup took %d", n)
+	}
+	grant := func(n uint64, count bucket.Tokens) {
+		g := lease.Message{Type: lease.MsgGrant, Region: "a", Session: hello.Session, Term: 1, Seq: hello.Seq, Grant: n,
+			Version: n, Full: true, Renew: true, TTL: 10 * time.Second, Hold: 20 * time.Second, Refresh: time.Second,
+			Entries: []lease.Entry{{Key: k, Count: count, Burst: count}}}
+		if err := s.step(ctx, st, &g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grant(1, 250)
+	big := bucket.PerSecond(250)
+	if d, _ := store.Peek(ctx, k, big); d.Remaining != 60 {
+		t.Fatalf("after the increase the region's bucket holds %d, want the 60 it held (the increase arrives spent)", d.Remaining)
+	}
+	if tb := s.view.Table(); tb == nil || len(tb.Entries) != 1 || tb.Entries[0].Count != 250 {
+		t.Fatalf("table not published after settling: %+v", tb)
+	}
+	// A decrease is applied at once. Empty the bucket, let it refill 100 ms
+	// at 250/s (25 tokens), then shrink to 50/s: 200 ms later it holds
+	// 25 + 10, not the 75 that 300 ms at the old rate would give.
+	if n, _ := store.TakeUpTo(ctx, k, big, 1000); n != 60 {
+		t.Fatalf("took %d, want 60", n)
+	}
+	clk.Advance(100 * time.Millisecond)
+	grant(2, 50)
+	clk.Advance(200 * time.Millisecond)
+	small := bucket.PerSecond(50)
+	if d, _ := store.Peek(ctx, k, small); d.Remaining != 35 {
+		t.Fatalf("after the decrease: %d, want 35 (25 refilled before it, 10 at 50/s after)", d.Remaining)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/lease"
 )
@@ -76,6 +77,7 @@ type speaker struct {
 	cfg       SpeakerConfig
 	clock     clock.Clock
 	shared    Shared
+	store     bucket.Store // the regional store, where allocation changes are applied
 	view      *TableView
 	transport LeaseTransport
 	members   func() []string
@@ -91,6 +93,10 @@ type speaker struct {
 	// publication each agent last reported.
 	pending []pendingAck
 	adopted map[string]DemandReport
+	// applied is the allocation last applied to each key's regional bucket
+	// (absent: the floor); floors are the budgets' floors (see settle.go).
+	applied map[bucket.Key]bucket.Limit
+	floors  map[string]bucket.Limit
 }
 
 type pendingAck struct {
@@ -140,6 +146,8 @@ func (s *speaker) start(ctx context.Context, now time.Time) error {
 	}
 	s.mu.Lock()
 	s.holder, s.last, s.pubBase = h, t, base
+	s.floors = floorsOf(s.cfg.Region, s.cfg.Budgets)
+	s.initAppliedLocked(now)
 	s.mu.Unlock()
 	return nil
 }
@@ -183,6 +191,7 @@ func (s *speaker) run(ctx context.Context, release func() bool) error {
 			now := s.clock.Now()
 			s.holder.Release(now)
 			msgs := s.holder.Ready()
+			s.settleLocked(context.Background(), now)
 			s.publishLocked(context.Background(), now)
 			s.mu.Unlock()
 			if len(msgs) > 0 {
@@ -330,6 +339,7 @@ func (s *speaker) step(ctx context.Context, st LeaseStream, m *lease.Message) er
 		s.holder.Tick(now)
 	}
 	out := s.holder.Ready()
+	s.settleLocked(ctx, now)
 	s.publishLocked(ctx, now)
 	if st == nil {
 		s.pending = nil
@@ -384,6 +394,7 @@ func (s *speaker) setBudgets(bs []lease.Budget) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cfg.Budgets = bs
+	s.floors = floorsOf(s.cfg.Region, bs)
 	if s.holder == nil {
 		return nil
 	}
