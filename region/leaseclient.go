@@ -93,10 +93,9 @@ type speaker struct {
 	// publication each agent last reported.
 	pending []pendingAck
 	adopted map[string]DemandReport
-	// applied is the allocation last applied to each key's regional bucket
-	// (absent: the floor); floors are the budgets' floors (see settle.go).
-	applied map[bucket.Key]bucket.Limit
-	floors  map[string]bucket.Limit
+	// settler applies the Holder's allocation changes to the regional
+	// buckets (see settle.go).
+	settler *Settler
 }
 
 type pendingAck struct {
@@ -146,8 +145,8 @@ func (s *speaker) start(ctx context.Context, now time.Time) error {
 	}
 	s.mu.Lock()
 	s.holder, s.last, s.pubBase = h, t, base
-	s.floors = floorsOf(s.cfg.Region, s.cfg.Budgets)
-	s.initAppliedLocked(now)
+	s.settler = NewSettler(s.cfg.Region, s.cfg.Budgets)
+	s.settler.Resume(now, h)
 	s.mu.Unlock()
 	return nil
 }
@@ -394,7 +393,9 @@ func (s *speaker) setBudgets(bs []lease.Budget) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cfg.Budgets = bs
-	s.floors = floorsOf(s.cfg.Region, bs)
+	if s.settler != nil {
+		s.settler.SetBudgets(bs)
+	}
 	if s.holder == nil {
 		return nil
 	}

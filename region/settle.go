@@ -18,20 +18,61 @@ import (
 // of a key's allocation to its regional bucket the moment it happens
 // (grants, and the lease's or a hold's end), once per region, before it
 // publishes the table the others decide with; acknowledgements wait for
-// that table (see speaker.step).
+// that table (see speaker.step). A Settler does the applying; it is
+// deterministic (time is an argument) so the simulator drives the same
+// code.
 
-// settleLocked applies every changed allocation to the regional buckets at
-// now. Keys whose store call fails keep their old applied limit and are
-// tried again at the next step. Requires s.mu.
-func (s *speaker) settleLocked(ctx context.Context, now time.Time) {
-	if s.store == nil {
-		return
+// Settler applies a region's allocation changes to its regional buckets.
+// It remembers the allocation last applied to each key (absent: the
+// budget's floor). It is not safe for concurrent use; the speaker calls it
+// under its lock.
+type Settler struct {
+	region  string
+	floors  map[string]bucket.Limit
+	applied map[bucket.Key]bucket.Limit
+}
+
+// NewSettler returns a Settler for region serving budgets, with nothing
+// applied beyond the floors.
+func NewSettler(region string, budgets []lease.Budget) *Settler {
+	return &Settler{
+		region:  region,
+		floors:  floorsOf(region, budgets),
+		applied: map[bucket.Key]bucket.Limit{},
 	}
-	if s.applied == nil {
-		s.applied = map[bucket.Key]bucket.Limit{}
+}
+
+// SetBudgets replaces the budgets whose floors the Settler measures from.
+func (s *Settler) SetBudgets(budgets []lease.Budget) {
+	s.floors = floorsOf(s.region, budgets)
+}
+
+// Resume records, for a Holder resumed from the shared table, that the
+// allocations it holds at now were already applied (by the previous
+// speaker), replacing whatever the Settler remembered.
+func (s *Settler) Resume(now time.Time, h *lease.Holder) {
+	s.applied = map[bucket.Key]bucket.Limit{}
+	for _, e := range h.Table() {
+		floor, ok := s.floors[e.Key.Rule]
+		if !ok {
+			continue
+		}
+		if l, ok := h.Allocation(now, e.Key); ok && l != floor {
+			s.applied[e.Key] = l
+		}
+	}
+}
+
+// Settle applies every allocation of h that changed since the last call to
+// st's buckets at now, and returns how many keys it moved. Keys whose
+// store call fails keep their old applied limit and are tried again at the
+// next call.
+func (s *Settler) Settle(ctx context.Context, now time.Time, h *lease.Holder, st bucket.Store) (applied int) {
+	if st == nil || h == nil {
+		return 0
 	}
 	var keys []bucket.Key
-	for _, e := range s.holder.Table() {
+	for _, e := range h.Table() {
 		keys = append(keys, e.Key)
 	}
 	for k := range s.applied {
@@ -44,7 +85,7 @@ func (s *speaker) settleLocked(ctx context.Context, now time.Time) {
 		if !ok {
 			continue
 		}
-		l, ok := s.holder.Allocation(now, k)
+		l, ok := h.Allocation(now, k)
 		if !ok {
 			continue
 		}
@@ -55,15 +96,33 @@ func (s *speaker) settleLocked(ctx context.Context, now time.Time) {
 		if l == prev {
 			continue
 		}
-		if !settleBucket(ctx, s.store, k, prev, l) {
+		if !settleBucket(ctx, st, k, prev, l) {
 			continue
 		}
+		applied++
 		if l == floor {
 			delete(s.applied, k)
 		} else {
 			s.applied[k] = l
 		}
 	}
+	return applied
+}
+
+// Applied returns the allocation last applied to key's bucket, ok false
+// when it is the floor (or the key is unknown).
+func (s *Settler) Applied(k bucket.Key) (bucket.Limit, bool) {
+	l, ok := s.applied[k]
+	return l, ok
+}
+
+// settleLocked applies every changed allocation to the regional buckets at
+// now. Requires s.mu.
+func (s *speaker) settleLocked(ctx context.Context, now time.Time) {
+	if s.store == nil || s.settler == nil {
+		return
+	}
+	s.settler.Settle(ctx, now, s.holder, s.store)
 }
 
 // settleBucket moves key's regional bucket from limit prev to l now. It
@@ -108,19 +167,4 @@ func floorsOf(region string, bs []lease.Budget) map[string]bucket.Limit {
 		m[b.Rule] = b.LimitOf(b.FloorCount(region))
 	}
 	return m
-}
-
-// initApplied records, for a Holder resumed from the shared table, the
-// allocations the previous speaker applied. Requires s.mu.
-func (s *speaker) initAppliedLocked(now time.Time) {
-	s.applied = map[bucket.Key]bucket.Limit{}
-	for _, e := range s.holder.Table() {
-		floor, ok := s.floors[e.Key.Rule]
-		if !ok {
-			continue
-		}
-		if l, ok := s.holder.Allocation(now, e.Key); ok && l != floor {
-			s.applied[e.Key] = l
-		}
-	}
 }
