@@ -96,14 +96,6 @@ func newAllot(w *world) error {
 		return err
 	}
 	a.plane = p
-	if !w.opts.LeakyLimitChanges {
-		for r, rd := range a.redis {
-			rd.last = make([]bucket.Limit, w.nb)
-			rd.seen = make([]bool, w.nb)
-			rd.rule = w.ruleIdx
-			rd.floors = p.floors[r]
-		}
-	}
 	for r := range w.regions {
 		cfg := region.DefaultConfig()
 		cfg.Region = w.regions[r].name

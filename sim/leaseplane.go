@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/region"
 )
 
 // leasePlane drives the real lease protocol: a lease.Holder per region
@@ -42,13 +44,14 @@ type leasePlane struct {
 	msgs       int64
 	tracked    []int // per rule: the budget whose allocation is charted
 	allocBins  [][][]float64
-	broken     bool
 	stepErrors int64
-	// applied is, per region, the limit last applied to the regional bucket
-	// of each budget not at its floor; settleAt the pending settle event.
-	applied  []map[int32]bucket.Limit
+	// settlers apply, per region, the Holder's allocation changes to the
+	// regional buckets (region.Settler, as the speaking agent); stores are the
+	// regional Redis models they write to; settleAt the pending settle
+	// event.
+	settlers []*region.Settler
+	stores   []*regionStore
 	settleAt []Micros
-	live     []bool // the Holder's lease lived at the last invalidation
 }
 
 type coordinator struct {
@@ -74,7 +77,7 @@ const tickEvery = 200_000 // µs
 
 func newPlane(w *world, a *allot) (*leasePlane, error) {
 	sc := w.sc
-	p := &leasePlane{a: a, leader: 0, term: 1, broken: w.opts.BreakEscrow}
+	p := &leasePlane{a: a, leader: 0, term: 1}
 	var names []string
 	for _, r := range w.regions {
 		names = append(names, r.name)
@@ -103,6 +106,7 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 	cfg.Hold = cfg.TTL + 2*cfg.Drift + cfg.Refresh + cfg.Refresh/2
 	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
 	cfg.Budgets = p.budgets
+	cfg.UnsafeSkipEscrow = w.opts.UnsafeSkipEscrow
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("sim: scenario %s: coordinator: %w", sc.Name, err)
 	}
@@ -118,12 +122,13 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 	c0.alloc = alloc
 	n := len(w.regions)
 	p.epoch = make([]uint32, n)
-	p.applied = make([]map[int32]bucket.Limit, n)
 	p.settleAt = make([]Micros, n)
-	p.live = make([]bool, n)
-	for r := range p.applied {
-		p.applied[r] = map[int32]bucket.Limit{}
+	for r := range p.settleAt {
 		p.settleAt[r] = -1
+	}
+	for r := range w.regions {
+		p.settlers = append(p.settlers, region.NewSettler(w.regions[r].name, p.budgets))
+		p.stores = append(p.stores, &regionStore{p: p, rd: a.redis[r]})
 	}
 	p.validUntil = make([]Micros, n)
 	for r := range w.regions {
@@ -185,15 +190,10 @@ func (p *leasePlane) limit(r, b int) (bucket.Limit, bool) {
 	return l, l != p.floors[r][w.ruleIdx[b]]
 }
 
-// invalidate starts a new cache epoch for region r and works out until when
-// (on the region's clock) its answers stay valid.
+// invalidate starts a new cache epoch for region r, works out until when
+// (on the region's clock) its answers stay valid, and settles the region's
+// buckets.
 func (p *leasePlane) invalidate(w *world, r int, t Micros) {
-	p.invalidateKeys(w, r, t, nil, true)
-}
-
-// invalidateKeys is invalidate settling only the budgets of entries, unless
-// all is set.
-func (p *leasePlane) invalidateKeys(w *world, r int, t Micros, entries []lease.Entry, all bool) {
 	p.epoch[r]++
 	if r < len(p.a.allocs) {
 		p.a.allocs[r].Touch()
@@ -210,16 +210,7 @@ func (p *leasePlane) invalidateKeys(w *world, r int, t Micros, entries []lease.E
 		}
 	}
 	p.validUntil[r] = until
-	if all || st.Live != p.live[r] {
-		p.settle(w, r, t)
-	} else {
-		for _, e := range entries {
-			if b, ok := p.budgetOf(w, e.Key); ok {
-				p.settleOne(w, r, t, int32(b), wall(local))
-			}
-		}
-	}
-	p.live[r] = st.Live
+	p.settle(w, r, t)
 	if until != math.MaxInt64 {
 		at := w.regions[r].agent.virtual(until) + 1
 		if at > t && at != p.settleAt[r] {
@@ -229,53 +220,19 @@ func (p *leasePlane) invalidateKeys(w *world, r int, t Micros, entries []lease.E
 	}
 }
 
-// settle applies every changed allocation of region r to its regional
-// buckets at t (see regionalRedis.settle): the keys in the Holder's table
-// and those that just left it.
+// settle has region r's Settler apply every changed allocation of its
+// Holder to the regional buckets at t, as the speaking agent does before it
+// publishes the table and acknowledges (region.Settler). When no primary
+// answers (a failover) it settles again when one does.
 func (p *leasePlane) settle(w *world, r int, t Micros) {
-	if p.a.redis[r].last == nil {
-		return
-	}
-	now := p.regionNow(w, r, t)
-	var keys []int32
-	for _, e := range p.holders[r].Table() {
-		if b, ok := p.budgetOf(w, e.Key); ok {
-			keys = append(keys, int32(b))
-		}
-	}
-	for b := range p.applied[r] {
-		keys = append(keys, b)
-	}
-	slices.Sort(keys)
-	keys = slices.Compact(keys)
-	for _, b := range keys {
-		p.settleOne(w, r, t, b, now)
-	}
-}
-
-// settleOne applies budget b's allocation in region r if it changed.
-func (p *leasePlane) settleOne(w *world, r int, t Micros, b int32, now time.Time) {
-	l, _ := p.holders[r].Allocation(now, p.keys[b])
-	floor := p.floors[r][w.ruleIdx[b]]
-	prev, ok := p.applied[r][b]
-	if !ok {
-		prev = floor
-	}
-	if l == prev {
-		return
-	}
-	if rd := p.a.redis[r]; !rd.settle(int(b), t, l) {
-		// No primary (a failover): settle again when one answers.
-		if at := rd.downUntil; at != p.settleAt[r] {
+	s := p.stores[r]
+	s.t, s.down = t, false
+	p.settlers[r].Settle(context.Background(), p.regionNow(w, r, t), p.holders[r], s)
+	if s.down {
+		if at := s.rd.downUntil; at > t && at != p.settleAt[r] {
 			p.settleAt[r] = at
 			w.at(at, p.a.si, event{sub: alPlane, flag: plSettle, aux: int32(r)})
 		}
-		return
-	}
-	if l == floor {
-		delete(p.applied[r], b)
-	} else {
-		p.applied[r][b] = l
 	}
 }
 
@@ -343,15 +300,13 @@ func (p *leasePlane) handle(w *world, e *event) {
 			return // the speaking agent it was sent to is gone
 		}
 		m := e.p.(lease.Message)
-		if p.broken && m.Type == lease.MsgGrant {
-			m = breakGrant(p, m)
+		if w.opts.CorruptGrants && m.Type == lease.MsgGrant {
+			m = corruptGrant(p, m)
 		}
 		if err := p.holders[r].Step(p.regionNow(w, r, t), m); err != nil {
 			p.stepErrors++
 		}
-		// A delta grant changes only its entries, unless the lease came back
-		// to life or lapsed; anything else may change every entry.
-		p.invalidateKeys(w, r, t, m.Entries, m.Type != lease.MsgGrant || m.Full)
+		p.invalidate(w, r, t)
 		p.flushHolder(w, r, t)
 	case plElected:
 		c := int(e.agt)
@@ -387,10 +342,9 @@ func (p *leasePlane) handle(w *world, e *event) {
 	}
 }
 
-// breakGrant is the deliberately broken allocator of the tests: it hands
-// every region the whole budget for every key it grants, as an allocator
-// that skipped the escrow check could.
-func breakGrant(p *leasePlane, m lease.Message) lease.Message {
+// corruptGrant is the corrupted wire of Options.CorruptGrants: every grant
+// reaches the region handing it the whole budget for each key it names.
+func corruptGrant(p *leasePlane, m lease.Message) lease.Message {
 	out := m
 	out.Entries = make([]lease.Entry, len(m.Entries))
 	for i, e := range m.Entries {

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -35,51 +37,75 @@ func TestFailoverLosesUnreplicatedWrites(t *testing.T) {
 	}
 }
 
-func carried(floor bucket.Limit) *regionalRedis {
-	rd := newRegionalRedis(1, nodeClock{}, nodeClock{}, 0, false)
-	rd.last = make([]bucket.Limit, 1)
-	rd.seen = make([]bool, 1)
-	rd.rule = []uint16{0}
-	rd.floors = []bucket.Limit{floor}
-	return rd
-}
-
-// TestIncreaseArrivesSpent: a region whose allocation grows from its floor
-// (burst 10) to burst 20 can admit 10 at once, not 20.
-func TestIncreaseArrivesSpent(t *testing.T) {
+// TestRebaseCarriesTokens: a region whose allocation grows from its floor
+// (burst 10, never touched: full) to burst 20 can admit 10 at once, not 20.
+func TestRebaseCarriesTokens(t *testing.T) {
 	floor := bucket.PerSecond(10).WithBurst(10)
 	big := bucket.PerSecond(20).WithBurst(20)
-	rd := carried(floor)
+	rd := newRegionalRedis(1, nodeClock{}, nodeClock{}, 0, false)
+	if !rd.rebase(0, 0, floor, big) {
+		t.Fatal("rebase with the primary up reported no primary")
+	}
 	if d := rd.peek(0, 0, big); d.Remaining != 10 {
 		t.Fatalf("after an increase remaining = %d, want 10", d.Remaining)
 	}
-	// Without carrying, bucket/ alone hands out the whole new burst.
-	plain := newRegionalRedis(1, nodeClock{}, nodeClock{}, 0, false)
-	if d := plain.peek(0, 0, big); d.Remaining != 20 {
-		t.Fatalf("plain bucket remaining = %d, want 20", d.Remaining)
-	}
 }
 
-// TestSettleRefillsAtTheNewRate: a bucket emptied at 100/s and settled at
+// TestSettleRefillsAtTheNewRate: a bucket emptied at 100/s and rebased to
 // 10/s the same instant refills 5 tokens in half a second, not 50.
 func TestSettleRefillsAtTheNewRate(t *testing.T) {
 	old := bucket.PerSecond(100).WithBurst(100)
 	small := bucket.PerSecond(10).WithBurst(100)
-	rd := carried(old)
+	rd := newRegionalRedis(1, nodeClock{}, nodeClock{}, 0, false)
 	if got := rd.takeUpTo(0, 0, old, 100); got != 100 {
 		t.Fatalf("took %d, want 100", got)
 	}
-	rd.settle(0, 0, small)
+	rd.rebase(0, 0, old, small)
 	if d := rd.peek(0, 500_000, small); d.Remaining != 5 {
 		t.Fatalf("settled: remaining after 0.5 s = %d, want 5", d.Remaining)
 	}
 	// Unsettled, the state written at 100/s refills at 100/s until the
 	// next operation re-expresses it: 50 tokens.
-	lazy := carried(old)
+	lazy := newRegionalRedis(1, nodeClock{}, nodeClock{}, 0, false)
 	lazy.takeUpTo(0, 0, old, 100)
-	lazy.last = nil // no carrying, no settling
 	if d := lazy.peek(0, 500_000, small); d.Remaining != 50 {
 		t.Fatalf("lazy: remaining after 0.5 s = %d, want 50", d.Remaining)
+	}
+}
+
+// TestRegionStoreUnavailableInFailover: the store region.Settler writes to
+// answers bucket.ErrUnavailable while no primary does, and marks itself
+// down so the plane settles again.
+func TestRegionStoreUnavailableInFailover(t *testing.T) {
+	sc, err := LoadScenario("scenarios/01-steady-skewed.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := sc.Scaled(0.01)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := newWorld(small, 1, Options{Systems: []string{"allot"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := newAllot(w); err != nil {
+		t.Fatal(err)
+	}
+	a := w.systems[0].(*allot)
+	s := &regionStore{p: a.plane, rd: newRegionalRedis(1, nodeClock{}, nodeClock{}, 0, true)}
+	key := a.plane.keys[0]
+	l := bucket.PerSecond(10).WithBurst(10)
+	if err := s.Rebase(context.Background(), key, l, l.WithBurst(5)); err != nil || s.down {
+		t.Fatalf("rebase with the primary up: err %v, down %v", err, s.down)
+	}
+	s.rd.failover(0, 1_000_000)
+	s.t = 500_000
+	if _, err := s.TakeUpTo(context.Background(), key, l, 1); !errors.Is(err, bucket.ErrUnavailable) || !s.down {
+		t.Fatalf("take during a failover: err %v, down %v; want ErrUnavailable, down", err, s.down)
+	}
+	if _, err := s.Peek(context.Background(), bucket.Key{Rule: "nope", Subject: "s0"}, l); err == nil {
+		t.Fatal("an unknown key was answered")
 	}
 }
 

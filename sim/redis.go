@@ -23,13 +23,6 @@ type regionalRedis struct {
 	// lost counts, per budget, tokens debited in writes the failover lost.
 	lost []int64
 	ops  int64 // script calls, for the report
-	// last is, per budget, the limit of the previous operation, for carry;
-	// nil when limit changes are left to bucket/ alone (the behaviour the
-	// tests show overshoots).
-	last   []bucket.Limit
-	seen   []bool
-	floors []bucket.Limit // per rule: the limit of a budget never touched
-	rule   []uint16
 }
 
 // repWrite is one write on its way to the replica.
@@ -52,79 +45,19 @@ func newRegionalRedis(nb int, clk, repClk nodeClock, lag Micros, replicate bool)
 // up reports whether a primary answers at t.
 func (r *regionalRedis) up(t Micros) bool { return t >= r.downUntil }
 
-// load returns budget b's state at t, carried to the limit l.
-func (r *regionalRedis) load(b int, t Micros, l bucket.Limit) bucket.State {
-	st := r.states[b]
-	if r.last != nil {
-		if ns := r.carry(b, t, l, st); ns != st {
-			// Write the carried state at once: the operation that follows
-			// may deny and write nothing, and the debit must stay.
-			r.store(b, t, ns, 0)
-			st = ns
-		}
-	}
-	return st
-}
-
-// carry moves budget b's state to a new limit l so that moving capacity
-// between regions never creates tokens. bucket/ keeps the tokens spent
-// across a limit change: a smaller limit caps them at its burst (the
-// region loses what it held beyond it), and a larger one makes the added
-// burst available at once. The second leaks: the capacity an increase adds
-// was given up by another region that may have spent it a moment ago, so
-// it would be admitted twice in one window. An increase therefore arrives
-// spent: the added burst is debited before the first decision under the
-// new limit. With that, what the regions can admit at any instant never
-// exceeds what one global bucket could (decreases only lose tokens, refills
-// are at most the regions' rates, which sum within R), so no window
-// overshoots.
-func (r *regionalRedis) carry(b int, t Micros, l bucket.Limit, st bucket.State) bucket.State {
-	old := r.last[b]
-	if !r.seen[b] {
-		// A bucket never touched holds the region's floor, full.
-		old = r.floors[r.rule[b]]
-		r.seen[b] = true
-	}
-	r.last[b] = l
-	if l.IsZero() || l.Burst() <= old.Burst() {
-		return st
-	}
-	if _, _, ns, err := bucket.TakeUpTo(st, r.clock.at(t), l, l.Burst()-old.Burst()); err == nil {
-		st = ns
-	}
-	return st
-}
-
-// settle applies a new limit to budget b at t, as the region must do at the
-// instant its allocation changes, before it acknowledges the change: carry
-// the tokens across (see carry), then re-anchor the bucket at t so that it
-// refills at the new rate from now on. GCRA refills lazily at the rate of
-// the last write; without this, a region whose allocation shrank would keep
-// refilling at its old rate until its next request for the key, while the
-// rate it gave up is already in use elsewhere.
-// It reports false when no primary answers; the caller retries.
-func (r *regionalRedis) settle(b int, t Micros, l bucket.Limit) bool {
-	if r.last == nil {
-		return true
-	}
+// rebase moves budget b's bucket from limit from to limit to at t
+// (bucket.Rebase), as the region's Settler asks the moment its allocation
+// changes. It reports false when no primary answers; the caller retries.
+func (r *regionalRedis) rebase(b int, t Micros, from, to bucket.Limit) bool {
 	if !r.up(t) {
 		return false
 	}
 	r.ops++
-	st := r.load(b, t, l)
-	now := r.clock.at(t)
-	if !l.IsZero() {
-		if d, err := bucket.Peek(st, now, l); err == nil && d.Remaining < l.Burst() {
-			// Give one token back and take it again: no tokens change hands,
-			// and the state is rewritten at t under l.
-			if _, s2, err := bucket.Return(st, now, l, 1); err == nil {
-				if got, _, s3, err := bucket.TakeUpTo(s2, now, l, 1); err == nil && got == 1 {
-					st = s3
-				}
-			}
-		}
+	ns, err := bucket.Rebase(r.states[b], r.clock.at(t), from, to)
+	if err != nil {
+		return true // an invalid limit: nothing to move
 	}
-	r.store(b, t, st, 0)
+	r.store(b, t, ns, 0)
 	return true
 }
 
@@ -155,7 +88,7 @@ func (r *regionalRedis) replicate(t Micros) {
 // decide is the script's decide: one atomic read-refill-check-debit.
 func (r *regionalRedis) decide(b int, t Micros, l bucket.Limit, cost int64) bucket.Decision {
 	r.ops++
-	st := r.load(b, t, l)
+	st := r.states[b]
 	d, ns, err := bucket.Decide(st, r.clock.at(t), l, bucket.Tokens(cost))
 	if err != nil || !d.Allowed {
 		if err != nil {
@@ -170,7 +103,7 @@ func (r *regionalRedis) decide(b int, t Micros, l bucket.Limit, cost int64) buck
 // peek reports budget b's bucket at t without changing it.
 func (r *regionalRedis) peek(b int, t Micros, l bucket.Limit) bucket.Decision {
 	r.ops++
-	d, err := bucket.Peek(r.load(b, t, l), r.clock.at(t), l)
+	d, err := bucket.Peek(r.states[b], r.clock.at(t), l)
 	if err != nil {
 		return bucket.Decision{Limit: l}
 	}
@@ -179,7 +112,7 @@ func (r *regionalRedis) peek(b int, t Micros, l bucket.Limit) bucket.Decision {
 
 // takeUpTo debits up to n tokens and returns how many.
 func (r *regionalRedis) takeUpTo(b int, t Micros, l bucket.Limit, n int64) int64 {
-	st := r.load(b, t, l)
+	st := r.states[b]
 	got, _, ns, err := bucket.TakeUpTo(st, r.clock.at(t), l, bucket.Tokens(n))
 	if err != nil || got == 0 {
 		return 0
@@ -191,7 +124,7 @@ func (r *regionalRedis) takeUpTo(b int, t Micros, l bucket.Limit, n int64) int64
 // giveBack returns n unused tokens.
 func (r *regionalRedis) giveBack(b int, t Micros, l bucket.Limit, n int64) {
 	r.ops++
-	st := r.load(b, t, l)
+	st := r.states[b]
 	if _, ns, err := bucket.Return(st, r.clock.at(t), l, bucket.Tokens(n)); err == nil {
 		r.store(b, t, ns, -n)
 	}

@@ -14,15 +14,16 @@ type Options struct {
 	Systems []string
 	// Progress, when set, is called as virtual time advances.
 	Progress func(now, end time.Duration)
-	// BreakEscrow makes the allot system's allocator skip its escrow check,
-	// to prove the simulator catches a broken allocator. Tests only.
-	BreakEscrow bool
-	// LeakyLimitChanges leaves a change of a region's allocation to
-	// bucket/ alone: an increase is available at once and a decrease
-	// forgives what was spent beyond the new burst, so capacity moved
-	// between regions is spent twice. Tests only; it shows why the region
-	// must carry its bucket across allocation changes (see carry).
-	LeakyLimitChanges bool
+	// UnsafeSkipEscrow sets lease.Config.UnsafeSkipEscrow on the allot
+	// system's allocators: they grant increases without waiting for the
+	// escrow. Tests only.
+	UnsafeSkipEscrow bool
+	// CorruptGrants rewrites every grant on its way to a region so that it
+	// hands the region the whole budget for each key it names: a fault of
+	// the simulated wire, which the real Holder and regional code then
+	// act on. Tests only; it proves the simulator catches allocations that
+	// add up to more than the budget.
+	CorruptGrants bool
 }
 
 // Systems lists every system a run can measure, allot first.

@@ -131,9 +131,9 @@ func TestDeterministic(t *testing.T) {
 	}
 }
 
-// TestBrokenAllocatorIsCaught hands every region the whole budget for each
-// hot key, as an allocator that skipped its escrow check would, and expects
-// the simulator to report FAIL.
+// TestBrokenAllocatorIsCaught corrupts every grant on the wire so that it
+// hands each region the whole budget for each hot key, as a broken
+// allocator could, and expects the simulator to report FAIL.
 func TestBrokenAllocatorIsCaught(t *testing.T) {
 	sc, err := LoadScenario("scenarios/03-flash-crowd.yaml")
 	if err != nil {
@@ -147,7 +147,7 @@ func TestBrokenAllocatorIsCaught(t *testing.T) {
 	if good.Verdict != Pass {
 		t.Fatalf("the correct allocator fails: %+v", good.Systems[0].Rules)
 	}
-	bad, err := Run(small, 1, Options{Systems: []string{"allot"}, BreakEscrow: true})
+	bad, err := Run(small, 1, Options{Systems: []string{"allot"}, CorruptGrants: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,30 +156,25 @@ func TestBrokenAllocatorIsCaught(t *testing.T) {
 	}
 }
 
-// TestLeakyLimitChangesAreCaught shows why a region must debit an allocation's
-// burst increase: handing it out full lets the moved burst be spent twice.
-func TestLeakyLimitChangesAreCaught(t *testing.T) {
-	sc, err := LoadScenario("scenarios/13-bursty-diurnal.yaml")
+// TestUnsafeSkipEscrowReachesTheAllocator: the option sets the real
+// allocator's switch, in the first term's Allocator and any later one.
+func TestUnsafeSkipEscrowReachesTheAllocator(t *testing.T) {
+	sc, err := LoadScenario("scenarios/05-leader-failover.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	small, err := sc.Scaled(0.1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	good, err := Run(small, 1, Options{Systems: []string{"allot"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if good.Verdict != Pass {
-		t.Fatalf("carried limit changes: verdict %s: %+v", good.Verdict, good.Systems[0].Rules)
-	}
-	res, err := Run(small, 1, Options{Systems: []string{"allot"}, LeakyLimitChanges: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Verdict != Fail {
-		t.Fatalf("full increases: verdict %s, want FAIL: %+v", res.Verdict, res.Systems[0].Rules)
+	small := testScenario(t, sc)
+	for _, skip := range []bool{false, true} {
+		w, err := newWorld(small, 1, Options{Systems: []string{"allot"}, UnsafeSkipEscrow: skip})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := newAllot(w); err != nil {
+			t.Fatal(err)
+		}
+		if got := w.systems[0].(*allot).plane.cfg.UnsafeSkipEscrow; got != skip {
+			t.Fatalf("UnsafeSkipEscrow %v: allocator config has %v", skip, got)
+		}
 	}
 }
 
