@@ -1,0 +1,137 @@
+package region
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/lease"
+)
+
+var settleKey = bucket.Key{Rule: "api", Subject: "t"}
+
+// settlerFixture is a Holder of region "a" for one budget of 300/s over
+// three regions (no reserve: floor 100/s), a Memory store at a manual
+// clock, and a Settler.
+func settlerFixture(t *testing.T) (*lease.Holder, *clock.Manual, *bucket.Memory, *Settler, []lease.Budget) {
+	t.Helper()
+	t0 := time.Unix(1_700_000_000, 0)
+	budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a", "b", "c"}, Policy: lease.MaxMin}}
+	hc := lease.DefaultHolderConfig()
+	hc.Region, hc.Session, hc.Budgets = "a", 7, budgets
+	h, err := lease.NewHolder(hc, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewManual(t0)
+	return h, clk, bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), NewSettler("a", budgets), budgets
+}
+
+// settlerGrant is the leader's grant number ver (answering request seq),
+// delta over base unless full.
+func settlerGrant(ver, base, seq uint64, full bool, es ...lease.Entry) lease.Message {
+	d := lease.DefaultConfig()
+	return lease.Message{Type: lease.MsgGrant, Region: "a", Session: 7, Term: 1, Seq: seq, Grant: ver, Version: ver, Base: base,
+		Full: full, Renew: true, TTL: d.TTL, Hold: d.Hold, Refresh: d.Refresh, Drift: d.Drift, Entries: es}
+}
+
+// TestSettlerIncreaseArrivesSpent: a bucket never touched holds its floor's
+// burst (100); settled to an allocation of 200 it holds 100, not 200.
+func TestSettlerIncreaseArrivesSpent(t *testing.T) {
+	h, clk, st, s, budgets := settlerFixture(t)
+	ctx := context.Background()
+	hello := h.Ready()[0]
+	if err := h.Step(clk.Now(), settlerGrant(1, 0, hello.Seq, true, lease.Entry{Key: settleKey, Count: 200, Burst: 200})); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.Settle(ctx, clk.Now(), h, st); n != 1 {
+		t.Fatalf("settled %d keys, want 1", n)
+	}
+	big := budgets[0].LimitOf(200)
+	if l, ok := s.Applied(settleKey); !ok || l != big {
+		t.Fatalf("applied %v, %v; want %v", l, ok, big)
+	}
+	d, err := st.Peek(ctx, settleKey, big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Remaining != 100 {
+		t.Fatalf("after the increase the bucket holds %d, want the floor's 100", d.Remaining)
+	}
+	if n := s.Settle(ctx, clk.Now(), h, st); n != 0 {
+		t.Fatalf("settled %d keys again with nothing changed", n)
+	}
+}
+
+// TestSettlerDecreaseRefillsAtTheNewRate: a bucket emptied at 200/s and
+// settled to 50/s refills 25 tokens in half a second; left lazy it would
+// refill 100 at the old rate. When the lease ends it goes back to the floor.
+func TestSettlerDecreaseRefillsAtTheNewRate(t *testing.T) {
+	h, clk, st, s, budgets := settlerFixture(t)
+	ctx := context.Background()
+	hello := h.Ready()[0]
+	if err := h.Step(clk.Now(), settlerGrant(1, 0, hello.Seq, true, lease.Entry{Key: settleKey, Count: 200, Burst: 200})); err != nil {
+		t.Fatal(err)
+	}
+	s.Settle(ctx, clk.Now(), h, st)
+	big, small := budgets[0].LimitOf(200), budgets[0].LimitOf(50)
+	if _, err := st.TakeUpTo(ctx, settleKey, big, 200); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Step(clk.Now(), settlerGrant(2, 1, hello.Seq, false, lease.Entry{Key: settleKey, Count: 50, Burst: 50})); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := h.Allocation(clk.Now(), settleKey); l != small {
+		t.Fatalf("holder allocation %v, want %v", l, small)
+	}
+	if n := s.Settle(ctx, clk.Now(), h, st); n != 1 {
+		t.Fatalf("settled %d keys, want 1", n)
+	}
+	clk.Advance(500 * time.Millisecond)
+	d, err := st.Peek(ctx, settleKey, small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Remaining != 25 {
+		t.Fatalf("0.5 s after the decrease the bucket holds %d, want 25", d.Remaining)
+	}
+	// The lease ends, and with it the hold of the lent floor (50 is below
+	// the floor of 100): the floor is applied and forgotten.
+	hs := h.Status(clk.Now())
+	if hs.LeaseEnd.IsZero() {
+		t.Fatal("no lease end")
+	}
+	end := hs.LeaseEnd
+	if hs.HoldUntil.After(end) {
+		end = hs.HoldUntil
+	}
+	clk.Set(end.Add(time.Millisecond))
+	if l, _ := h.Allocation(clk.Now(), settleKey); l != budgets[0].LimitOf(100) {
+		t.Fatalf("after the lease: allocation %v, want the floor", l)
+	}
+	if n := s.Settle(ctx, clk.Now(), h, st); n != 1 {
+		t.Fatalf("at the lease's end settled %d keys, want 1", n)
+	}
+	if l, ok := s.Applied(settleKey); ok {
+		t.Fatalf("back on the floor, applied still %v", l)
+	}
+}
+
+// TestSettlerResume: a Settler resuming a Holder records what it holds as
+// applied, so a new speaker does not apply it a second time.
+func TestSettlerResume(t *testing.T) {
+	h, clk, st, s, budgets := settlerFixture(t)
+	hello := h.Ready()[0]
+	if err := h.Step(clk.Now(), settlerGrant(1, 0, hello.Seq, true, lease.Entry{Key: settleKey, Count: 200, Burst: 200})); err != nil {
+		t.Fatal(err)
+	}
+	s.Resume(clk.Now(), h)
+	if l, ok := s.Applied(settleKey); !ok || l != budgets[0].LimitOf(200) {
+		t.Fatalf("resumed: applied %v, %v", l, ok)
+	}
+	if n := s.Settle(context.Background(), clk.Now(), h, st); n != 0 {
+		t.Fatalf("resumed: settled %d keys, want 0", n)
+	}
+}
