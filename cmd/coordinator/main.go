@@ -82,7 +82,7 @@ func fromRules(set *rules.Set, regions []string, weights []int64, reserve float6
 
 func etcdEndpoints(flagValue string) []string {
 	if flagValue == "" {
-		flagValue = os.Getenv("ALLOT_ETCD_ENDPOINTS")
+		flagValue = os.Getenv("ALLOT_ETCD")
 	}
 	if flagValue == "" {
 		return nil
@@ -96,7 +96,7 @@ func serve(args []string) error {
 	httpAddr := fs.String("http", "127.0.0.1:7071", "address for /healthz, /readyz, /metrics and /status")
 	advertise := fs.String("advertise", "", "address regions reach this coordinator at (default: -listen)")
 	budgets := fs.String("budgets", "", "budgets document (standalone mode; in HA mode only its lease timings are read)")
-	etcd := fs.String("etcd", "", "etcd endpoints, comma-separated (HA mode; default $ALLOT_ETCD_ENDPOINTS)")
+	etcd := fs.String("etcd", "", "etcd endpoints, comma-separated (HA mode; default $ALLOT_ETCD)")
 	prefix := fs.String("prefix", "/allot", "etcd key prefix shared by the cluster")
 	sessionTTL := fs.Int("session-ttl", 3, "seconds a dead leader keeps its leadership in etcd")
 	certFile := fs.String("tls-cert", "", "server certificate (PEM); enables TLS")
@@ -247,13 +247,13 @@ func rulesCmd(args []string, out io.Writer) error {
 		usage()
 	}
 	fs := flag.NewFlagSet("rules "+args[0], flag.ExitOnError)
-	etcd := fs.String("etcd", "", "etcd endpoints, comma-separated (default $ALLOT_ETCD_ENDPOINTS)")
+	etcd := fs.String("etcd", "", "etcd endpoints, comma-separated (default $ALLOT_ETCD)")
 	prefix := fs.String("prefix", "/allot", "etcd key prefix shared by the cluster")
 	file := fs.String("f", "", "budgets document to store (put)")
 	_ = fs.Parse(args[1:])
 	endpoints := etcdEndpoints(*etcd)
 	if len(endpoints) == 0 {
-		return errors.New("rules: -etcd or $ALLOT_ETCD_ENDPOINTS is required")
+		return errors.New("rules: -etcd or $ALLOT_ETCD is required")
 	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -144,15 +145,38 @@ func (s *RedisServer) Client(t testing.TB) *redis.Client {
 	return c
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+var (
+	portsMu sync.Mutex
+	given   = map[int]bool{}
+)
+
+// FreePort returns a loopback port that was free, for TCP and UDP (memberlist
+// binds both), a moment ago, and never the same port twice in one test
+// binary: the kernel may hand a just-closed port out again, and two servers
+// of one test must not be given the same one.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testenv: free port: %v", err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("testenv: free port: %v", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		l.Close()
+		if err != nil {
+			continue
+		}
+		u.Close()
+		if !given[port] {
+			given[port] = true
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("testenv: no free port after 100 tries")
+	return 0
 }
 
 // EtcdEndpoints returns the shared test etcd's client endpoints, starting a
