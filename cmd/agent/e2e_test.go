@@ -369,9 +369,12 @@ func TestEndToEndRealProcesses(t *testing.T) {
 		}
 	}
 	outage := time.Since(t0)
-	// Emergency: r3's floor (⌊(600−200)/3⌋ = 133/s, burst 133) divided by its
-	// two live agents: 66 at once plus 66/s.
-	if counts["/closed/x"] != 0 || counts["/open/x"] != 200 || counts["/api/x"] > 66+int(math.Ceil(66*outage.Seconds()))+1 || counts["/api/x"] < 30 {
+	// Emergency: r3's allocation divided by its two live agents. r3 is light,
+	// so its allocation is at most its floor (⌊(600−200)/3⌋ = 133/s, burst
+	// 133): at most 66 at once plus 66/s. It may be less — down to nothing —
+	// when the coordinator has lent r3's floor to the busy region, so there
+	// is no lower bound here; the emergency bucket's own tests show it admits.
+	if counts["/closed/x"] != 0 || counts["/open/x"] != 200 || counts["/api/x"] > 66+int(math.Ceil(66*outage.Seconds()))+1 {
 		t.Fatalf("policies during the outage (%s): admitted %v; want closed 0, open 200, api ≤ 66 + 66/s", outage.Round(time.Millisecond), counts)
 	}
 	if outage > 5*time.Second {
