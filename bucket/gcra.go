@@ -184,19 +184,22 @@ func Decide(s State, now time.Time, l Limit, cost Tokens) (Decision, State, erro
 	if err := Check(l, cost); err != nil {
 		return Decision{Limit: l}, s, err
 	}
-	d, ns := decide(s, now.UnixMicro(), &l, cost)
-	return d, ns, nil
+	d := decideIn(&s, now.UnixMicro(), &l, cost)
+	return d, s, nil
 }
 
-// decide is Decide on a checked limit and cost at now µs.
-func decide(s State, now int64, l *Limit, cost Tokens) (Decision, State) {
-	g := load(s, now, l)
+// decideIn is Decide on a checked limit and cost at now µs. It writes the
+// new state through s, which spares the decision path two copies of it.
+func decideIn(s *State, now int64, l *Limit, cost Tokens) Decision {
+	g := load(*s, now, l)
 	inc := int64(cost) * l.num
 	if g.used+inc > g.tau() {
-		return g.decision(false, cost), g.keep(s)
+		*s = g.keep(*s)
+		return g.decision(false, cost)
 	}
 	g.used += inc
-	return g.decision(true, cost), g.state()
+	*s = g.state()
+	return g.decision(true, cost)
 }
 
 // TakeUpTo takes as many of n tokens as the bucket holds now, possibly none,

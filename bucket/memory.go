@@ -123,7 +123,8 @@ func (m *Memory) Decide(_ context.Context, key Key, l Limit, cost Tokens, attemp
 		}
 	}
 	p, st := s.get(key)
-	d, ns := decide(st, now, &l, cost)
+	ns := st
+	d := decideIn(&ns, now, &l, cost)
 	s.put(key, p, st, ns)
 	if attemptID != "" {
 		s.attempts[ak] = attemptRecord{d: d, expires: now + m.window}
