@@ -74,7 +74,7 @@ type gcra struct {
 // at an empty bucket rather than locking the caller out for the length of
 // the jump. A bucket that is full is the same under any limit. A bucket in
 // debt under another limit carries its available tokens across (see carry).
-func load(s State, now int64, l *Limit) gcra {
+func load(s *State, now int64, l *Limit) gcra {
 	g := gcra{now: now, l: l}
 	tau := l.tau
 	if s.Den == 0 || s.TAT < now || (s.TAT == now && s.Rem == 0) {
@@ -102,7 +102,7 @@ func load(s State, now int64, l *Limit) gcra {
 
 // position is how much of its own limit's tolerance (Burst×Num) a stored
 // state has spent at now, capped at all of it; the state is not full.
-func (s State) position(now int64) int64 {
+func (s *State) position(now int64) int64 {
 	tau := s.Burst * s.Num
 	if s.TAT-now > tau/s.Den+1 {
 		return tau
@@ -191,7 +191,7 @@ func Decide(s State, now time.Time, l Limit, cost Tokens) (Decision, State, erro
 // decideIn is Decide on a checked limit and cost at now µs. It writes the
 // new state through s, which spares the decision path two copies of it.
 func decideIn(s *State, now int64, l *Limit, cost Tokens) Decision {
-	g := load(*s, now, l)
+	g := load(s, now, l)
 	inc := int64(cost) * l.num
 	if g.used+inc > g.tau() {
 		*s = g.keep(*s)
@@ -217,7 +217,7 @@ func TakeUpTo(s State, now time.Time, l Limit, n Tokens) (Tokens, Decision, Stat
 }
 
 func takeUpTo(s State, now int64, l *Limit, n Tokens) (Tokens, Decision, State) {
-	g := load(s, now, l)
+	g := load(&s, now, l)
 	got := min(n, g.available())
 	if got <= 0 {
 		return 0, g.decision(false, 1), g.keep(s)
@@ -240,7 +240,7 @@ func Return(s State, now time.Time, l Limit, n Tokens) (Decision, State, error) 
 }
 
 func giveBack(s State, now int64, l *Limit, n Tokens) (Decision, State) {
-	g := load(s, now, l)
+	g := load(&s, now, l)
 	n = min(n, l.burst)
 	g.used = max(g.used-int64(n)*l.num, 0)
 	return g.decision(true, 0), g.state()
@@ -256,7 +256,7 @@ func Peek(s State, now time.Time, l Limit) (Decision, error) {
 }
 
 func peek(s State, now int64, l *Limit) Decision {
-	g := load(s, now, l)
+	g := load(&s, now, l)
 	return g.decision(g.used+l.num <= g.tau(), 1)
 }
 
@@ -278,7 +278,7 @@ func Rebase(s State, now time.Time, from, to Limit) (State, error) {
 }
 
 func rebase(s State, now int64, from, to *Limit) State {
-	g := load(s, now, from)
+	g := load(&s, now, from)
 	used := carry(g.used, from.num, int64(from.burst), to)
 	return gcra{now: now, used: used, l: to}.state()
 }
