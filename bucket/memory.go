@@ -122,10 +122,17 @@ func (m *Memory) Decide(_ context.Context, key Key, l Limit, cost Tokens, attemp
 			return r.d, nil
 		}
 	}
-	p, st := s.get(key)
-	ns := st
-	d := decideIn(&ns, now, &l, cost)
-	s.put(key, p, st, ns)
+	var d Decision
+	if p := s.buckets[key]; p != nil {
+		d = decideIn(p, now, &l, cost) // in place: the common path copies no state
+		if *p == (State{}) {
+			delete(s.buckets, key)
+		}
+	} else {
+		var ns State
+		d = decideIn(&ns, now, &l, cost)
+		s.put(key, nil, State{}, ns)
+	}
 	if attemptID != "" {
 		s.attempts[ak] = attemptRecord{d: d, expires: now + m.window}
 	}
