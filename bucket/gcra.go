@@ -1,6 +1,7 @@
 package bucket
 
 import (
+	"fmt"
 	"math"
 	"time"
 )
@@ -283,4 +284,7 @@ func rebase(s State, now int64, from, to *Limit) State {
 	return gcra{now: now, used: used, l: to}.state()
 }
 
-func errCost(n Tokens) error { return Check(PerSecond(1), n) }
+// errCost is the error for a batch size or return count that is not > 0.
+func errCost(n Tokens) error {
+	return fmt.Errorf("%w: n=%d must be > 0", ErrInvalidCost, n)
+}

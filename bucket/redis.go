@@ -11,6 +11,7 @@ import (
 	"hash"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -60,10 +61,9 @@ type Redis struct {
 	c       redis.UniversalClient
 	opts    RedisOptions
 	hashers sync.Pool
-	// Repaired counts keys found corrupt or of the wrong type and replaced
+	// repaired counts keys found corrupt or of the wrong type and replaced
 	// by an empty bucket; read it with RepairedKeys.
-	mu       sync.Mutex
-	repaired int64
+	repaired atomic.Int64
 }
 
 var (
@@ -165,9 +165,7 @@ func (r *Redis) run(ctx context.Context, op string, key Key, l Limit, n Tokens, 
 		return result{}, fmt.Errorf("%w: redis %s on %s: script returned %d values, want 6", ErrUnavailable, opName(op), bk, len(v))
 	}
 	if v[5] != 0 {
-		r.mu.Lock()
-		r.repaired++
-		r.mu.Unlock()
+		r.repaired.Add(1)
 	}
 	return result{
 		allowed:   v[0] == 1,
@@ -195,9 +193,7 @@ func opName(op string) string {
 // RepairedKeys is how many keys of the wrong type or with a corrupt value
 // the store has replaced by an empty bucket.
 func (r *Redis) RepairedKeys() int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.repaired
+	return r.repaired.Load()
 }
 
 // Decide implements Store.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,70 +14,19 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/lease"
 )
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+// freePort and testEtcd name the shared test helpers for this package's
+// tests: a port never handed out twice, and the harness's etcd (or a private
+// one), failing under CI=true when there is none.
+func freePort(t *testing.T) int { return testenv.FreePort(t) }
 
-// testEtcd returns ALLOT_ETCD_ENDPOINTS, or starts Debian's etcd on
-// free loopback ports for the test. Without either it skips, or fails when
-// CI=true.
-func testEtcd(t *testing.T) string {
-	t.Helper()
-	if e := os.Getenv("ALLOT_ETCD_ENDPOINTS"); e != "" {
-		return e
-	}
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("no etcd: set ALLOT_ETCD_ENDPOINTS or install etcd")
-		}
-		t.Skip("no etcd: set ALLOT_ETCD_ENDPOINTS or install etcd")
-	}
-	cp, pp := freePort(t), freePort(t)
-	client := fmt.Sprintf("http://127.0.0.1:%d", cp)
-	peerURL := fmt.Sprintf("http://127.0.0.1:%d", pp)
-	cmd := exec.Command(bin, "--name", "t", "--data-dir", filepath.Join(t.TempDir(), "etcd"),
-		"--listen-client-urls", client, "--advertise-client-urls", client,
-		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
-		"--initial-cluster", "t="+peerURL)
-	cmd.Stdout, cmd.Stderr = nil, nil
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	for i := 0; ; i++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		_, err := cli.Get(ctx, "health")
-		cancel()
-		if err == nil {
-			return client
-		}
-		if i > 100 {
-			t.Fatalf("etcd did not start: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond) // waiting for a process to start
-	}
-}
+func testEtcd(t *testing.T) string { return strings.Join(testenv.EtcdEndpoints(t), ",") }
 
 var (
 	buildOnce sync.Once

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // CI reports whether the tests run under CI, where nothing may be skipped
@@ -216,16 +218,25 @@ func StartEtcd(t testing.TB) []string {
 	}()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	addr := fmt.Sprintf("127.0.0.1:%d", cp)
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
-			c.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatalf("testenv: etcd client: %v", err)
+	}
+	defer cli.Close()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		// Listening is not serving: wait until a read is answered.
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		_, err := cli.Get(ctx, "health")
+		cancel()
+		if err == nil {
 			return []string{addr}
 		}
-		time.Sleep(20 * time.Millisecond) // waiting for a process to listen
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: etcd on %s did not answer: %v", addr, err)
+		}
+		time.Sleep(50 * time.Millisecond) // waiting for a process to start
 	}
-	t.Fatalf("testenv: etcd on %s did not come up", addr)
-	return nil
 }
 
 // StartRedisCluster starts n redis-server processes in cluster mode (no
