@@ -146,6 +146,12 @@ func NewAgent(cfg AgentConfig, deps AgentDeps) (*Agent, error) {
 	if deps.Membership == nil {
 		deps.Membership = NewStaticMembership(cfg.Name)
 	}
+	if _, ok := deps.Store.(bucket.Rebaser); !ok {
+		// The speaker applies allocation changes to the regional buckets the
+		// moment they happen; a store that cannot would let a shrunk bucket
+		// refill at its old rate.
+		return nil, fmt.Errorf("region: AgentDeps.Store %T does not implement bucket.Rebaser", deps.Store)
+	}
 	cfg.Speaker.Region, cfg.Speaker.Agent = cfg.Core.Region, cfg.Name
 	view := NewTableView(cfg.Core.Region, cfg.Core.Floors)
 	core, err := NewCore(cfg.Core, deps.Store, view)

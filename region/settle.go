@@ -136,28 +136,11 @@ func settleBucket(ctx context.Context, st bucket.Store, k bucket.Key, prev, l bu
 		_, err := st.TakeUpTo(ctx, k, l, l.Burst())
 		return err == nil
 	}
-	if rb, ok := st.(bucket.Rebaser); ok {
-		return rb.Rebase(ctx, k, prev, l) == nil
+	rb, ok := st.(bucket.Rebaser)
+	if !ok {
+		return false // NewAgent refuses such a store; the simulator's implements it
 	}
-	// A store without Rebase: a full (or never seen) bucket holds prev's
-	// burst, no more; any other is rewritten now under l by giving one
-	// token back and taking it again (nothing changes hands).
-	d, err := st.Peek(ctx, k, l)
-	if err != nil {
-		return false
-	}
-	if d.Remaining >= l.Burst() {
-		if up := l.Burst() - prev.Burst(); up > 0 {
-			_, err := st.TakeUpTo(ctx, k, l, up)
-			return err == nil
-		}
-		return true
-	}
-	if err := st.Return(ctx, k, l, 1); err != nil {
-		return false
-	}
-	_, err = st.TakeUpTo(ctx, k, l, 1)
-	return err == nil
+	return rb.Rebase(ctx, k, prev, l) == nil
 }
 
 // floorsOf returns each budget's floor limit in region.
