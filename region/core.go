@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
-	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/rules"
 )
 
@@ -1139,15 +1138,6 @@ func (c *Core) Demand(now time.Time) []KeyDemand {
 		s.mu.RUnlock()
 	}
 	slices.SortFunc(out, func(a, b KeyDemand) int { return cmpKey(a.Key, b.Key) })
-	return out
-}
-
-// LeaseDemand converts demand to the lease protocol's form.
-func LeaseDemand(ds []KeyDemand) []lease.Demand {
-	out := make([]lease.Demand, len(ds))
-	for i, d := range ds {
-		out[i] = lease.Demand{Key: d.Key, Want: d.Want}
-	}
 	return out
 }
 

@@ -50,10 +50,9 @@ func (s *localBuckets) arrive(w *world, t Micros, region, b int, cost int64, ide
 	w.admit(s.si, region, b, cost, t, pathRedis, lat)
 }
 
-func (s *localBuckets) handle(*world, *event)                 {}
-func (s *localBuckets) fault(*world, *FaultSpec, bool)        {}
-func (s *localBuckets) finish(*world) map[string]any          { return nil }
-func (s *localBuckets) limitFor(w *world, b int) bucket.Limit { return s.limits[w.ruleIdx[b]] }
+func (s *localBuckets) handle(*world, *event)          {}
+func (s *localBuckets) fault(*world, *FaultSpec, bool) {}
+func (s *localBuckets) finish(*world) map[string]any   { return nil }
 
 // central is the exact, slow baseline: one Redis in one region decides every
 // request, so requests from other regions cross the WAN both ways. A request
