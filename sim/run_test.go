@@ -131,10 +131,47 @@ func TestDeterministic(t *testing.T) {
 	}
 }
 
-// TestBrokenAllocatorIsCaught corrupts every grant on the wire so that it
-// hands each region the whole budget for each hot key, as a broken
-// allocator could, and expects the simulator to report FAIL.
+// TestBrokenAllocatorIsCaught runs the real Allocator with its escrow check
+// switched off (lease.Config.UnsafeSkipEscrow) on the escrow-cut scenario,
+// where a region holding most of a budget is cut from the coordinator just
+// before another region's demand rises, and expects FAIL on every seed; the
+// same runs with the escrow must PASS.
 func TestBrokenAllocatorIsCaught(t *testing.T) {
+	sc, err := LoadScenario("scenarios/16-escrow-cut.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := testScenario(t, sc)
+	for _, seed := range testSeeds() {
+		for _, skip := range []bool{false, true} {
+			res, err := Run(small, seed, Options{Systems: []string{"allot"}, UnsafeSkipEscrow: skip})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := Pass
+			if skip {
+				want = Fail
+			}
+			r := res.Systems[0].Rules[0]
+			if res.Verdict != want || r.Bound == nil {
+				t.Errorf("seed=%d UnsafeSkipEscrow=%v: verdict %s (overshoot %.3f, bound terms %v), want %s",
+					seed, skip, res.Verdict, r.PeakTokens, r.BoundTerms, want)
+				continue
+			}
+			if skip && r.PeakTokens < 2**r.Bound+float64(small.Rules[0].Burst) {
+				// A FAIL by a hair would be luck: without the escrow both
+				// regions spend the budget for most of a TTL.
+				t.Errorf("seed=%d: overshoot %.3f tokens without the escrow, want well above bound %.3f + B %d",
+					seed, r.PeakTokens, *r.Bound, small.Rules[0].Burst)
+			}
+		}
+	}
+}
+
+// TestCorruptGrantsAreCaught corrupts every grant on the wire so that it
+// hands each region the whole budget for each hot key, and expects the
+// simulator to report FAIL.
+func TestCorruptGrantsAreCaught(t *testing.T) {
 	sc, err := LoadScenario("scenarios/03-flash-crowd.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -152,7 +189,7 @@ func TestBrokenAllocatorIsCaught(t *testing.T) {
 		t.Fatal(err)
 	}
 	if bad.Verdict != Fail {
-		t.Fatalf("broken allocator verdict = %s (overshoot %+v), want FAIL", bad.Verdict, bad.Systems[0].Rules)
+		t.Fatalf("corrupted grants: verdict = %s (overshoot %+v), want FAIL", bad.Verdict, bad.Systems[0].Rules)
 	}
 }
 
