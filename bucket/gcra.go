@@ -7,20 +7,32 @@ import (
 )
 
 // State is a GCRA bucket's stored state: the theoretical arrival time (TAT)
-// of the next request, the instant at which the bucket would be full again.
-// TAT is integer microseconds since the Unix epoch plus Rem/Den of a
-// microsecond, so the state never accumulates rounding over long runs.
-// Num and Den record the emission interval the state was written under, so a
-// change of limit can carry over what was spent. The zero State is a full
-// bucket.
+// of the next request, the instant at which the bucket would be full again,
+// kept as integer microseconds since the Unix epoch plus a fraction rem/den
+// of a microsecond, so the state never accumulates rounding over long runs.
+// It also records the limit it was written under (the interval num/den and
+// the burst), so a change of limit can carry the bucket's tokens across.
+// The zero State is a full bucket. States are comparable with ==.
+//
+// State is four words on purpose: the compiler keeps a struct of up to four
+// words in registers, and a fifth made every decision copy it through memory.
+// rem and den share a word, which is why a limit's interval denominator must
+// stay below 2^32 (see Limit.Validate).
 type State struct {
-	TAT int64 // µs since the Unix epoch
-	Rem int64 // in [0, Den): fraction of a µs, in units of 1/Den
-	Num int64 // interval numerator (µs) the state was written with; 0 if fresh
-	Den int64 // interval denominator the state was written with
-	// Burst is the burst the state was written with: with Num and Den it
-	// lets a changed limit carry the bucket's tokens across.
-	Burst int64
+	tat   int64  // µs since the Unix epoch
+	frac  uint64 // rem<<32 | den: rem in [0, den) is the TAT's fraction of a µs, in units of 1/den; 0 if fresh
+	num   int64  // interval numerator (µs) the state was written with
+	burst int64  // burst the state was written with
+}
+
+const denBits = 32
+
+func (s *State) den() int64 { return int64(s.frac & (1<<denBits - 1)) }
+func (s *State) rem() int64 { return int64(s.frac >> denBits) }
+
+// full reports whether the bucket is full at now µs.
+func (s *State) full(now int64) bool {
+	return s.frac == 0 || s.tat < now || (s.tat == now && s.rem() == 0)
 }
 
 // Decision is the outcome of a request against a bucket.
@@ -78,37 +90,38 @@ type gcra struct {
 func load(s *State, now int64, l *Limit) gcra {
 	g := gcra{now: now, l: l}
 	tau := l.tau
-	if s.Den == 0 || s.TAT < now || (s.TAT == now && s.Rem == 0) {
+	if s.full(now) {
 		return g // fresh or full
 	}
-	if s.Num != l.num || s.Den != l.den || s.Burst != int64(l.burst) {
+	if s.num != l.num || s.frac&(1<<denBits-1) != uint64(l.den) || s.burst != int64(l.burst) {
 		g.moved = true
-		if s.Num <= 0 || s.Burst <= 0 {
+		if s.num <= 0 || s.burst <= 0 {
 			g.used = tau // not a state this package wrote: empty, never full
 			return g
 		}
-		g.used = carry(s.position(now), s.Num, s.Burst, l)
+		g.used = carry(s.position(now), s.num, s.burst, l)
 		return g
 	}
-	if s.TAT-now > l.tauUS {
+	if s.tat-now > l.tauUS {
 		g.used, g.moved = tau, true
 		return g
 	}
-	g.used = (s.TAT-now)*l.den + s.Rem
+	g.used = (s.tat-now)*l.den + s.rem()
 	if g.used > tau {
 		g.used, g.moved = tau, true
 	}
 	return g
 }
 
-// position is how much of its own limit's tolerance (Burst×Num) a stored
+// position is how much of its own limit's tolerance (burst×num) a stored
 // state has spent at now, capped at all of it; the state is not full.
 func (s *State) position(now int64) int64 {
-	tau := s.Burst * s.Num
-	if s.TAT-now > tau/s.Den+1 {
+	tau := s.burst * s.num
+	den := s.den()
+	if s.tat-now > tau/den+1 {
 		return tau
 	}
-	return min((s.TAT-now)*s.Den+s.Rem, tau)
+	return min((s.tat-now)*den+s.rem(), tau)
 }
 
 // carry re-expresses a bucket that has spent used (of tolerance burst×num,
@@ -129,21 +142,33 @@ func carry(used, num, burst int64, l *Limit) int64 {
 
 // state stores the position back as an absolute TAT. A full bucket is the
 // zero State, the same as a bucket never seen, so stores may delete it.
-func (g gcra) state() State {
-	switch {
-	case g.used == 0:
-		return State{}
-	case g.l.den == 1:
-		return State{TAT: g.now + g.used, Num: g.l.num, Den: 1, Burst: int64(g.l.burst)}
-	}
-	return State{TAT: g.now + g.used/g.l.den, Rem: g.used % g.l.den, Num: g.l.num, Den: g.l.den, Burst: int64(g.l.burst)}
+func (g *gcra) state() State {
+	var s State
+	g.store(&s)
+	return s
 }
 
-func (g gcra) tau() int64 { return g.l.tau }
+// store writes the position through s field by field: building a State and
+// copying it costs the decision path a store-forwarding stall.
+func (g *gcra) store(s *State) {
+	if g.used == 0 {
+		*s = State{}
+		return
+	}
+	q, r := g.used, int64(0)
+	if den := g.l.den; den != 1 {
+		q = g.used / den
+		r = g.used - q*den
+	}
+	s.tat, s.frac = g.now+q, uint64(r)<<denBits|uint64(g.l.den)
+	s.num, s.burst = g.l.num, int64(g.l.burst)
+}
+
+func (g *gcra) tau() int64 { return g.l.tau }
 
 // keep returns the state to store after a request that spent nothing: s
 // itself unless load had to re-express it.
-func (g gcra) keep(s State) State {
+func (g *gcra) keep(s State) State {
 	if g.moved {
 		return g.state()
 	}
@@ -151,19 +176,30 @@ func (g gcra) keep(s State) State {
 }
 
 // available is the whole tokens that could be spent now.
-func (g gcra) available() Tokens { return Tokens((g.tau() - g.used) / g.l.num) }
-
-func (g gcra) decision(allowed bool, cost Tokens) Decision {
-	d := Decision{
-		Allowed:    allowed,
-		Remaining:  g.available(),
-		ResetAfter: scaledDuration(g.used, g.l.den),
-		Limit:      *g.l,
+func (g *gcra) available() Tokens {
+	if g.l.num == 1 {
+		return Tokens(g.tau() - g.used)
 	}
+	return Tokens((g.tau() - g.used) / g.l.num)
+}
+
+func (g *gcra) decision(allowed bool, cost Tokens) Decision {
+	var d Decision
+	g.fill(&d, allowed, cost)
+	return d
+}
+
+// fill writes the decision through d field by field, for the same reason
+// as store.
+func (g *gcra) fill(d *Decision, allowed bool, cost Tokens) {
+	d.Allowed = allowed
+	d.Remaining = g.available()
+	d.ResetAfter = scaledDuration(g.used, g.l.den)
+	d.RetryAfter = 0
 	if !allowed {
 		d.RetryAfter = scaledDuration(g.used+int64(cost)*g.l.num-g.tau(), g.l.den)
 	}
-	return d
+	d.Limit = *g.l
 }
 
 // scaledDuration converts scaled units to a duration, rounding up to the µs.
@@ -181,26 +217,31 @@ func scaledDuration(v, den int64) time.Duration {
 // denies them and debits nothing. It returns the decision and the state to
 // store. The error is non-nil only for an invalid limit or cost, or
 // ErrNeverFits; s is then returned unchanged.
-func Decide(s State, now time.Time, l Limit, cost Tokens) (Decision, State, error) {
+func Decide(s State, now time.Time, l Limit, cost Tokens) (d Decision, ns State, err error) {
+	ns = s
 	if err := Check(l, cost); err != nil {
 		return Decision{Limit: l}, s, err
 	}
-	d := decideIn(&s, now.UnixMicro(), &l, cost)
-	return d, s, nil
+	decideIn(&ns, now.UnixMicro(), &l, cost, &d)
+	return d, ns, nil
 }
 
 // decideIn is Decide on a checked limit and cost at now µs. It writes the
-// new state through s, which spares the decision path two copies of it.
-func decideIn(s *State, now int64, l *Limit, cost Tokens) Decision {
+// new state through s and the decision through d, which spares the decision
+// path copies of both.
+func decideIn(s *State, now int64, l *Limit, cost Tokens, d *Decision) {
 	g := load(s, now, l)
 	inc := int64(cost) * l.num
 	if g.used+inc > g.tau() {
-		*s = g.keep(*s)
-		return g.decision(false, cost)
+		if g.moved {
+			g.store(s)
+		}
+		g.fill(d, false, cost)
+		return
 	}
 	g.used += inc
-	*s = g.state()
-	return g.decision(true, cost)
+	g.store(s)
+	g.fill(d, true, cost)
 }
 
 // TakeUpTo takes as many of n tokens as the bucket holds now, possibly none,
@@ -281,7 +322,8 @@ func Rebase(s State, now time.Time, from, to Limit) (State, error) {
 func rebase(s State, now int64, from, to *Limit) State {
 	g := load(&s, now, from)
 	used := carry(g.used, from.num, int64(from.burst), to)
-	return gcra{now: now, used: used, l: to}.state()
+	g = gcra{now: now, used: used, l: to}
+	return g.state()
 }
 
 // errCost is the error for a batch size or return count that is not > 0.

@@ -47,6 +47,7 @@ func TestInvalidInputNamesValue(t *testing.T) {
 		{PerMinute(10).WithBurst(0), 1, ErrInvalidLimit, "burst=0"},
 		{Limit{}, 1, ErrInvalidLimit, "count=0"},
 		{PerHour(1 << 40), 1, ErrInvalidLimit, "exact range"},
+		{Per(4294967311, time.Second), 1, ErrInvalidLimit, "count=4294967311 per period=1s needs an interval of 1000000/4294967311 µs, whose denominator exceeds 2^32"},
 		{PerMinute(10), 0, ErrInvalidCost, "cost=0"},
 		{PerMinute(10), -2, ErrInvalidCost, "cost=-2"},
 		{PerMinute(10), 11, ErrNeverFits, "cost=11 exceeds burst=10"},

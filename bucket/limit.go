@@ -131,6 +131,9 @@ func (l Limit) validate() error {
 		return fmt.Errorf("%w: burst=%d must be > 0", ErrInvalidLimit, l.burst)
 	case l.den == 0:
 		return fmt.Errorf("%w: %s was not built with Per", ErrInvalidLimit, l)
+	case l.den >= 1<<denBits:
+		return fmt.Errorf("%w: rate count=%d per period=%s needs an interval of %d/%d µs, whose denominator exceeds 2^32; use a count that shares more factors with the period",
+			ErrInvalidLimit, l.count, l.period, l.num, l.den)
 	case int64(l.burst) > maxScaled/l.num:
 		return fmt.Errorf("%w: burst=%d with interval %d/%d µs exceeds the exact range (burst×interval < 2^52 µs)",
 			ErrInvalidLimit, l.burst, l.num, l.den)

@@ -45,12 +45,22 @@ type Memory struct {
 const sweepEvery = 4096
 
 type memShard struct {
-	mu        sync.Mutex
-	buckets   map[Key]*State
+	mu sync.Mutex
+	// buckets is keyed by the key's 64-bit hash, already computed to pick
+	// the shard, so a lookup hashes the key once; keys whose hashes collide
+	// share a chain.
+	buckets   map[uint64]*memEntry
+	n         int // entries in buckets
 	attempts  map[attemptKey]attemptRecord
 	ops       uint32
 	lastSweep int64
 	_         [40]byte // keep shards on separate cache lines
+}
+
+type memEntry struct {
+	key  Key
+	st   State
+	next *memEntry // another key with the same hash
 }
 
 type attemptKey struct {
@@ -92,17 +102,16 @@ func NewMemory(opts MemoryOptions) *Memory {
 		shards: make([]memShard, n),
 	}
 	for i := range m.shards {
-		m.shards[i].buckets = make(map[Key]*State)
+		m.shards[i].buckets = make(map[uint64]*memEntry)
 		m.shards[i].attempts = make(map[attemptKey]attemptRecord)
 	}
 	return m
 }
 
-func (m *Memory) shard(k Key) *memShard {
-	// The subject spreads keys; a rule's length is enough to separate rules
-	// that share a subject, and one hash is cheaper than two.
-	h := maphash.String(m.seed, k.Subject) + uint64(len(k.Rule))*0x9E3779B97F4A7C15
-	return &m.shards[(h>>7)&m.mask]
+// shard returns the shard that holds k and k's hash.
+func (m *Memory) shard(k Key) (*memShard, uint64) {
+	h := maphash.String(m.seed, k.Subject) ^ maphash.String(m.seed, k.Rule)*0x9E3779B97F4A7C15
+	return &m.shards[(h>>7)&m.mask], h
 }
 
 // Decide implements Store.
@@ -111,7 +120,7 @@ func (m *Memory) Decide(_ context.Context, key Key, l Limit, cost Tokens, attemp
 		return Decision{Limit: l}, err
 	}
 	now := m.clock.Now().UnixMicro()
-	s := m.shard(key)
+	s, h := m.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tick(now)
@@ -123,15 +132,15 @@ func (m *Memory) Decide(_ context.Context, key Key, l Limit, cost Tokens, attemp
 		}
 	}
 	var d Decision
-	if p := s.buckets[key]; p != nil {
-		d = decideIn(p, now, &l, cost) // in place: the common path copies no state
-		if *p == (State{}) {
-			delete(s.buckets, key)
+	if e := s.find(h, key); e != nil {
+		decideIn(&e.st, now, &l, cost, &d) // in place: the common path copies no state
+		if e.st == (State{}) {
+			s.remove(h, e)
 		}
 	} else {
 		var ns State
-		d = decideIn(&ns, now, &l, cost)
-		s.put(key, nil, State{}, ns)
+		decideIn(&ns, now, &l, cost, &d)
+		s.put(h, key, nil, State{}, ns)
 	}
 	if attemptID != "" {
 		s.attempts[ak] = attemptRecord{d: d, expires: now + m.window}
@@ -148,13 +157,13 @@ func (m *Memory) TakeUpTo(_ context.Context, key Key, l Limit, n Tokens) (Tokens
 		return 0, errCost(n)
 	}
 	now := m.clock.Now().UnixMicro()
-	s := m.shard(key)
+	s, h := m.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tick(now)
-	p, st := s.get(key)
+	p, st := s.get(h, key)
 	got, _, ns := takeUpTo(st, now, &l, n)
-	s.put(key, p, st, ns)
+	s.put(h, key, p, st, ns)
 	return got, nil
 }
 
@@ -167,12 +176,12 @@ func (m *Memory) Return(_ context.Context, key Key, l Limit, n Tokens) error {
 		return errCost(n)
 	}
 	now := m.clock.Now().UnixMicro()
-	s := m.shard(key)
+	s, h := m.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p, st := s.get(key)
+	p, st := s.get(h, key)
 	_, ns := giveBack(st, now, &l, n)
-	s.put(key, p, st, ns)
+	s.put(h, key, p, st, ns)
 	return nil
 }
 
@@ -185,11 +194,11 @@ func (m *Memory) Rebase(_ context.Context, key Key, from, to Limit) error {
 		return err
 	}
 	now := m.clock.Now().UnixMicro()
-	s := m.shard(key)
+	s, h := m.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p, st := s.get(key)
-	s.put(key, p, st, rebase(st, now, &from, &to))
+	p, st := s.get(h, key)
+	s.put(h, key, p, st, rebase(st, now, &from, &to))
 	return nil
 }
 
@@ -199,36 +208,65 @@ func (m *Memory) Peek(_ context.Context, key Key, l Limit) (Decision, error) {
 		return Decision{Limit: l}, err
 	}
 	now := m.clock.Now().UnixMicro()
-	s := m.shard(key)
+	s, h := m.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, st := s.get(key)
+	_, st := s.get(h, key)
 	return peek(st, now, &l), nil
 }
 
-// get returns key's stored state and where it lives (nil if absent).
-// Requires that s.mu is held.
-func (s *memShard) get(key Key) (*State, State) {
-	if p := s.buckets[key]; p != nil {
-		return p, *p
+// find returns key's entry, or nil. Requires that s.mu is held.
+func (s *memShard) find(h uint64, key Key) *memEntry {
+	for e := s.buckets[h]; e != nil; e = e.next {
+		if e.key == key {
+			return e
+		}
+	}
+	return nil
+}
+
+// get returns key's entry (nil if absent) and its state. Requires that
+// s.mu is held.
+func (s *memShard) get(h uint64, key Key) (*memEntry, State) {
+	if e := s.find(h, key); e != nil {
+		return e, e.st
 	}
 	return nil, State{}
+}
+
+// remove unlinks e from the chain for h. Requires that s.mu is held.
+func (s *memShard) remove(h uint64, e *memEntry) {
+	s.n--
+	head := s.buckets[h]
+	if head == e {
+		if e.next == nil {
+			delete(s.buckets, h)
+		} else {
+			s.buckets[h] = e.next
+		}
+		return
+	}
+	for p := head; p != nil; p = p.next {
+		if p.next == e {
+			p.next = e.next
+			return
+		}
+	}
 }
 
 // put stores ns where get found st: in place on the common path, an insert
 // only for a new bucket, a delete when the bucket is full again (full is the
 // same as absent). Requires that s.mu is held.
-func (s *memShard) put(key Key, p *State, st, ns State) {
+func (s *memShard) put(h uint64, key Key, e *memEntry, st, ns State) {
 	switch {
 	case ns == st:
+	case e == nil:
+		s.n++
+		s.buckets[h] = &memEntry{key: key, st: ns, next: s.buckets[h]}
 	case ns == (State{}):
-		delete(s.buckets, key)
-	case p != nil:
-		*p = ns
+		s.remove(h, e)
 	default:
-		np := new(State)
-		*np = ns
-		s.buckets[key] = np
+		e.st = ns
 	}
 }
 
@@ -238,7 +276,7 @@ func (m *Memory) Len() (buckets, attempts int) {
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		buckets += len(s.buckets)
+		buckets += s.n
 		attempts += len(s.attempts)
 		s.mu.Unlock()
 	}
@@ -269,9 +307,21 @@ func (s *memShard) tick(now int64) {
 // decision, so the map's random iteration order cannot change outcomes.
 func (s *memShard) sweep(now int64) {
 	s.lastSweep = now
-	for k, st := range s.buckets {
-		if st.TAT < now || (st.TAT == now && st.Rem == 0) {
-			delete(s.buckets, k)
+	for h, head := range s.buckets {
+		var keep *memEntry
+		for e := head; e != nil; {
+			next := e.next
+			if e.st.full(now) {
+				s.n--
+			} else {
+				e.next, keep = keep, e
+			}
+			e = next
+		}
+		if keep == nil {
+			delete(s.buckets, h)
+		} else {
+			s.buckets[h] = keep
 		}
 	}
 	for k, r := range s.attempts {

@@ -51,7 +51,7 @@ func DefaultRedisOptions() RedisOptions {
 }
 
 // Redis is a Store on a Redis primary (single, Sentinel or Cluster through
-// redis.UniversalClient). Each bucket is one hash key, hash-tagged so that a
+// redis.UniversalClient). Each bucket is one string key, hash-tagged so that a
 // bucket and its attempt records live in one Cluster slot, and every
 // operation is one atomic Lua script that reads the server's clock, so the
 // agents' clocks do not matter. Keys expire when their bucket would be full

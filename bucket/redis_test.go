@@ -2,6 +2,7 @@ package bucket_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -160,10 +161,13 @@ func TestRedisWrongTypeAndCorrupt(t *testing.T) {
 		"hash":      func(k string) error { return c.HSet(ctx, k, "t", "1").Err() },
 		"list":      func(k string) error { return c.RPush(ctx, k, "a").Err() },
 		"garbage":   func(k string) error { return c.Set(ctx, k, "soon", 0).Err() },
-		"negative":  func(k string) error { return c.Set(ctx, k, "-5 0 1 1", 0).Err() },
-		"bad den":   func(k string) error { return c.Set(ctx, k, "1 5 1 0", 0).Err() },
-		"rem ≥ den": func(k string) error { return c.Set(ctx, k, "99999999999999 7 1 7 10", 0).Err() },
-		"too large": func(k string) error { return c.Set(ctx, k, "99999999999999 0 4503599627370496 1 10", 0).Err() },
+		"old text":  func(k string) error { return c.Set(ctx, k, "99999999999999 0 1 1 10", 0).Err() },
+		"negative":  func(k string) error { return c.Set(ctx, k, packState(-5, 0, 1, 1, 10), 0).Err() },
+		"bad den":   func(k string) error { return c.Set(ctx, k, packState(1, 5, 1, 0, 10), 0).Err() },
+		"rem ≥ den": func(k string) error { return c.Set(ctx, k, packState(99999999999999, 7, 1, 7, 10), 0).Err() },
+		"too large": func(k string) error {
+			return c.Set(ctx, k, packState(99999999999999, 0, 4503599627370496, 1, 10), 0).Err()
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			key := bucket.Key{Rule: uniqueRule(t), Subject: "x"}
@@ -187,6 +191,16 @@ func TestRedisWrongTypeAndCorrupt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// packState encodes a bucket value as the script stores it: five
+// little-endian int64 (TAT, rem, num, den, burst).
+func packState(v ...int64) string {
+	b := make([]byte, 0, 8*len(v))
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint64(b, uint64(x))
+	}
+	return string(b)
 }
 
 // After SCRIPT FLUSH (a restart or a failover to a replica that never saw
