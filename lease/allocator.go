@@ -79,6 +79,11 @@ type hotKey struct {
 	bud   *budget
 	slots []slot // one per bud.regions
 	sum   int64  // escrow sum at the last allocation
+	// born is when the key became hot, Unix ns: a region that has not
+	// reported since may be using its floor of the key without having said
+	// so (regions report every key they use, hot or not, but the Allocator
+	// keeps only hot ones), so its floor stays with it until its next report.
+	born int64
 	// starved is set while the key is in Allocator.starved.
 	starved bool
 }
@@ -323,7 +328,7 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 	r.leaseEnd = maxTime(r.leaseEnd, now.Add(a.cfg.TTL+a.cfg.Drift))
 	r.lapsed, r.settled = false, false
 	for _, e := range m.Entries {
-		k, i := a.slotFor(e.Key, r, true)
+		k, i := a.slotFor(now, e.Key, r, -1)
 		if k == nil {
 			continue
 		}
@@ -353,7 +358,7 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 	}
 	r.lastReport = now
 	for _, d := range m.Demand {
-		if k, i := a.slotFor(d.Key, r, d.Want > 0); k != nil {
+		if k, i := a.slotFor(now, d.Key, r, int64(d.Want)); k != nil {
 			k.slots[i].want, k.slots[i].wantAt = int64(d.Want), now.UnixNano()
 		}
 	}
@@ -367,7 +372,7 @@ func (a *Allocator) report(now time.Time, r *region, m Message) {
 	r.lastReq = m.Seq
 	r.lastReport = now
 	for _, d := range m.Demand {
-		k, i := a.slotFor(d.Key, r, d.Want > 0)
+		k, i := a.slotFor(now, d.Key, r, int64(d.Want))
 		if k == nil {
 			continue
 		}
@@ -428,8 +433,11 @@ func (a *Allocator) release(now time.Time, r *region) {
 	a.lapse(now, r)
 }
 
-// slotFor finds key's slot for region r, creating the hot key if create.
-func (a *Allocator) slotFor(key bucket.Key, r *region, create bool) (*hotKey, int) {
+// slotFor finds key's slot for region r. It creates the hot key for a held
+// entry (want < 0) or for demand pressing on the region's floor; demand within
+// the floor does not make a key hot, so coordinator memory follows hot keys
+// although regions report every key they use.
+func (a *Allocator) slotFor(now time.Time, key bucket.Key, r *region, want int64) (*hotKey, int) {
 	bud := a.budgets[key.Rule]
 	if bud == nil {
 		return nil, 0
@@ -441,10 +449,10 @@ func (a *Allocator) slotFor(key bucket.Key, r *region, create bool) (*hotKey, in
 	if j, ok := a.keyIdx[key]; ok {
 		return a.keys[j], i
 	}
-	if !create {
+	if want >= 0 && !a.pressing(want, bud.floors[i]) {
 		return nil, 0
 	}
-	k := &hotKey{key: key, bud: bud, slots: make([]slot, len(bud.regions))}
+	k := &hotKey{key: key, bud: bud, slots: make([]slot, len(bud.regions)), born: now.UnixNano()}
 	for j := range k.slots {
 		f := bud.floors[j]
 		k.slots[j].cur = f
@@ -575,11 +583,18 @@ func (a *Allocator) settle(r *region) {
 	}
 }
 
+// pressing reports whether a demand of want, with headroom, exceeds floor.
+func (a *Allocator) pressing(want, floor int64) bool {
+	return want > 0 && want+int64(math.Ceil(float64(want)*a.cfg.Headroom)) > floor
+}
+
+// idle reports whether k can be forgotten: every region at its floor with
+// nothing outstanding, and none pressing on it.
 func (a *Allocator) idle(now time.Time, k *hotKey) bool {
 	for i := range k.slots {
 		s := &k.slots[i]
 		if s.n != 1 || s.cur != k.bud.floors[i] || s.hist[0].count != s.cur || s.queued ||
-			(s.want > 0 && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL)) {
+			(a.pressing(s.want, k.bud.floors[i]) && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL)) {
 			return false
 		}
 	}
@@ -619,7 +634,13 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	bud := k.bud
 	n := len(k.slots)
 	C := bud.count
-	end := now.Add(a.cfg.TTL + a.cfg.Drift + a.cfg.Refresh)
+	// The window is the longest lease a grant made now can carry: TTL+Drift
+	// on this clock. Leases are extended only by the renewals of a round,
+	// and every round checks again, with its own window, before renewing;
+	// a lend acknowledged at one round (Hold > TTL+2×Drift+Refresh) still
+	// covers the next round's window, so lent floors stay counted as lent
+	// from round to round instead of returning at every round.
+	end := now.Add(a.cfg.TTL + a.cfg.Drift)
 	learning := now.Before(a.learnUntil)
 	tgt, lb, want, base := a.tgt[:n], a.lb[:n], a.want[:n], a.base[:n]
 
@@ -639,6 +660,16 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		lb[i] = 0
 		if !r.commitEnd.After(end) {
 			lb[i] = bud.floors[i] // its floor returns within the window
+		}
+		if learning {
+			// Nothing taken now could be granted to anyone before learning
+			// ends: a floor lent now would only be lost.
+			lb[i] = max(lb[i], min(s.cur, bud.floors[i]))
+		}
+		if s.wantAt == 0 && r.lastReport.UnixNano() <= k.born {
+			// No report since the key became hot: the region may use its
+			// floor of it. Unreported is not the same as unused.
+			lb[i] = max(lb[i], bud.floors[i])
 		}
 		w := int64(0)
 		if s.want > 0 && (r.lastReport.IsZero() || s.wantAt >= r.lastReport.UnixNano()) && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL) {

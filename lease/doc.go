@@ -51,10 +51,11 @@
 // delay an acknowledgement, never shorten a bound.
 //
 // A new leader starts in learning mode for one TTL plus twice the drift
-// margin: it adopts what regions say they may use now, renews and
-// decreases, but grants no increase until every lease the previous leader
-// could have granted has expired; its grants say so, and Holders apply them
-// only downwards. Every grant carries the leader's term; a Holder ignores
+// margin: it adopts what regions say they may use now, renews, and takes
+// back what regions borrowed, but grants no increase until every lease the
+// previous leader could have granted has expired — so it lends no floor
+// either, since nothing lent could be granted to anyone. Its grants say
+// so, and Holders apply them only downwards. Every grant carries the leader's term; a Holder ignores
 // grants from an older term. Full tables carry the coordinator's budgets,
 // so a rules change reaches every region with its next full table.
 //
@@ -63,7 +64,7 @@
 // Region side (one Holder per region, run by the agent that speaks for it):
 //
 //	h, _ := lease.NewHolder(cfg, now)         // or RestoreHolder(cfg, saved, now)
-//	h.Demand(now, key, want)                  // per hot key, at least every refresh
+//	h.Demand(now, key, want)                  // per key in use, at least every refresh
 //	h.Tick(now)                               // every ~100 ms
 //	h.Step(now, msgFromCoordinator)
 //	for _, m := range h.Ready() { send(m) }

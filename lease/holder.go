@@ -221,12 +221,13 @@ func (h *Holder) allocation(now time.Time, key bucket.Key, hb *holderBudget) (bu
 }
 
 // Demand records that the region would use want tokens per the budget's
-// period of key (admitted plus denied, over recent arrivals). Call it for
-// keys that press on their allocation and, at least once every refresh
-// interval, for every key the region wants more than its floor of or holds
-// an entry for: every report carries all demand recorded within the last
-// refresh interval, and a key missing from a report counts as wanting
-// nothing. A key pressing on its allocation is reported at once; the others
+// period of key (admitted plus denied, over recent arrivals). Call it, at
+// least once every refresh interval, for every key the region uses or holds
+// an entry for, however little it uses: every report carries all demand
+// recorded within the last refresh interval, and a key missing from a
+// report counts as unused, so its floor may be lent to a region pressing on
+// the budget. (The Allocator keeps state only for keys some region presses
+// on, so reporting light use costs it no memory.) A key pressing on its allocation is reported at once; the others
 // ride on the next periodic report. Keys of unknown rules are ignored.
 func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 	hb := h.budgets[key.Rule]

@@ -1108,39 +1108,6 @@ type KeyDemand struct {
 	Hot   bool
 }
 
-// Demand lists, sorted by key, the keys of global rules this agent should
-// report to the coordinator at now: those whose demand reaches HotFraction
-// of their allocation, and those with a coordinator entry (so it follows
-// their demand down as well as up).
-func (c *Core) Demand(now time.Time) []KeyDemand {
-	var out []KeyDemand
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.RLock()
-		for _, ks := range s.keys {
-			if ks.rs.Load().cfg.Scope != rules.ScopeGlobal {
-				continue
-			}
-			ac := ks.alloc.Load()
-			if ac == nil {
-				continue
-			}
-			ks.mu.Lock()
-			rate := ks.demand
-			ks.mu.Unlock()
-			lim := ac.limit
-			want := bucket.Tokens(math.Ceil(rate * ac.global.Period().Seconds()))
-			if !ac.hot && float64(want) < c.cfg.HotFraction*float64(lim.Count()) {
-				continue
-			}
-			out = append(out, KeyDemand{Key: ks.key, Want: want, Rate: rate, Alloc: lim, Hot: ac.hot})
-		}
-		s.mu.RUnlock()
-	}
-	slices.SortFunc(out, func(a, b KeyDemand) int { return cmpKey(a.Key, b.Key) })
-	return out
-}
-
 func cmpKey(a, b bucket.Key) int {
 	if c := cmp.Compare(a.Rule, b.Rule); c != 0 {
 		return c

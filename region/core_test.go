@@ -547,18 +547,29 @@ func TestNoAllocationDenies(t *testing.T) {
 	}
 }
 
-func TestDemandReportsPressingAndHotKeys(t *testing.T) {
+// TestDemandReportsEveryTrackedKey: a key the agent keeps state for is
+// reported with its demand however far below its floor, so the coordinator
+// can tell a region using a little of its floor from one using none; keys
+// in light use without state are not.
+func TestDemandReportsEveryTrackedKey(t *testing.T) {
 	f := newFixture(t, nil)
 	now := f.clk.Now()
 	f.view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour),
 		Entries: []lease.Entry{{Key: key("hot"), Count: 250, Burst: 250}}})
-	// "press" asks 200/s against a floor of 100/s; "calm" 10/s; "hot" 5/s.
-	for ms := 0; ms < 1000; ms++ {
+	// "calm" takes state by pressing its bucket once (60 of a burst of
+	// 100); "light" never does.
+	f.decide(t, key("calm"), 60)
+	// "press" asks 200/s against a floor of 100/s; "calm" and "light"
+	// 10/s; "hot" 5/s.
+	for ms := 0; ms < 3000; ms++ {
 		if ms%5 == 0 {
 			f.decide(t, key("press"), 1)
 		}
 		if ms%100 == 0 {
 			f.decide(t, key("calm"), 1)
+		}
+		if ms%100 == 50 {
+			f.decide(t, key("light"), 1)
 		}
 		if ms%200 == 0 {
 			f.decide(t, key("hot"), 1)
@@ -575,9 +586,12 @@ func TestDemandReportsPressingAndHotKeys(t *testing.T) {
 		if d.Key.Subject == "press" && (d.Want < 150 || d.Want > 260) {
 			t.Errorf("press want %d/s, want about 200", d.Want)
 		}
+		if d.Key.Subject == "calm" && (d.Want < 5 || d.Want > 40) {
+			t.Errorf("calm want %d/s, want about 10", d.Want)
+		}
 	}
-	if strings.Join(got, ",") != "hot hot=true,press hot=false" {
-		t.Fatalf("demand %v, want hot and press", got)
+	if strings.Join(got, ",") != "calm hot=false,hot hot=true,press hot=false" {
+		t.Fatalf("demand %v, want calm, hot and press", got)
 	}
 }
 

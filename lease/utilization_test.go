@@ -1,0 +1,105 @@
+package lease
+
+import (
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+// TestFloorInUseIsNotLent: a region using part of its floor keeps what it
+// uses (plus headroom) while another region presses on the budget — during
+// learning, in the moment the key becomes hot before the region's first
+// report, and after. Only what it does not use is lent.
+func TestFloorInUseIsNotLent(t *testing.T) {
+	c := newCluster(t, testConfig()) // floors of 133, reserve 200
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 60}
+	check := func(phase string) {
+		t.Helper()
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+		if l, _ := c.holders["b"].Allocation(c.now, k); l.Count() < 66 {
+			t.Fatalf("%s: b holds %d at %s, below its demand of 60 + 10%%\n%s", phase, l.Count(), c.now.Sub(t0), c.show())
+		}
+	}
+	for range 150 { // 15 s: past learning, b's demand known but not hot
+		c.step(100 * time.Millisecond)
+		check("idle")
+	}
+	if n := c.alloc.Stats(c.now).HotKeys; n != 0 {
+		t.Fatalf("%d hot keys for demand within the floor, want 0", n)
+	}
+	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 500}
+	for range 200 {
+		c.step(100 * time.Millisecond)
+		check("a pressing")
+	}
+	la, _ := c.holders["a"].Allocation(c.now, k)
+	lc, _ := c.holders["c"].Allocation(c.now, k)
+	if la.Count() != 534 || lc.Count() != 0 {
+		t.Fatalf("a holds %d, c %d; want 600−66 = 534 and 0\n%s", la.Count(), lc.Count(), c.show())
+	}
+}
+
+// TestLearningLendsNothing: a leader still learning can grant no increase,
+// so it takes no floor either: every region keeps its floor until learning
+// ends, and the hot region then gets the reserve and the idle floors.
+func TestLearningLendsNothing(t *testing.T) {
+	c := newCluster(t, testConfig())
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 500}
+	for c.alloc.Learning(c.now) {
+		c.step(100 * time.Millisecond)
+		for _, r := range c.regions {
+			if l, _ := c.holders[r].Allocation(c.now, k); l.Count() != 133 {
+				t.Fatalf("%s holds %d at %s while the leader learns, want its floor 133\n%s", r, l.Count(), c.now.Sub(t0), c.show())
+			}
+		}
+	}
+	for range 20 {
+		c.step(100 * time.Millisecond)
+	}
+	if l, _ := c.holders["a"].Allocation(c.now, k); l.Count() != 550 {
+		t.Fatalf("a holds %d 2 s after learning, want 550\n%s", l.Count(), c.show())
+	}
+}
+
+// TestLentFloorsStayLent: with a hold only just above its minimum (as the
+// simulator's scenarios set it), a steady demand keeps a steady split: lent
+// floors are not returned and lent again every refresh, which would cost
+// the borrowing region burst each time.
+func TestLentFloorsStayLent(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.TTL, cfg.Refresh, cfg.Drift = 10*time.Second, 2*time.Second, 500*time.Millisecond
+	cfg.Hold = cfg.TTL + 2*cfg.Drift + cfg.Refresh + cfg.Refresh/2
+	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
+	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(3000), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
+	c := newCluster(t, cfg)
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 5000}
+	c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 300}
+	c.demand["c"] = map[bucket.Key]bucket.Tokens{k: 200}
+	for range 300 {
+		c.step(100 * time.Millisecond)
+	}
+	changes := 0
+	l, _ := c.holders["a"].Allocation(c.now, k)
+	prev := l.Count()
+	for range 600 { // 60 s, 30 refresh intervals
+		c.step(100 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+		l, _ := c.holders["a"].Allocation(c.now, k)
+		if l.Count() != prev {
+			changes++
+			t.Logf("%s: a %d → %d", c.now.Sub(t0), prev, l.Count())
+			prev = l.Count()
+		}
+	}
+	if changes > 0 || prev != 3000-330-220 {
+		t.Fatalf("a's allocation changed %d times over 30 refresh intervals, ends at %d; want steady at 2450\n%s", changes, prev, c.show())
+	}
+}
