@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	_ "embed"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -100,9 +101,9 @@ func NewRedis(c redis.UniversalClient, opts RedisOptions) (*Redis, error) {
 	secret := opts.Secret
 	r.hashers.New = func() any {
 		if len(secret) > 0 {
-			return hmac.New(sha256.New, secret)
+			return &keyHasher{h: hmac.New(sha256.New, secret)}
 		}
-		return sha256.New()
+		return &keyHasher{h: sha256.New()}
 	}
 	return r, nil
 }
@@ -110,21 +111,31 @@ func NewRedis(c redis.UniversalClient, opts RedisOptions) (*Redis, error) {
 // RedisKey returns the Redis key of a bucket:
 // prefix + "{" + rule + ":" + hex(first 16 bytes of the subject's hash) + "}".
 func (r *Redis) RedisKey(k Key) string {
-	h := r.hashers.Get().(hash.Hash)
-	h.Reset()
-	h.Write([]byte(k.Subject))
+	kh := r.hashers.Get().(*keyHasher)
+	kh.h.Reset()
+	kh.buf = append(kh.buf[:0], k.Subject...)
+	kh.h.Write(kh.buf)
 	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	r.hashers.Put(h)
+	kh.h.Sum(sum[:0])
+	r.hashers.Put(kh)
+	var hx [32]byte
+	hex.Encode(hx[:], sum[:16])
 	var b strings.Builder
-	b.Grow(len(r.opts.Prefix) + len(k.Rule) + 36)
+	b.Grow(len(r.opts.Prefix) + len(k.Rule) + 35)
 	b.WriteString(r.opts.Prefix)
 	b.WriteByte('{')
 	b.WriteString(k.Rule)
 	b.WriteByte(':')
-	b.WriteString(hex.EncodeToString(sum[:16]))
+	b.Write(hx[:])
 	b.WriteByte('}')
 	return b.String()
+}
+
+// keyHasher is a pooled hash with a buffer for the subject, so keying a
+// bucket allocates only the key itself.
+type keyHasher struct {
+	h   hash.Hash
+	buf []byte
 }
 
 // attemptKey shares the bucket's hash tag, so Cluster keeps both in one slot.
@@ -153,11 +164,17 @@ func (r *Redis) run(ctx context.Context, op string, key Key, l Limit, n Tokens, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 	defer cancel()
-	args := []any{op, l.num, l.den, int64(l.burst), int64(n), now, r.opts.AttemptWindow.Milliseconds()}
-	for _, f := range from {
-		args = append(args, f)
+	// The numbers travel as one binary argument (the script unpacks it
+	// with struct.unpack): fewer arguments to box here and to intern there.
+	var buf [64]byte
+	p := buf[:0]
+	for _, x := range [...]int64{l.num, l.den, int64(l.burst), int64(n), r.opts.AttemptWindow.Milliseconds()} {
+		p = binary.LittleEndian.AppendUint64(p, uint64(x))
 	}
-	v, err := script.Run(ctx, r.c, keys, args...).Int64Slice()
+	for _, x := range from {
+		p = binary.LittleEndian.AppendUint64(p, uint64(x))
+	}
+	v, err := script.Run(ctx, r.c, keys, opArgs[op], string(p), now).Int64Slice()
 	if err != nil {
 		return result{}, fmt.Errorf("%w: redis %s on %s: %w", ErrUnavailable, opName(op), bk, err)
 	}
@@ -175,6 +192,10 @@ func (r *Redis) run(ctx context.Context, op string, key Key, l Limit, n Tokens, 
 		granted:   Tokens(v[4]),
 	}, nil
 }
+
+// opArgs holds each operation's name already boxed, so passing it to the
+// script does not allocate.
+var opArgs = map[string]any{"d": "d", "t": "t", "r": "r", "p": "p", "b": "b"}
 
 func opName(op string) string {
 	switch op {

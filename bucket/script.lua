@@ -7,10 +7,10 @@
 --          TAT µs, rem, num, den, burst. The TAT is TAT + rem/den µs; num/den
 --          (the interval in µs) and burst are the limit it was written under.
 -- KEYS[2]  attempt record (optional, op 'd' only): four int64, the decision
--- ARGV     op ('d' decide, 't' take-up-to, 'r' return, 'p' peek, 'b' rebase),
---          num, den, burst, n (cost / batch size), now µs or '' for the
---          server's TIME, attempt window ms, and for 'b' the limit the
---          bucket moves from: num, den, burst
+-- ARGV     op ('d' decide, 't' take-up-to, 'r' return, 'p' peek, 'b' rebase);
+--          int64s (struct '<i8...'): num, den, burst, n (cost / batch
+--          size), attempt window ms, and for 'b' the limit the bucket moves
+--          from: num, den, burst; now µs, or '' for the server's TIME
 -- returns  {allowed, remaining, retry µs, reset µs, granted, repaired}
 --
 -- Binary values because parsing and formatting five decimal numbers cost
@@ -33,24 +33,23 @@ local function carry(used, onum, oburst, num, tau)
   return tau - held
 end
 
+-- Arithmetic converts TIME's numeric strings (x + 0): cheaper than calling
+-- tonumber, and this script's cost is mostly such overhead.
 local key = KEYS[1]
 local op = ARGV[1]
-local num = tonumber(ARGV[2])
-local den = tonumber(ARGV[3])
-local burst = tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
+local num, den, burst, n, window = struct.unpack('<i8i8i8i8i8', ARGV[2])
 local now
 -- Keys expire on the server's clock. With an injected clock (tests and
 -- deterministic drivers only) that clock is not the server's, so keys get
 -- an hour of grace instead of expiring early in real time; the bucket's
 -- meaning does not depend on the expiry, only its memory does.
 local grace = 0
-if ARGV[6] ~= '' then
-  now = tonumber(ARGV[6])
+if ARGV[3] ~= '' then
+  now = ARGV[3] + 0
   grace = 3600000
 else
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
 
 if op == 'd' and KEYS[2] then
@@ -64,7 +63,7 @@ end
 -- The limit the stored state is read under: the from-limit for a rebase.
 local lnum, lden, lburst = num, den, burst
 if op == 'b' then
-  lnum, lden, lburst = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+  lnum, lden, lburst = struct.unpack('<i8i8i8', ARGV[2], 41)
 end
 local ltau = lburst * lnum
 
@@ -74,15 +73,12 @@ local ltau = lburst * lnum
 local used = 0
 local repaired = 0
 local moved = false -- capped or carried to a new limit: store even if nothing is spent
+-- A key of another type reads as an error table (length 0): like a corrupt
+-- value it becomes an empty bucket, never a full one, and SET replaces it.
 local v = redis.pcall('GET', key)
-if type(v) == 'table' and v.err then
-  -- A key of another type: replace it with an empty bucket, never a full one.
-  redis.call('DEL', key)
-  used = ltau
-  repaired = 1
-elseif v then
+if v then
   local tat, rem, sn, sd, sb
-  if #v == 40 then tat, rem, sn, sd, sb = struct.unpack('<i8i8i8i8i8', v) end
+  if #v == 40 and type(v) == 'string' then tat, rem, sn, sd, sb = struct.unpack('<i8i8i8i8i8', v) end
   if not tat or tat < 0 or rem < 0 or sn <= 0 or sd <= 0 or sb <= 0
      or rem >= sd or sb * sn > 4503599627370496 then
     used = ltau
@@ -142,22 +138,28 @@ end
 
 -- The TAT is now + q + r/den µs; reset, until the bucket is full, is that
 -- rounded up to the µs.
-local q = idiv(used, den)
-local r = used - q * den
+local q, r = used, 0
+if den ~= 1 then
+  q = idiv(used, den)
+  r = used - q * den
+end
 local reset = q
 if r > 0 then reset = q + 1 end
 if write then
   if used == 0 then
     redis.call('DEL', key)
   else
+    -- reset ≥ 1 here; the rounded quotient never falls below the exact one,
+    -- so the key never expires before the bucket is full.
     redis.call('SET', key, struct.pack('<i8i8i8i8i8', now + q, r, num, den, burst),
-      'PX', math.max(idiv(reset + 999, 1000), 1) + grace)
+      'PX', floor((reset + 999) / 1000) + grace)
   end
 end
 
-local remaining = idiv(tau - used, num)
+local remaining = tau - used
+if num ~= 1 then remaining = idiv(remaining, num) end
 if op == 'd' and KEYS[2] then
   redis.call('SET', KEYS[2], struct.pack('<i8i8i8i8', allowed, remaining, retry, reset),
-    'PX', tonumber(ARGV[7]))
+    'PX', window)
 end
 return {allowed, remaining, retry, reset, granted, repaired}
