@@ -103,6 +103,18 @@ func BenchmarkMemory(b *testing.B) {
 			}
 		})
 	})
+	b.Run("x-time-rate-keyed-parallel-one-key", func(b *testing.B) {
+		b.ReportAllocs()
+		var limiters sync.Map
+		limiters.Store(key, rate.NewLimiter(rate.Limit(1_000_000_000), 1_000_000_000))
+		clk := &fakeNow{}
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				v, _ := limiters.Load(key)
+				v.(*rate.Limiter).AllowN(clk.Now(), 1)
+			}
+		})
+	})
 	b.Run("parallel-many-keys", func(b *testing.B) {
 		b.ReportAllocs()
 		m := bucket.NewMemory(bucket.MemoryOptions{Clock: &fakeNow{}})
@@ -116,6 +128,25 @@ func BenchmarkMemory(b *testing.B) {
 			for pb.Next() {
 				i++
 				_, _ = m.Decide(ctx, keys[i&1023], benchLimit, 1, "")
+			}
+		})
+	})
+	b.Run("x-time-rate-keyed-parallel-many-keys", func(b *testing.B) {
+		b.ReportAllocs()
+		var limiters sync.Map
+		keys := make([]bucket.Key, 1024)
+		for i := range keys {
+			keys[i] = bucket.Key{Rule: "bench", Subject: "tenant-" + strconv.Itoa(i)}
+			limiters.Store(keys[i], rate.NewLimiter(rate.Limit(1_000_000_000), 1_000_000_000))
+		}
+		clk := &fakeNow{}
+		var seq atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(seq.Add(1)) * 7919
+			for pb.Next() {
+				i++
+				v, _ := limiters.Load(keys[i&1023])
+				v.(*rate.Limiter).AllowN(clk.Now(), 1)
 			}
 		})
 	})
