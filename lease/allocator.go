@@ -115,7 +115,10 @@ type region struct {
 	needFull bool
 	lastSeq  uint64 // latest message seen from the session
 	lastReq  uint64 // latest request (hello or report): leases are measured from it
-	heard    time.Time
+	// reqAt is when lastReq arrived. The Holder sent it earlier, so a lease
+	// measured from it ends at the Holder first.
+	reqAt time.Time
+	heard time.Time
 	// lastReport is when the latest report arrived: each report carries all
 	// of the region's demand, so a key not in it wants nothing.
 	lastReport time.Time
@@ -321,7 +324,9 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 	}
 	r.known, r.released = true, false
 	r.lastSeq = max(r.lastSeq, m.Seq)
-	r.lastReq = max(r.lastReq, m.Seq)
+	if m.Seq >= r.lastReq {
+		r.lastReq, r.reqAt = m.Seq, now
+	}
 	r.heard = now
 	r.needFull = true
 	// The hello's entries are held until at most TTL after it was sent.
@@ -369,7 +374,7 @@ func (a *Allocator) report(now time.Time, r *region, m Message) {
 	if m.Seq < r.lastReq {
 		return // overtaken by a later report, which carries all demand
 	}
-	r.lastReq = m.Seq
+	r.lastReq, r.reqAt = m.Seq, now
 	r.lastReport = now
 	for _, d := range m.Demand {
 		k, i := a.slotFor(now, d.Key, r, int64(d.Want))
@@ -470,9 +475,11 @@ func (a *Allocator) Tick(now time.Time) {
 	for _, r := range a.regions {
 		if !r.lapsed && !now.Before(r.leaseEnd) {
 			a.lapse(now, r)
+			a.recheck = len(a.starved) > 0 // what it held may be free now
 		}
 		if r.lapsed && !r.settled && !now.Before(r.commitEnd) {
 			a.settle(r)
+			a.recheck = len(a.starved) > 0
 		}
 	}
 	if now.Sub(a.lastRound) < a.cfg.Refresh {
@@ -742,22 +749,31 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 			a.stats.Increases++
 		}
 	}
+	waiting := false
 	for i := range k.slots {
-		if tgt[i] > k.slots[i].cur && !k.starved {
-			k.starved = true
-			a.starved = append(a.starved, k)
+		if tgt[i] > k.slots[i].cur {
+			waiting = true
+			if !k.starved {
+				k.starved = true
+				a.starved = append(a.starved, k)
+			}
 		}
 	}
 	k.sum = sum
-	if sum > C {
-		// Renewing a region that may still use more than it is now granted
-		// would carry the excess past the window; let it lapse or be acked.
-		// Only a region holding more than its floor gains anything from a
-		// renewal: below it, its claim after the lease is at least as large.
-		for i := range k.slots {
-			if k.slots[i].max() > bud.floors[i] {
-				bud.regions[i].blocked = true
-			}
+	// Renewing a region that may still use more than it is now granted
+	// would carry the excess past the window; let it lapse or be acked. That
+	// is needed when the key is over its budget, and worth it when another
+	// region waits for the capacity: a region that does not acknowledge a
+	// decrease within an eighth of a refresh interval (many round trips: it
+	// is cut off, or its messages are lost) must not keep the capacity for
+	// as long as it was last heard from. A region that acknowledges is renewed again at the next round.
+	// Only a region holding more than its floor gains anything from a
+	// renewal: below it, its claim after the lease is at least as large.
+	for i := range k.slots {
+		r := bud.regions[i]
+		if m := k.slots[i].max(); m > bud.floors[i] && (sum > C ||
+			waiting && m > k.slots[i].cur && r.acked < r.version && now.Sub(r.unackedSince) >= a.cfg.Refresh/8) {
+			r.blocked = true
 		}
 	}
 }
@@ -972,7 +988,14 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 	m.Grant = r.grant
 	r.grants[r.grant%uint64(len(r.grants))] = grantRec{id: r.grant, at: now}
 	if renew {
-		r.leaseEnd = maxTime(r.leaseEnd, now.Add(a.cfg.TTL+a.cfg.Drift))
+		// The Holder measures the lease from when it sent request Seq, which
+		// arrived at reqAt: the lease cannot outlive reqAt+TTL+Drift here,
+		// however late this grant arrives (or whether it arrives at all).
+		from := r.reqAt
+		if from.IsZero() || from.After(now) {
+			from = now
+		}
+		r.leaseEnd = maxTime(r.leaseEnd, from.Add(a.cfg.TTL+a.cfg.Drift))
 		a.stats.Renewals++
 	}
 	a.stats.Grants++

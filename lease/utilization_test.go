@@ -103,3 +103,44 @@ func TestLentFloorsStayLent(t *testing.T) {
 		t.Fatalf("a's allocation changed %d times over 30 refresh intervals, ends at %d; want steady at 2450\n%s", changes, prev, c.show())
 	}
 }
+
+// TestUnreachableRegionReturnsCapacity: a region holding the budget is cut
+// off just before another region's demand rises. Its decrease cannot
+// arrive, so it is not renewed while the other waits: its capacity is free
+// once the lease it already has runs out (counted from its last request),
+// not a full TTL after the coordinator last heard from it plus renewals.
+func TestUnreachableRegionReturnsCapacity(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.TTL, cfg.Refresh, cfg.Drift = 10*time.Second, 2*time.Second, 500*time.Millisecond
+	cfg.Hold = cfg.TTL + 2*cfg.Drift + cfg.Refresh + cfg.Refresh/2
+	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
+	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(2000), Regions: []string{"e", "u"}, Reserve: 0.5}}
+	c := newCluster(t, cfg)
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	c.demand["e"] = map[bucket.Key]bucket.Tokens{k: 4000}
+	for range 200 {
+		c.step(100 * time.Millisecond)
+	}
+	if l, _ := c.holders["e"].Allocation(c.now, k); l.Count() != 2000 {
+		t.Fatalf("e holds %d before the cut, want 2000\n%s", l.Count(), c.show())
+	}
+	c.cut["e"] = true
+	c.step(time.Second)
+	c.demand["u"] = map[bucket.Key]bucket.Tokens{k: 4000}
+	var got time.Duration
+	for range 150 {
+		c.step(100 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+		if l, _ := c.holders["u"].Allocation(c.now, k); l.Count() >= 1500 && got == 0 {
+			got = c.now.Sub(t0)
+		}
+	}
+	// e's last request before the cut was sent by 20 s: its lease ends by
+	// 30.5 s at the coordinator; u is raised at the next tick.
+	if got == 0 || got > 31*time.Second {
+		t.Fatalf("u reached 1500 at %s, want by 31s (cut at 20s)\n%s", got, c.show())
+	}
+	t.Logf("u reached 1500 at %s (e cut at 20s, u's demand from 21s)", got)
+}
