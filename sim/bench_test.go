@@ -41,12 +41,15 @@ func synthetic(regions, keys int, rate float64, d time.Duration) *Scenario {
 	return sc
 }
 
-// runBench runs sc once per iteration and reports simulated decisions (one
-// per system per arrival, the ideal bucket included) and arrivals per
-// wall-clock second, and the largest live heap sampled during the runs.
+// runBench runs sc once per iteration and reports, per wall-clock second:
+// arrivals; decisions (one per system per arrival, the ideal bucket
+// included); and allot's decisions alone (one per arrival it decides, the
+// figure the speed target is about), also per second of the process's CPU
+// time, which other work on a shared machine does not inflate. It also
+// reports the largest live heap sampled during the runs.
 func runBench(b *testing.B, sc *Scenario, opts Options) {
 	b.Helper()
-	var decisions, arrivals int64
+	var decisions, arrivals, allotDecisions int64
 	var peak uint64
 	var ms runtime.MemStats
 	opts.Progress = func(now, end time.Duration) {
@@ -54,6 +57,7 @@ func runBench(b *testing.B, sc *Scenario, opts Options) {
 		peak = max(peak, ms.HeapAlloc)
 	}
 	runtime.GC()
+	cpu0 := cpuTime()
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
 		res, err := Run(sc, uint64(i+1), opts)
@@ -62,10 +66,22 @@ func runBench(b *testing.B, sc *Scenario, opts Options) {
 		}
 		decisions += res.Decisions
 		arrivals += res.Arrivals
+		for _, s := range res.Systems {
+			if s.Name == "allot" {
+				allotDecisions += s.Requests
+			}
+		}
 	}
 	el := time.Since(start).Seconds()
+	cpu := (cpuTime() - cpu0).Seconds()
 	b.ReportMetric(float64(decisions)/el, "decisions/s")
 	b.ReportMetric(float64(arrivals)/el, "arrivals/s")
+	if allotDecisions > 0 {
+		b.ReportMetric(float64(allotDecisions)/el, "allot-decisions/s")
+		if cpu > 0 {
+			b.ReportMetric(float64(allotDecisions)/cpu, "allot-decisions/cpu-s")
+		}
+	}
 	b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MB")
 }
 
