@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,6 +51,8 @@ type leasePlane struct {
 	settlers []*region.Settler
 	stores   []*regionStore
 	settleAt []Micros
+	// demandSum and demandTmp are demand's merge buffers.
+	demandSum, demandTmp []keyWant
 }
 
 type coordinator struct {
@@ -238,32 +239,62 @@ func (p *leasePlane) settle(w *world, r int, t Micros) {
 
 // demand reports the region's demand to its Holder: the sum over its live
 // agents of what each core says it should report (region.Core.Demand), in
-// tokens per the budget's period. In the agent this travels to the speaking
-// agent through the regional Redis.
+// tokens per the budget's period, in key order. In the agent this travels
+// to the speaking agent through the regional Redis. Each core lists its
+// keys sorted, so the sums are a merge of sorted lists, into buffers the
+// plane reuses.
 func (p *leasePlane) demand(w *world, r int, t Micros) {
 	now := p.regionNow(w, r, t)
-	sum := map[bucket.Key]bucket.Tokens{}
-	var order []bucket.Key
+	sum := p.demandSum[:0]
 	for _, ag := range p.a.agents[r] {
 		if !ag.alive {
 			continue
 		}
-		for _, d := range ag.core.Demand(now) {
-			if _, ok := sum[d.Key]; !ok {
-				order = append(order, d.Key)
-			}
-			sum[d.Key] += d.Want
+		sum, p.demandTmp = mergeDemand(p.demandTmp[:0], sum, ag.core.Demand(now)), sum
+	}
+	for _, d := range sum {
+		p.holders[r].Demand(now, d.key, d.want)
+	}
+	p.demandSum = sum[:0]
+}
+
+// keyWant is one key's demand summed over a region's agents.
+type keyWant struct {
+	key  bucket.Key
+	want bucket.Tokens
+}
+
+// mergeDemand appends to dst the merge of acc and ds, both sorted by key
+// with no key twice, adding the wants of a key in both.
+func mergeDemand(dst, acc []keyWant, ds []region.KeyDemand) []keyWant {
+	i, j := 0, 0
+	for i < len(acc) && j < len(ds) {
+		switch c := cmpKey(acc[i].key, ds[j].Key); {
+		case c < 0:
+			dst = append(dst, acc[i])
+			i++
+		case c > 0:
+			dst = append(dst, keyWant{ds[j].Key, ds[j].Want})
+			j++
+		default:
+			dst = append(dst, keyWant{acc[i].key, acc[i].want + ds[j].Want})
+			i++
+			j++
 		}
 	}
-	slices.SortFunc(order, func(x, y bucket.Key) int {
-		if x.Rule != y.Rule {
-			return strings.Compare(x.Rule, y.Rule)
-		}
-		return strings.Compare(x.Subject, y.Subject)
-	})
-	for _, k := range order {
-		p.holders[r].Demand(now, k, sum[k])
+	dst = append(dst, acc[i:]...)
+	for ; j < len(ds); j++ {
+		dst = append(dst, keyWant{ds[j].Key, ds[j].Want})
 	}
+	return dst
+}
+
+// cmpKey orders keys by rule, then subject, as the cores list them.
+func cmpKey(x, y bucket.Key) int {
+	if x.Rule != y.Rule {
+		return strings.Compare(x.Rule, y.Rule)
+	}
+	return strings.Compare(x.Subject, y.Subject)
 }
 
 func (p *leasePlane) handle(w *world, e *event) {
