@@ -16,14 +16,8 @@ import (
 // far; keeping that minimum and the largest difference is O(1) per
 // admission and linear in the run.
 type meter struct {
-	admitted  []int64 // A(now) per budget, tokens
-	minV      []int64 // running min of V(s⁻), scaled
-	lastT     []Micros
-	lastEx    []int64   // excess (V − min − B·p) right after the last admission, scaled
-	peak      []int64   // largest excess seen, scaled
-	area      []float64 // ∫ max(excess,0) dt, scaled·µs
-	peakAt    []Micros
-	tokens    int64 // all tokens admitted
+	b         []budgetMeter // per budget
+	tokens    int64         // all tokens admitted
 	requests  int64
 	rejected  int64
 	falseRej  int64
@@ -34,18 +28,21 @@ type meter struct {
 	pathCount [numPaths]int64
 }
 
+// budgetMeter is one budget's figures, together so that an admission
+// touches one cache line.
+type budgetMeter struct {
+	admitted int64   // A(now), tokens
+	minV     int64   // running min of V(s⁻), scaled
+	lastT    Micros  // time of the last admission
+	lastEx   int64   // excess (V − min − B·p) right after the last admission, scaled
+	peak     int64   // largest excess seen, scaled
+	area     float64 // ∫ max(excess,0) dt, scaled·µs
+	peakAt   Micros
+	_        int64 // pad to 64 bytes
+}
+
 func newMeter(nb int, bins *series) *meter {
-	m := &meter{
-		admitted: make([]int64, nb),
-		minV:     make([]int64, nb),
-		lastT:    make([]Micros, nb),
-		lastEx:   make([]int64, nb),
-		peak:     make([]int64, nb),
-		area:     make([]float64, nb),
-		peakAt:   make([]Micros, nb),
-		bins:     bins,
-	}
-	return m
+	return &meter{b: make([]budgetMeter, nb), bins: bins}
 }
 
 // path is how a decision was made, for the latency figures.
@@ -66,23 +63,24 @@ var pathNames = [numPaths]string{"local", "redis", "emergency", "wan", "closed"}
 func (m *meter) admit(w *world, b, region int, cost int64, t Micros) {
 	r := w.ruleOf(b)
 	p, c := r.p, r.c
-	a := m.admitted[b]
+	bm := &m.b[b]
+	a := bm.admitted
 	// V just before this admission.
 	vBefore := a*p - c*t
 	// The minimum starts at V(0⁻) = 0; since V only falls while nothing
 	// is admitted, V(t⁻) is the only new candidate.
-	m.accrue(r, b, t)
-	if vBefore < m.minV[b] {
-		m.minV[b] = vBefore
+	bm.accrue(r, t)
+	if vBefore < bm.minV {
+		bm.minV = vBefore
 	}
 	a += cost
-	m.admitted[b] = a
-	ex := a*p - c*t - m.minV[b] - r.bp
-	m.lastEx[b] = ex
-	m.lastT[b] = t
-	if ex > m.peak[b] {
-		m.peak[b] = ex
-		m.peakAt[b] = t
+	bm.admitted = a
+	ex := a*p - c*t - bm.minV - r.bp
+	bm.lastEx = ex
+	bm.lastT = t
+	if ex > bm.peak {
+		bm.peak = ex
+		bm.peakAt = t
 	}
 	if ex > 0 && m.bins != nil {
 		m.bins.over(t, float64(ex)/float64(p))
@@ -95,23 +93,23 @@ func (m *meter) admit(w *world, b, region int, cost int64, t Micros) {
 
 // accrue adds the area under the excess from the last admission to t: the
 // excess falls with slope c while nothing is admitted.
-func (m *meter) accrue(r *ruleRT, b int, t Micros) {
-	ex := m.lastEx[b]
+func (bm *budgetMeter) accrue(r *ruleRT, t Micros) {
+	ex := bm.lastEx
 	if ex <= 0 {
 		return
 	}
-	d := float64(t - m.lastT[b])
+	d := float64(t - bm.lastT)
 	if cut := float64(ex) / float64(r.c); d > cut {
 		d = cut
 	}
-	m.area[b] += float64(ex)*d - float64(r.c)*d*d/2
+	bm.area += float64(ex)*d - float64(r.c)*d*d/2
 }
 
 // finish accrues the excess up to the end of the run.
 func (m *meter) finish(w *world, end Micros) {
-	for b := range m.admitted {
-		if m.admitted[b] > 0 {
-			m.accrue(w.ruleOf(b), b, end)
+	for b := range m.b {
+		if m.b[b].admitted > 0 {
+			m.b[b].accrue(w.ruleOf(b), end)
 		}
 	}
 }

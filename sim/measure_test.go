@@ -51,8 +51,8 @@ func TestMeterMatchesBruteForce(t *testing.T) {
 			m.admit(w, 0, 0, cst, now)
 		}
 		want := bruteOvershoot(ts, costs, w.rules[0].c, w.rules[0].p, burst)
-		if m.peak[0] != want {
-			t.Fatalf("trial %d: linear peak=%d, brute force=%d (c=%d p=%d B=%d)", trial, m.peak[0], want, w.rules[0].c, w.rules[0].p, burst)
+		if m.b[0].peak != want {
+			t.Fatalf("trial %d: linear peak=%d, brute force=%d (c=%d p=%d B=%d)", trial, m.b[0].peak, want, w.rules[0].c, w.rules[0].p, burst)
 		}
 	}
 }
@@ -66,11 +66,11 @@ func TestMeterTimeWeighted(t *testing.T) {
 	m := newMeter(1, nil)
 	m.admit(w, 0, 0, 20, 1_000_000)
 	m.finish(w, w.end)
-	if got := m.peak[0] / 1_000_000; got != 10 {
+	if got := m.b[0].peak / 1_000_000; got != 10 {
 		t.Fatalf("peak = %d tokens, want 10", got)
 	}
 	// B²/(2R) = 100/(2·10) = 5 token-seconds.
-	if got := m.area[0] / 1e6 / 1e6; got < 4.999 || got > 5.001 {
+	if got := m.b[0].area / 1e6 / 1e6; got < 4.999 || got > 5.001 {
 		t.Fatalf("area = %v token·s, want 5", got)
 	}
 }

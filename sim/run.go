@@ -290,12 +290,13 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 		var tw float64
 		for k := 0; k < r.keys; k++ {
 			b := r.base + k
-			if m.peak[b] > worst {
-				worst = m.peak[b]
+			bm := &m.b[b]
+			if bm.peak > worst {
+				worst = bm.peak
 				ro.WorstKey = k
-				ro.PeakAtS = round(float64(m.peakAt[b])/1e6, 6)
+				ro.PeakAtS = round(float64(bm.peakAt)/1e6, 6)
 			}
-			if a := m.area[b] / dur / float64(r.p); a > tw {
+			if a := bm.area / dur / float64(r.p); a > tw {
 				tw = a
 			}
 		}
