@@ -14,7 +14,7 @@ type source struct {
 	base    int // first budget of the rule
 	keys    int
 	fixed   int // −1, or the one key every request goes to
-	zipf    *rand.Zipf
+	zipf    uint64er
 	rate    float64 // mean requests per µs while on
 	maxRate float64 // rate bound used for thinning
 	start   Micros
@@ -49,7 +49,7 @@ func newSource(sc *Scenario, ts TrafficSpec, rng *rand.Rand, ruleBase []int) *so
 	if ts.Key != nil {
 		s.fixed = *ts.Key
 	} else if ts.Zipf > 1 && s.keys > 1 {
-		s.zipf = rand.NewZipf(rng, ts.Zipf, 1, uint64(s.keys-1))
+		s.zipf = newZipf(rng, ts.Zipf, 1, uint64(s.keys-1))
 	}
 	s.maxRate = s.rate
 	if ts.Kind == "bursty" {
