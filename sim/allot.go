@@ -36,6 +36,12 @@ type allot struct {
 	batched   []bool      // per rule: some agent decided from a batch
 	maxRate   [][]float64 // [region][rule] largest allocation used, tokens/s
 	maxBurst  [][]int64
+	// lastAlloc is the allocation last folded into maxRate and maxBurst,
+	// [region][rule]: most decisions repeat it.
+	lastAlloc [][]bucket.Limit
+	// curBudget is the budget of the decision in progress, −1 between
+	// decisions: the store's calls for its key need not parse the key.
+	curBudget int
 }
 
 // agentRT is one agent process of a region.
@@ -86,7 +92,9 @@ func newAllot(w *world) error {
 		a.redis = append(a.redis, newRegionalRedis(w.nb, rg.redis, rg.replica, us(w.sc.Redis.Lag), replicate))
 		a.maxRate = append(a.maxRate, make([]float64, len(w.rules)))
 		a.maxBurst = append(a.maxBurst, make([]int64, len(w.rules)))
+		a.lastAlloc = append(a.lastAlloc, make([]bucket.Limit, len(w.rules)))
 	}
+	a.curBudget = -1
 	a.rr = make([]int, n)
 	a.failovers = make([]int, n)
 	a.batched = make([]bool, len(w.rules))
@@ -194,9 +202,12 @@ func (a *allot) arrive(w *world, t Micros, r, b int, cost int64, idealOK bool) {
 	rule := w.ruleOf(b)
 	a.lat = 0
 	w.decisions++
+	a.curBudget = b
 	res, err := ag.core.Decide(a.ctx, w.regions[r].agent.at(t), a.plane.keys[b], rule.limit, bucket.Tokens(cost), "")
-	if l := res.Alloc; !l.IsZero() {
+	a.curBudget = -1
+	if l := res.Alloc; !l.IsZero() && l != a.lastAlloc[r][rule.idx] {
 		ri := rule.idx
+		a.lastAlloc[r][ri] = l
 		if v := l.Rate(); v > a.maxRate[r][ri] {
 			a.maxRate[r][ri] = v
 		}
@@ -263,6 +274,9 @@ func (s *simStore) unavailable(op string, key bucket.Key) error {
 }
 
 func (s *simStore) budget(key bucket.Key) int {
+	if b := s.a.curBudget; b >= 0 && s.a.plane.keys[b] == key {
+		return b
+	}
 	b, _ := s.a.plane.budgetOf(s.a.w, key)
 	return b
 }

@@ -136,24 +136,43 @@ func (g *engine) down(i int) {
 	h[i] = k
 }
 
-// pop removes and returns the earliest event and moves virtual time to it.
-func (g *engine) pop() (event, bool) {
-	n := len(g.heap)
-	if n == 0 {
-		return event{}, false
+// top returns the earliest event without removing it, moving virtual time
+// to it; the caller must then call retime or drop.
+func (g *engine) top() *event {
+	e := &g.slab[g.heap[0].slot]
+	g.now = e.at
+	g.fired++
+	return e
+}
+
+// retime moves the earliest event to fire again at t, as if it had been
+// popped and scheduled anew: it gets the next scheduling sequence, so the
+// order of events is the same, and the heap does one sift instead of two.
+// Events scheduled since top must not have gone ahead of it (they cannot:
+// they come later in the sequence, at or after now).
+func (g *engine) retime(t Micros) {
+	if t < g.now {
+		t = g.now
 	}
+	g.seq++
+	k := &g.heap[0]
+	e := &g.slab[k.slot]
+	e.at, e.seq = t, g.seq
+	k.at, k.seq = t, g.seq
+	g.down(0)
+}
+
+// drop removes the earliest event, after top.
+func (g *engine) drop() {
+	n := len(g.heap)
 	top := g.heap[0]
 	g.heap[0] = g.heap[n-1]
 	g.heap = g.heap[:n-1]
 	if n > 1 {
 		g.down(0)
 	}
-	e := g.slab[top.slot]
 	g.slab[top.slot].p = nil
 	g.free = append(g.free, top.slot)
-	g.now = e.at
-	g.fired++
-	return e, true
 }
 
 // peekAt returns the time of the earliest event, or false when none is left.

@@ -227,21 +227,27 @@ func (w *world) run() {
 		if !ok || at > w.end {
 			break
 		}
-		// The event lives in w.cur so that handing its address to a
-		// system does not move every event to the heap.
-		w.cur, _ = g.pop()
-		e := &w.cur
-		switch e.kind {
-		case evArrival:
-			w.arrival(e)
-		case evFaultStart, evFaultEnd:
-			w.fault(int(e.i), e.kind == evFaultStart)
-		case evSystem:
-			w.systems[e.i].handle(w, e)
+		if e := g.top(); e.kind == evArrival {
+			// An arrival stays at the top of the heap while it is decided
+			// (whatever the systems schedule meanwhile comes later) and is
+			// then moved to the source's next arrival.
+			w.arrival(e.i, e.at)
+		} else {
+			// The event lives in w.cur so that handing its address to a
+			// system does not move every event to the heap.
+			w.cur = *e
+			g.drop()
+			e := &w.cur
+			switch e.kind {
+			case evFaultStart, evFaultEnd:
+				w.fault(int(e.i), e.kind == evFaultStart)
+			case evSystem:
+				w.systems[e.i].handle(w, e)
+			}
 		}
-		if w.progress != nil && e.at >= nextProgress {
-			w.progress(e.at, w.end)
-			nextProgress = e.at + w.end/200
+		if w.progress != nil && at >= nextProgress {
+			w.progress(at, w.end)
+			nextProgress = at + w.end/200
 		}
 	}
 	g.now = w.end
@@ -251,9 +257,11 @@ func (w *world) run() {
 	}
 }
 
-func (w *world) arrival(e *event) {
-	s := w.sources[e.i]
-	t := e.at
+// arrival decides source i's arrival at t, the event at the top of the
+// heap, on every system, and moves the event to the source's next arrival
+// or drops it.
+func (w *world) arrival(i int32, t Micros) {
+	s := w.sources[i]
 	b, cost := s.draw(w.trng)
 	w.arrivals++
 	// The ideal global bucket: one exact bucket per budget at true time.
@@ -273,7 +281,9 @@ func (w *world) arrival(e *event) {
 		sys.arrive(w, t, s.region, b, cost, idealOK)
 	}
 	if nt := s.next(w.trng, t); nt >= 0 {
-		w.eng.schedule(event{at: nt, kind: evArrival, i: e.i})
+		w.eng.retime(nt)
+	} else {
+		w.eng.drop()
 	}
 }
 
