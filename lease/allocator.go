@@ -67,8 +67,15 @@ type Stats struct {
 }
 
 type budget struct {
-	b       Budget
-	count   int64
+	b     Budget
+	count int64
+	// fill is how long an empty bucket of the budget takes to fill
+	// (Burst/Count × Period), in ns. A floor is lent only down to the most
+	// its region wanted over that time: a bucket whose allocation moves
+	// faster than it fills loses burst at every move (an increase arrives
+	// spent), so a lull between bursts must not lend the floor the next
+	// burst needs.
+	fill    int64
 	regions []*region // in b.Regions order
 	floors  []int64
 	weights []int64
@@ -96,9 +103,12 @@ type slot struct {
 	cur    int64
 	want   int64
 	wantAt int64 // when want was reported, Unix ns (a time.Time is 24 bytes)
-	hist   [4]hval
-	n      uint8
-	queued bool
+	// peak is the largest want reported within the budget's fill time of
+	// peakAt (see budget.fill).
+	peak, peakAt int64
+	hist         [4]hval
+	n            uint8
+	queued       bool
 }
 
 type hval struct {
@@ -182,6 +192,7 @@ func (a *Allocator) setBudgets(bs []Budget) {
 	maxN := 0
 	for _, b := range bs {
 		bud := &budget{b: b, count: int64(b.Limit.Count())}
+		bud.fill = int64(b.Limit.Period()) / max(bud.count, 1) * int64(b.Limit.Burst())
 		for i, name := range b.Regions {
 			bud.regions = append(bud.regions, a.region(name))
 			bud.floors = append(bud.floors, int64(b.FloorCount(name)))
@@ -364,7 +375,7 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 	r.lastReport = now
 	for _, d := range m.Demand {
 		if k, i := a.slotFor(now, d.Key, r, int64(d.Want)); k != nil {
-			k.slots[i].want, k.slots[i].wantAt = int64(d.Want), now.UnixNano()
+			k.slots[i].setWant(now.UnixNano(), int64(d.Want), k.bud.fill)
 		}
 	}
 }
@@ -382,7 +393,7 @@ func (a *Allocator) report(now time.Time, r *region, m Message) {
 			continue
 		}
 		s := &k.slots[i]
-		s.want, s.wantAt = int64(d.Want), now.UnixNano()
+		s.setWant(now.UnixNano(), int64(d.Want), k.bud.fill)
 		// A key pressing on its allocation, or one a region stopped using,
 		// is rebalanced at once rather than at the next round.
 		if !a.expiring && (s.want > s.cur || s.want == 0 && s.cur > k.bud.floors[i]) {
@@ -681,6 +692,14 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		w := int64(0)
 		if s.want > 0 && (r.lastReport.IsZero() || s.wantAt >= r.lastReport.UnixNano()) && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL) {
 			w = s.want + int64(math.Ceil(float64(s.want)*a.cfg.Headroom))
+			if now.UnixNano()-s.peakAt <= bud.fill {
+				// A region still using the key lends its floor only down
+				// to what it wanted over the bucket's fill time; one that
+				// stopped (no demand reported) lends it at once, and what
+				// it borrowed above its floor goes back at once either way.
+				p := s.peak + int64(math.Ceil(float64(s.peak)*a.cfg.Headroom))
+				w = max(w, min(p, bud.floors[i]))
+			}
 		}
 		want[i] = max(w, lb[i])
 	}
@@ -888,6 +907,15 @@ func (a *Allocator) set(k *hotKey, i int, v int64) {
 	if !s.queued {
 		s.queued = true
 		r.changed = append(r.changed, &slotRef{k: k, i: i})
+	}
+}
+
+// setWant records a demand reported at t (Unix ns), and the largest one
+// reported within hold.
+func (s *slot) setWant(t, want, hold int64) {
+	s.want, s.wantAt = want, t
+	if want >= s.peak || t-s.peakAt > hold {
+		s.peak, s.peakAt = want, t
 	}
 }
 

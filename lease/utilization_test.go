@@ -144,3 +144,33 @@ func TestUnreachableRegionReturnsCapacity(t *testing.T) {
 	}
 	t.Logf("u reached 1500 at %s (e cut at 20s, u's demand from 21s)", got)
 }
+
+// TestLullShorterThanFillKeepsFloor: a bucket that takes longer to fill
+// than a lull in its region's demand keeps its floor through the lull (a
+// floor lent and returned arrives spent), and is lent once the lull has
+// lasted longer than the fill time.
+func TestLullShorterThanFillKeepsFloor(t *testing.T) {
+	cfg := testConfig()
+	cfg.Budgets[0].Limit = bucket.PerMinute(600).WithBurst(200) // fills in 20 s
+	c := newCluster(t, cfg)
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 2000}
+	c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 100}
+	for range 200 {
+		c.step(100 * time.Millisecond)
+	}
+	c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 1} // a lull
+	for i := range 300 {
+		c.step(100 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+		l, _ := c.holders["b"].Allocation(c.now, k)
+		if i < 150 && l.Count() < 110 {
+			t.Fatalf("b holds %d %s into its lull, want its last demand of 100 + 10%%\n%s", l.Count(), time.Duration(i+1)*100*time.Millisecond, c.show())
+		}
+		if i == 299 && l.Count() > 2 {
+			t.Fatalf("b holds %d after a 30 s lull, want its floor lent (2)\n%s", l.Count(), c.show())
+		}
+	}
+}
