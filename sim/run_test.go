@@ -111,6 +111,13 @@ func TestDeterministic(t *testing.T) {
 		t.Fatal(err)
 	}
 	small := testScenario(t, sc)
+	if raceEnabled {
+		// Under the race detector the agents' periodic work over their keys
+		// dominates; a handful of keys per rule still exercises every path.
+		if small, err = small.WithMaxKeys(20); err != nil {
+			t.Fatal(err)
+		}
+	}
 	enc := func(seed uint64) []byte {
 		res, err := Run(small, seed, Options{})
 		if err != nil {
@@ -170,9 +177,9 @@ func TestBrokenAllocatorIsCaught(t *testing.T) {
 
 // TestCorruptGrantsAreCaught corrupts every grant on the wire so that it
 // hands each region the whole budget for each hot key, and expects the
-// simulator to report FAIL.
+// simulator to report FAIL where the correct grants PASS.
 func TestCorruptGrantsAreCaught(t *testing.T) {
-	sc, err := LoadScenario("scenarios/03-flash-crowd.yaml")
+	sc, err := LoadScenario("scenarios/16-escrow-cut.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
