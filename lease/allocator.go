@@ -28,7 +28,9 @@ type Allocator struct {
 	cfg        Config
 	term       uint64
 	learnUntil time.Time
+	learnFrom  time.Time // when learning began: grants sent since are in the new term and budgets
 	lastRound  time.Time
+	roundNow   bool // run a round at the next Tick
 	expiring   bool
 
 	regions []*region // sorted by name
@@ -117,9 +119,13 @@ type hval struct {
 }
 
 type region struct {
-	name     string
-	session  uint64
-	known    bool // said hello in this term
+	name    string
+	session uint64
+	known   bool // said hello in this term
+	// synced is set once the region acknowledged a grant sent since
+	// learning began: it has the term (and ignores older leaders) and the
+	// budgets, and holds no more than the Allocator counts.
+	synced   bool
 	released bool
 	blocked  bool
 	needFull bool
@@ -173,6 +179,7 @@ func NewAllocator(cfg Config, term uint64, now time.Time) (*Allocator, error) {
 		cfg:        cfg,
 		term:       term,
 		learnUntil: now.Add(cfg.TTL + 2*cfg.Drift),
+		learnFrom:  now,
 		lastRound:  now,
 		byName:     make(map[string]*region),
 		keyIdx:     make(map[bucket.Key]int),
@@ -262,7 +269,9 @@ func (a *Allocator) SetBudgets(now time.Time, bs []Budget) error {
 	a.keys = kept
 	if changed {
 		a.learnUntil = maxTime(a.learnUntil, now.Add(a.cfg.TTL+2*a.cfg.Drift))
+		a.learnFrom = now
 		for _, r := range a.regions {
+			r.synced = false
 			r.needFull = true
 			r.changed = r.changed[:0]
 		}
@@ -327,6 +336,9 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 		return // a duplicate or a hello overtaken by later messages
 	}
 	first := !r.known
+	if m.Session != r.session || m.Term < a.term {
+		r.synced = false // it must acknowledge this term again
+	}
 	if m.Session != r.session {
 		// A new incarnation: what it committed to is gone with it.
 		r.commitEnd = time.Time{}
@@ -420,9 +432,36 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 		return
 	}
 	r.commitEnd = maxTime(r.commitEnd, g.at.Add(a.cfg.Hold-a.cfg.Drift))
+	if !r.synced && !g.at.Before(a.learnFrom) {
+		r.synced = true
+		a.learned(now)
+	}
 	// An acknowledged decrease may free what another region waits for; the
 	// next Tick rebalances the keys waiting, once for all acks since.
 	a.recheck = len(a.starved) > 0
+}
+
+// learned ends learning at now once every region of every budget has
+// acknowledged a grant sent since learning began (or released its share).
+// Each such region has taken the Allocator's term, so it ignores whatever
+// a previous leader may still send; and it has applied a table sent as a
+// learning grant, which only lowers, so it holds no more than the
+// Allocator counts. Nothing is left to learn: waiting for every lease of
+// the previous leader to run out would only strand capacity. A region that
+// never answers keeps learning going for its full length.
+func (a *Allocator) learned(now time.Time) {
+	if !now.Before(a.learnUntil) {
+		return
+	}
+	for _, bud := range a.budgets {
+		for _, r := range bud.regions {
+			if !r.known || !r.synced && !r.released {
+				return
+			}
+		}
+	}
+	a.learnUntil = now
+	a.roundNow = true // renew every lease now rather than a Refresh later
 }
 
 // feed rebalances the keys where a region got less than its target.
@@ -493,14 +532,14 @@ func (a *Allocator) Tick(now time.Time) {
 			a.recheck = len(a.starved) > 0
 		}
 	}
-	if now.Sub(a.lastRound) < a.cfg.Refresh {
+	if now.Sub(a.lastRound) < a.cfg.Refresh && !a.roundNow {
 		if a.recheck {
 			a.feed(now)
 		}
 		a.flush(now)
 		return
 	}
-	a.recheck = false
+	a.recheck, a.roundNow = false, false
 	for _, k := range a.starved {
 		k.starved = false
 	}

@@ -44,10 +44,12 @@ func TestFloorInUseIsNotLent(t *testing.T) {
 }
 
 // TestLearningLendsNothing: a leader still learning can grant no increase,
-// so it takes no floor either: every region keeps its floor until learning
-// ends, and the hot region then gets the reserve and the idle floors.
+// so it takes no floor either. Region c never answers, so learning runs its
+// full TTL+2×Drift; meanwhile every region keeps its floor, and when it
+// ends the hot region gets the reserve and b's idle floor: all but c's.
 func TestLearningLendsNothing(t *testing.T) {
 	c := newCluster(t, testConfig())
+	c.cut["c"] = true
 	k := bucket.Key{Rule: "api", Subject: "t1"}
 	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 500}
 	for c.alloc.Learning(c.now) {
@@ -58,11 +60,52 @@ func TestLearningLendsNothing(t *testing.T) {
 			}
 		}
 	}
+	if d := c.now.Sub(t0); d < c.cfg.TTL+2*c.cfg.Drift {
+		t.Fatalf("learning ended at %s with c silent, want TTL+2×drift", d)
+	}
 	for range 20 {
 		c.step(100 * time.Millisecond)
 	}
+	if l, _ := c.holders["a"].Allocation(c.now, k); l.Count() != 467 {
+		t.Fatalf("a holds %d 2 s after learning, want all but c's floor: 600−133 = 467\n%s", l.Count(), c.show())
+	}
+}
+
+// TestLearningEndsWhenEveryRegionHasTheTerm: once every region has
+// acknowledged a grant of the new leader, nothing is left to learn, and
+// increases flow a round trip after the regions said hello — not a TTL
+// later. I1 holds throughout.
+func TestLearningEndsWhenEveryRegionHasTheTerm(t *testing.T) {
+	c := newCluster(t, testConfig())
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 500}
+	for range 5 {
+		c.step(100 * time.Millisecond)
+	}
+	if c.alloc.Learning(c.now) {
+		t.Fatalf("still learning at %s with every region answering", c.now.Sub(t0))
+	}
+	for range 50 {
+		c.step(100 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if l, _ := c.holders["a"].Allocation(c.now, k); l.Count() != 550 {
-		t.Fatalf("a holds %d 2 s after learning, want 550\n%s", l.Count(), c.show())
+		t.Fatalf("a holds %d at %s, want 550\n%s", l.Count(), c.now.Sub(t0), c.show())
+	}
+	// A new leader learns again, and ends as soon as every region has
+	// taken its term.
+	c.leaderChange()
+	start := c.now
+	for c.alloc.Learning(c.now) && c.now.Sub(start) < 10*time.Second {
+		c.step(100 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := c.now.Sub(start); d > 2*c.cfg.Refresh+time.Second {
+		t.Fatalf("the new leader learned for %s, want about a refresh interval and a round trip", d)
 	}
 }
 
