@@ -16,7 +16,8 @@ import (
 //
 // An Allocator serves one leader term. A coordinator that becomes leader
 // builds a new Allocator with the term from its election; it learns what
-// regions hold for TTL+2×Drift before it grants any increase.
+// regions hold before it grants any increase: until every region has
+// acknowledged a grant of its term, for at most TTL+2×Drift.
 //
 // Rounds run from Tick every Refresh: every hot key is rebalanced and every
 // region's lease renewed. Between rounds, a report of a key pressing on its
@@ -236,7 +237,8 @@ func (a *Allocator) region(name string) *region {
 
 // SetBudgets replaces the budgets (a rules change). Keys of a budget whose
 // limit or regions changed are dropped and rebuilt from what regions hold,
-// with increases withheld for TTL+Drift as after a leader change, so a
+// with increases withheld as after a leader change (until every region has
+// acknowledged the new budgets, for at most TTL+2×Drift), so a
 // shrunk budget is never overgranted by the old split. Regions must receive
 // the same budgets for their floors.
 func (a *Allocator) SetBudgets(now time.Time, bs []Budget) error {

@@ -50,12 +50,15 @@
 // region may take it up again. Duplicated, reordered or lost messages can only
 // delay an acknowledgement, never shorten a bound.
 //
-// A new leader starts in learning mode for one TTL plus twice the drift
-// margin: it adopts what regions say they may use now, renews, and takes
-// back what regions borrowed, but grants no increase until every lease the
-// previous leader could have granted has expired — so it lends no floor
-// either, since nothing lent could be granted to anyone. Its grants say
-// so, and Holders apply them only downwards. Every grant carries the leader's term; a Holder ignores
+// A new leader starts in learning mode: it adopts what regions say they
+// may use now, renews, and takes back what regions borrowed, but grants no
+// increase — so it lends no floor either, since nothing lent could be
+// granted to anyone. Its grants say so, and Holders apply them only
+// downwards. Learning ends when every region has acknowledged a grant of
+// the new term (each then ignores the old leader and holds no more than the
+// new one counts), or at the latest after one TTL plus twice the drift
+// margin, when every lease the previous leader could have granted has
+// expired. Every grant carries the leader's term; a Holder ignores
 // grants from an older term. Full tables carry the coordinator's budgets,
 // so a rules change reaches every region with its next full table.
 //
