@@ -10,9 +10,10 @@ import (
 )
 
 // benchAllocator returns an Allocator past its learning period with nRegions
-// regions that said hello and nKeys hot keys, each wanted by two regions,
-// settled: every grant acknowledged. reports are the regions' periodic
-// reports, to be re-sent every round to keep demand fresh.
+// regions that said hello and nKeys hot keys, each wanted by two regions
+// above their floors, settled: every grant acknowledged. reports are the
+// regions' periodic reports, to be re-sent every round to keep demand
+// fresh.
 func benchAllocator(b *testing.B, nRegions, nKeys int) (*Allocator, time.Time, []Message) {
 	b.Helper()
 	cfg := DefaultConfig()
@@ -36,7 +37,7 @@ func benchAllocator(b *testing.B, nRegions, nKeys int) (*Allocator, time.Time, [
 	for k := range nKeys {
 		key := bucket.Key{Rule: "api", Subject: fmt.Sprintf("tenant-%06d", k)}
 		for _, ri := range []int{k % nRegions, (k*7 + 3) % nRegions} {
-			reports[ri].Demand = append(reports[ri].Demand, Demand{Key: key, Want: bucket.Tokens(5000 + (k*997)%20000)})
+			reports[ri].Demand = append(reports[ri].Demand, Demand{Key: key, Want: bucket.Tokens(7000 + (k*997)%20000)})
 		}
 	}
 	seq := uint64(1)
