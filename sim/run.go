@@ -16,7 +16,8 @@ type Options struct {
 	Progress func(now, end time.Duration)
 	// UnsafeSkipEscrow sets lease.Config.UnsafeSkipEscrow on the allot
 	// system's allocators: they grant increases without waiting for the
-	// escrow. Tests only.
+	// escrow. For the tests and the tool's -unsafe-skip-escrow, which show
+	// the simulator catching it (escrow-cut FAILs); never for figures.
 	UnsafeSkipEscrow bool
 	// CorruptGrants rewrites every grant on its way to a region so that it
 	// hands the region the whole budget for each key it names: a fault of

@@ -5,6 +5,7 @@
 //
 //	sim [flags] sim/scenarios            # the whole library
 //	sim -seed 7 sim/scenarios/03-flash-crowd.yaml
+//	sim -unsafe-skip-escrow sim/scenarios/16-escrow-cut.yaml   # a broken allocator, caught
 //
 // The exit status is 1 when any run FAILs (allot's overshoot above the
 // bound for the scenario's faults), and every failing run prints the
@@ -48,6 +49,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	jsonOut := fs.String("json", "", "write the results as JSON to this file")
 	htmlOut := fs.String("html", "", "write the HTML report to this file")
 	quiet := fs.Bool("q", false, "print no table")
+	unsafeSkipEscrow := fs.Bool("unsafe-skip-escrow", false, "run allot's allocator with its escrow check off, to watch the simulator catch it (escrow-cut FAILs); never for figures")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: sim [flags] scenario.yaml|dir ...\n")
 		fs.PrintDefaults()
@@ -83,7 +85,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		scs = append(scs, sc)
 		paths = append(paths, arg)
 	}
-	var opts sim.Options
+	opts := sim.Options{UnsafeSkipEscrow: *unsafeSkipEscrow}
 	if *systems != "" {
 		opts.Systems = strings.Split(*systems, ",")
 	}
@@ -153,7 +155,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 			results = append(results, res)
 			if res.Verdict == sim.Fail {
 				failed = true
-				fmt.Fprintf(stderr, "FAIL %s seed=%d; replay: go run ./cmd/sim -seed %d -scale %v -max-keys %d %s\n", sc.Name, sd, sd, *scale, *maxKeys, paths[i])
+				unsafe := ""
+				if *unsafeSkipEscrow {
+					unsafe = " -unsafe-skip-escrow"
+				}
+				fmt.Fprintf(stderr, "FAIL %s seed=%d; replay: go run ./cmd/sim -seed %d -scale %v -max-keys %d%s %s\n", sc.Name, sd, sd, *scale, *maxKeys, unsafe, paths[i])
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -58,5 +59,24 @@ func TestRunRejectsBadInput(t *testing.T) {
 	}
 	if err := run(nil, &out, &errOut); err == nil {
 		t.Fatal("no scenario: want an error")
+	}
+}
+
+// TestUnsafeSkipEscrowFails runs escrow-cut with the allocator's escrow
+// check off and expects the exit error and a FAIL line that replays it,
+// and the same run with the escrow to pass.
+func TestUnsafeSkipEscrowFails(t *testing.T) {
+	var out, errOut bytes.Buffer
+	args := []string{"-q", "-seed", "2", "-scale", "0.05", "-systems", "allot", "../../sim/scenarios/16-escrow-cut.yaml"}
+	if err := run(args, &out, &errOut); err != nil {
+		t.Fatalf("with the escrow: %v\n%s", err, errOut.String())
+	}
+	errOut.Reset()
+	err := run(append([]string{"-unsafe-skip-escrow"}, args...), &out, &errOut)
+	if !errors.Is(err, errFailed) {
+		t.Fatalf("without the escrow: err = %v, want %v", err, errFailed)
+	}
+	if want := "FAIL escrow-cut seed=2; replay: go run ./cmd/sim -seed 2 -scale 0.05 -max-keys 0 -unsafe-skip-escrow"; !strings.Contains(errOut.String(), want) {
+		t.Fatalf("stderr lacks %q:\n%s", want, errOut.String())
 	}
 }
