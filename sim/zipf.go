@@ -39,8 +39,9 @@ type zipf struct {
 // to the boundary (at least 1 in absolute terms).
 const zipfBand = 1e-9
 
-// zipfMaxKeys bounds the table; larger key spaces use rand.Zipf itself.
-const zipfMaxKeys = 1 << 20
+// zipfMaxKeys bounds the table (about 50 bytes a key); larger key spaces
+// use rand.Zipf itself.
+const zipfMaxKeys = 1 << 17
 
 // uint64er is a source of variates: a *zipf or a *rand.Zipf.
 type uint64er interface{ Uint64() uint64 }
