@@ -18,11 +18,17 @@ import (
 // and its floor may be lent. Keys whose demand has decayed to nothing and
 // that hold no entry are left out; a key idle for IdleAfter has no state.
 //
+// While the store is unavailable (the breaker not closed), a key of a rule
+// that fails closed is reported with no demand: the agent admits nothing
+// for it, so its share of the budget is better lent to regions that can
+// use it, and it is reported again, and taken back, once the store answers.
+//
 // The coordinator keeps state only for keys some region presses on, so its
 // memory still follows hot keys; the report's size follows the keys the
 // region uses.
 func (c *Core) Demand(now time.Time) []KeyDemand {
 	var out []KeyDemand
+	down := c.breaker.State(now) != BreakerClosed
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.RLock()
@@ -40,6 +46,9 @@ func (c *Core) Demand(now time.Time) []KeyDemand {
 			want := bucket.Tokens(math.Ceil(rate * ac.global.Period().Seconds()))
 			if want <= 0 && !ac.hot {
 				continue
+			}
+			if down && ks.rs.Load().cfg.OnUnavailable == rules.FailClosed {
+				want, rate = 0, 0
 			}
 			out = append(out, KeyDemand{Key: ks.key, Want: want, Rate: rate, Alloc: ac.limit, Hot: ac.hot})
 		}

@@ -1,0 +1,74 @@
+package region
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/rules"
+)
+
+// TestDemandWhileStoreIsDown: while the breaker is open, a key of a rule
+// that fails closed is reported with no demand (the agent admits nothing
+// for it, so its share is better lent), while an emergency rule's key keeps
+// its demand (the agent still admits from its allocation); once the store
+// answers again, the closed rule's demand is reported again.
+func TestDemandWhileStoreIsDown(t *testing.T) {
+	f := newFixture(t, func(c *Config) {
+		c.Rules = map[string]RuleConfig{
+			"closed":    {OnUnavailable: rules.FailClosed},
+			"emergency": {OnUnavailable: rules.Emergency},
+		}
+		c.BreakerFailures = 3
+		c.BreakerBackoff = time.Second
+	})
+	ctx := context.Background()
+	k := func(rule string) bucket.Key { return bucket.Key{Rule: rule, Subject: "s"} }
+	wants := func() map[string]bucket.Tokens {
+		m := map[string]bucket.Tokens{}
+		for _, d := range f.core.Demand(f.clk.Now()) {
+			m[d.Key.Rule] = d.Want
+		}
+		return m
+	}
+	// Both keys take state (a cost of 60 presses a burst of 100) and see
+	// 50 requests a second for a second.
+	for ms := 0; ms < 1000; ms++ {
+		if ms%20 == 0 {
+			cost := bucket.Tokens(1)
+			if ms == 0 {
+				cost = 60
+			}
+			for _, r := range []string{"closed", "emergency"} {
+				_, _ = f.core.Decide(ctx, f.clk.Now(), k(r), global300, cost, "")
+			}
+		}
+		f.clk.Advance(time.Millisecond)
+		if ms%100 == 99 {
+			f.core.Tick(ctx, f.clk.Now())
+		}
+	}
+	if w := wants(); w["closed"] == 0 || w["emergency"] == 0 {
+		t.Fatalf("demand %v with the store up, want both reported", w)
+	}
+	f.store.setDown(true)
+	for i := 0; i < 5; i++ {
+		_, _ = f.core.Decide(ctx, f.clk.Now(), k("closed"), global300, 1, "")
+	}
+	if s := f.core.Breaker().State(f.clk.Now()); s != BreakerOpen {
+		t.Fatalf("breaker %s, want open", s)
+	}
+	if w := wants(); w["closed"] != 0 || w["emergency"] == 0 {
+		t.Fatalf("demand %v with the store down, want closed 0 and emergency still reported", w)
+	}
+	f.store.setDown(false)
+	f.clk.Advance(2 * time.Second) // past the backoff: the next call probes
+	_, _ = f.core.Decide(ctx, f.clk.Now(), k("closed"), global300, 1, "")
+	if s := f.core.Breaker().State(f.clk.Now()); s != BreakerClosed {
+		t.Fatalf("breaker %s after a good probe, want closed", s)
+	}
+	if w := wants(); w["closed"] == 0 {
+		t.Fatalf("demand %v with the store back, want closed reported again", w)
+	}
+}
