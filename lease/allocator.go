@@ -824,15 +824,15 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	// would carry the excess past the window; let it lapse or be acked. That
 	// is needed when the key is over its budget, and worth it when another
 	// region waits for the capacity: a region that does not acknowledge a
-	// decrease within an eighth of a refresh interval (many round trips: it
-	// is cut off, or its messages are lost) must not keep the capacity for
-	// as long as it was last heard from. A region that acknowledges is renewed again at the next round.
+	// decrease within half a refresh interval (cut off, or its messages
+	// lost: the same test that resends its whole table) must not keep the
+	// capacity for as long as it was last heard from. A region that acknowledges is renewed again at the next round.
 	// Only a region holding more than its floor gains anything from a
 	// renewal: below it, its claim after the lease is at least as large.
 	for i := range k.slots {
 		r := bud.regions[i]
 		if m := k.slots[i].max(); m > bud.floors[i] && (sum > C ||
-			waiting && m > k.slots[i].cur && r.acked < r.version && now.Sub(r.unackedSince) >= a.cfg.Refresh/8) {
+			waiting && m > k.slots[i].cur && r.acked < r.version && now.Sub(r.unackedSince) >= a.cfg.Refresh/2) {
 			r.blocked = true
 		}
 	}
