@@ -3,6 +3,7 @@ package bucket
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"time"
 )
 
@@ -102,11 +103,14 @@ func load(s *State, now int64, l *Limit) gcra {
 		g.used = carry(s.position(now), s.num, s.burst, l)
 		return g
 	}
-	if s.tat-now > l.tauUS {
+	// (tat−now)×den can overflow for a TAT far ahead (a clock stepped
+	// back); the full product decides the cap either way.
+	hi, lo := bits.Mul64(uint64(s.tat-now), uint64(l.den))
+	if hi != 0 || lo > uint64(tau) {
 		g.used, g.moved = tau, true
 		return g
 	}
-	g.used = (s.tat-now)*l.den + s.rem()
+	g.used = int64(lo) + s.rem()
 	if g.used > tau {
 		g.used, g.moved = tau, true
 	}

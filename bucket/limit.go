@@ -31,19 +31,17 @@ type Limit struct {
 	burst  Tokens
 	num    int64 // emission interval numerator, µs
 	den    int64 // emission interval denominator
-	// Derived by finish, so the decision path does no validation divisions.
-	tau   int64 // burst tolerance burst×num, in units of 1/den µs
-	tauUS int64 // ⌊tau/den⌋+1: a TAT this far beyond now is past any burst
-	ok    bool  // Validate would return nil
+	// tau, the burst tolerance burst×num in units of 1/den µs, is derived
+	// by finish; it is 0 exactly when Validate fails, so the decision path
+	// validates with one comparison.
+	tau int64
 }
 
-// finish derives the cached fields from count, period and burst.
+// finish derives tau from count, period and burst.
 func (l Limit) finish() Limit {
-	l.tau, l.tauUS, l.ok = 0, 0, false
-	if l.den > 0 && l.burst > 0 && int64(l.burst) <= maxScaled/l.num {
+	l.tau = 0
+	if l.den > 0 && l.burst > 0 && int64(l.burst) <= maxScaled/l.num && l.validate() == nil {
 		l.tau = int64(l.burst) * l.num
-		l.tauUS = l.tau/l.den + 1
-		l.ok = l.validate() == nil
 	}
 	return l
 }
@@ -110,7 +108,7 @@ func (l Limit) String() string {
 
 // Validate reports why l cannot be enforced, naming the offending value.
 func (l Limit) Validate() error {
-	if l.ok {
+	if l.tau > 0 {
 		return nil
 	}
 	if err := l.validate(); err != nil {
@@ -145,7 +143,7 @@ func (l Limit) validate() error {
 // touched: an invalid limit or cost is an error naming the value, and a cost
 // above the burst is ErrNeverFits, since no amount of waiting admits it.
 func Check(l Limit, cost Tokens) error {
-	if l.ok && cost > 0 && cost <= l.burst {
+	if l.tau > 0 && cost > 0 && cost <= l.burst {
 		return nil
 	}
 	if err := l.Validate(); err != nil {
