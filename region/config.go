@@ -73,9 +73,6 @@ type Config struct {
 
 	// DemandHalfLife is the half-life of the demand estimate per key.
 	DemandHalfLife time.Duration
-	// HotFraction: a key whose demand reaches this fraction of its
-	// allocation is reported to the coordinator as hot.
-	HotFraction float64
 	// IdleAfter drops a key's local state after this long without requests.
 	IdleAfter time.Duration
 	// DenyRetry is the Retry-After of a request denied because the region
@@ -98,7 +95,6 @@ func DefaultConfig() Config {
 		BreakerBackoff:    time.Second,            // probe once a second
 		BreakerMaxBackoff: 15 * time.Second,       // never stay away from a recovered store long
 		DemandHalfLife:    500 * time.Millisecond, // follows demand within a refresh interval
-		HotFraction:       0.8,                    // report before the allocation is exhausted
 		IdleAfter:         10 * time.Second,       // keep state for keys in recent use only (~600 B each)
 		DenyRetry:         time.Second,            // about one lease refresh
 		Shards:            64,                     // spread 2–64 cores' worth of callers
@@ -126,8 +122,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: breaker_max_backoff=%s must be ≥ breaker_backoff=%s", ErrInvalidConfig, c.BreakerMaxBackoff, c.BreakerBackoff)
 	case c.DemandHalfLife <= 0:
 		return fmt.Errorf("%w: demand_half_life=%s must be > 0", ErrInvalidConfig, c.DemandHalfLife)
-	case math.IsNaN(c.HotFraction) || c.HotFraction <= 0 || c.HotFraction > 1:
-		return fmt.Errorf("%w: hot_fraction=%v must be in (0, 1]", ErrInvalidConfig, c.HotFraction)
 	case c.IdleAfter <= c.BatchTTL:
 		return fmt.Errorf("%w: idle_after=%s must exceed batch_ttl=%s", ErrInvalidConfig, c.IdleAfter, c.BatchTTL)
 	case c.DenyRetry <= 0:

@@ -101,15 +101,22 @@ type Core struct {
 	rulesMu sync.Mutex
 	rules   atomic.Pointer[map[string]*ruleState]
 
-	live       atomic.Int64
-	coldCount  atomic.Uint64
-	failEpoch  atomic.Uint64
-	failAt     atomic.Int64 // µs
-	lastErr    atomic.Pointer[error]
-	stats      coreStats
-	tickBuf    []*keyState
-	tickMu     sync.Mutex
-	batchMinus float64 // MinBatch as a float, cached
+	live      atomic.Int64
+	coldCount atomic.Uint64
+	// keysVer counts keys created and dropped. Demand lists keys in the
+	// order of demandOrder, sorted by key and rebuilt only when keysVer has
+	// moved since, so a report does not sort every key on every tick.
+	keysVer     atomic.Uint64
+	demandMu    sync.Mutex
+	demandOrder []*keyState
+	demandVer   uint64
+	failEpoch   atomic.Uint64
+	failAt      atomic.Int64 // µs
+	lastErr     atomic.Pointer[error]
+	stats       coreStats
+	tickBuf     []*keyState
+	tickMu      sync.Mutex
+	batchMinus  float64 // MinBatch as a float, cached
 }
 
 // coreShard holds the state of the keys that hash to it. keys, under mu,
@@ -160,6 +167,9 @@ type keyState struct {
 	batched     atomic.Bool // local demand is large enough to batch
 
 	key bucket.Key
+	// gone is set when the state is dropped from its shard, for the demand
+	// order, which may still list it until it is rebuilt.
+	gone atomic.Bool
 
 	mu         sync.Mutex
 	refilling  bool
@@ -384,6 +394,7 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 	s.keys[key] = ks
 	s.missLocked()
 	c.stats.keys.Add(1)
+	c.keysVer.Add(1)
 	return ks
 }
 
@@ -1017,7 +1028,9 @@ func (c *Core) Tick(ctx context.Context, now time.Time) {
 				if ks := s.keys[k]; ks != nil && ks.held() == 0 && ks.arrived.Load() == 0 {
 					c.hot[hotSlot(k)].CompareAndSwap(ks, nil)
 					delete(s.keys, k)
+					ks.gone.Store(true)
 					c.stats.keys.Add(-1)
+					c.keysVer.Add(1)
 				}
 			}
 			// A lookup that already read the old copy may still use a

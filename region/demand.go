@@ -27,33 +27,53 @@ import (
 // memory still follows hot keys; the report's size follows the keys the
 // region uses.
 func (c *Core) Demand(now time.Time) []KeyDemand {
-	var out []KeyDemand
+	c.demandMu.Lock()
+	defer c.demandMu.Unlock()
+	order := c.sortedKeys()
+	out := make([]KeyDemand, 0, len(order))
 	down := c.breaker.State(now) != BreakerClosed
+	for _, ks := range order {
+		if ks.gone.Load() || ks.rs.Load().cfg.Scope != rules.ScopeGlobal {
+			continue
+		}
+		ac := ks.alloc.Load()
+		if ac == nil {
+			continue
+		}
+		ks.mu.Lock()
+		rate := ks.demand
+		ks.mu.Unlock()
+		want := bucket.Tokens(math.Ceil(rate * ac.global.Period().Seconds()))
+		if want <= 0 && !ac.hot {
+			continue
+		}
+		if down && ks.rs.Load().cfg.OnUnavailable == rules.FailClosed {
+			want, rate = 0, 0
+		}
+		out = append(out, KeyDemand{Key: ks.key, Want: want, Rate: rate, Alloc: ac.limit, Hot: ac.hot})
+	}
+	return out
+}
+
+// sortedKeys returns every key state the core holds, sorted by key,
+// rebuilding the list only when keys were created or dropped since. A key
+// created while it is rebuilt moves keysVer again, so the next call
+// rebuilds; one dropped is marked gone. Requires that c.demandMu is held.
+func (c *Core) sortedKeys() []*keyState {
+	ver := c.keysVer.Load()
+	if c.demandOrder != nil && ver == c.demandVer {
+		return c.demandOrder
+	}
+	order := c.demandOrder[:0]
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.RLock()
 		for _, ks := range s.keys {
-			if ks.rs.Load().cfg.Scope != rules.ScopeGlobal {
-				continue
-			}
-			ac := ks.alloc.Load()
-			if ac == nil {
-				continue
-			}
-			ks.mu.Lock()
-			rate := ks.demand
-			ks.mu.Unlock()
-			want := bucket.Tokens(math.Ceil(rate * ac.global.Period().Seconds()))
-			if want <= 0 && !ac.hot {
-				continue
-			}
-			if down && ks.rs.Load().cfg.OnUnavailable == rules.FailClosed {
-				want, rate = 0, 0
-			}
-			out = append(out, KeyDemand{Key: ks.key, Want: want, Rate: rate, Alloc: ac.limit, Hot: ac.hot})
+			order = append(order, ks)
 		}
 		s.mu.RUnlock()
 	}
-	slices.SortFunc(out, func(a, b KeyDemand) int { return cmpKey(a.Key, b.Key) })
-	return out
+	slices.SortFunc(order, func(a, b *keyState) int { return cmpKey(a.key, b.key) })
+	c.demandOrder, c.demandVer = order, ver
+	return order
 }
