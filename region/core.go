@@ -177,7 +177,7 @@ type keyState struct {
 	takenAt    int64        // µs of the last refill
 	rate       float64      // short-term demand, tokens per second: sizes batches
 	lastSample int64        // µs
-	demand     float64      // demand over windows of at least demandWindow, tokens per second: reported
+	demand     float64      // moving average over windows of at least demandWindow, tokens per second: reported
 	winStart   int64        // µs: start of the current demand window
 	winTokens  int64        // tokens asked in the current demand window
 	lastActive int64        // µs of the last sample with arrivals
@@ -844,9 +844,17 @@ func (c *Core) batchSize(rate float64, lim bucket.Limit, cost bucket.Tokens) buc
 }
 
 // sample takes ks's arrivals into its demand estimates when sampleEvery
-// has passed, and decides whether the key is batched. Both estimates rise
-// at once (a flash crowd is batched and reported within one window) and
-// decay with DemandHalfLife.
+// has passed, and decides whether the key is batched. The short-term
+// estimate, which sizes batches, rises at once (a flash crowd is batched
+// within one sample) and decays with DemandHalfLife. The reported demand is
+// a plain moving average with half-life DemandHalfLife, which starts at the
+// first window's rate (a key new or idle again is reported at its full rate
+// within one window). It does not rise at once: a rise-at-once estimate
+// turns every bunch of arrivals in one window (a few costly requests, the
+// on-phase of on/off traffic) into a peak a hundred times the key's use,
+// the coordinator moves allocations after those peaks, and every move
+// costs the region that gains capacity the burst it adds, since an
+// increase arrives spent.
 func (c *Core) sample(ks *keyState, now time.Time) {
 	nowUS := now.UnixMicro()
 	ks.mu.Lock()
@@ -857,11 +865,22 @@ func (c *Core) sample(ks *keyState, now time.Time) {
 // ewma moves est toward the rate inst seen over dt µs: at once when inst is
 // higher, with half-life hl µs when lower.
 func ewma(est, inst float64, dt, hl int64) float64 {
-	decay := math.Exp2(-float64(dt) / float64(hl))
-	est = est*decay + inst*(1-decay)
+	est = average(est, inst, dt, hl)
 	if inst > est {
 		est = inst
 	}
+	return est
+}
+
+// average moves est toward the rate inst seen over dt µs with half-life hl
+// µs, both ways; an estimate of 0 (nothing seen yet, or decayed to nothing)
+// starts at inst.
+func average(est, inst float64, dt, hl int64) float64 {
+	if est == 0 {
+		return inst
+	}
+	decay := math.Exp2(-float64(dt) / float64(hl))
+	est = est*decay + inst*(1-decay)
 	if est < 1e-9 {
 		est = 0
 	}
@@ -885,7 +904,7 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 	ks.lastSample = nowUS
 	ks.winTokens += a
 	if w := nowUS - ks.winStart; w >= demandWindow.Microseconds() {
-		ks.demand = ewma(ks.demand, float64(ks.winTokens)/(float64(w)/1e6), w, hl)
+		ks.demand = average(ks.demand, float64(ks.winTokens)/(float64(w)/1e6), w, hl)
 		ks.winStart, ks.winTokens = nowUS, 0
 	}
 	if a > 0 {

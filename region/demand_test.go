@@ -72,3 +72,56 @@ func TestDemandWhileStoreIsDown(t *testing.T) {
 		t.Fatalf("demand %v with the store back, want closed reported again", w)
 	}
 }
+
+// TestReportedDemandIsAnAverage: a key's reported demand starts at its
+// first window's rate, follows steady use, and takes a bunch of arrivals in
+// one window in as a moving average does, not as a peak at the bunch's
+// rate (an estimate that rose at once read it as about 670 tokens a
+// second here, and made
+// the coordinator move allocations after every such bunch).
+func TestReportedDemandIsAnAverage(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	k := key("avg")
+	want := func() bucket.Tokens {
+		for _, d := range f.core.Demand(f.clk.Now()) {
+			if d.Key == k {
+				return d.Want
+			}
+		}
+		return 0
+	}
+	// 50 tokens a second, one every 20 ms; the attempt id gives the key
+	// state at once.
+	step := func(ms int) {
+		for i := 0; i < ms; i++ {
+			if i%20 == 0 {
+				if _, err := f.core.Decide(ctx, f.clk.Now(), k, global300, 1, "a"+f.clk.Now().String()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.clk.Advance(time.Millisecond)
+		}
+	}
+	step(160)
+	if w := want(); w < 40 || w > 60 {
+		t.Fatalf("want %d after the first window at 50/s, want 40..60 (the window's rate)", w)
+	}
+	step(2000)
+	if w := want(); w < 45 || w > 55 {
+		t.Fatalf("want %d after 2 s at 50/s, want 45..55", w)
+	}
+	// A bunch of 100 tokens within one window (5 requests of 20), then
+	// 50/s again until that window has closed.
+	for i := 0; i < 5; i++ {
+		_, _ = f.core.Decide(ctx, f.clk.Now(), k, global300, 20, "")
+	}
+	step(120)
+	if w := want(); w <= 60 || w >= 400 {
+		t.Fatalf("want %d after a bunch of 100 tokens in one window, want above 60 (it counts) and below 400 (an average, not the window's rate)", w)
+	}
+	step(3000)
+	if w := want(); w < 45 || w > 60 {
+		t.Fatalf("want %d 3 s after the bunch, want back near 50", w)
+	}
+}
