@@ -76,9 +76,8 @@ func TestDemandWhileStoreIsDown(t *testing.T) {
 // TestReportedDemandIsAnAverage: a key's reported demand starts at its
 // first window's rate, follows steady use, and takes a bunch of arrivals in
 // one window in as a moving average does, not as a peak at the bunch's
-// rate (an estimate that rose at once read it as about 670 tokens a
-// second here, and made
-// the coordinator move allocations after every such bunch).
+// rate (an estimate that rose at once read it as about 670 tokens a second
+// here, and made the coordinator move allocations after every such bunch).
 func TestReportedDemandIsAnAverage(t *testing.T) {
 	f := newFixture(t, nil)
 	ctx := context.Background()
