@@ -170,13 +170,12 @@ func (g *gcra) store(s *State) {
 
 func (g *gcra) tau() int64 { return g.l.tau }
 
-// keep returns the state to store after a request that spent nothing: s
-// itself unless load had to re-express it.
-func (g *gcra) keep(s State) State {
+// keep updates *s after a request that spent nothing: it stays as it is
+// unless load had to re-express it.
+func (g *gcra) keep(s *State) {
 	if g.moved {
-		return g.state()
+		g.store(s)
 	}
-	return s
 }
 
 // available is the whole tokens that could be spent now.
@@ -237,9 +236,7 @@ func decideIn(s *State, now int64, l *Limit, cost Tokens, d *Decision) {
 	g := load(s, now, l)
 	inc := int64(cost) * l.num
 	if g.used+inc > g.tau() {
-		if g.moved {
-			g.store(s)
-		}
+		g.keep(s)
 		g.fill(d, false, cost)
 		return
 	}
@@ -266,7 +263,8 @@ func takeUpTo(s State, now int64, l *Limit, n Tokens) (Tokens, Decision, State) 
 	g := load(&s, now, l)
 	got := min(n, g.available())
 	if got <= 0 {
-		return 0, g.decision(false, 1), g.keep(s)
+		g.keep(&s)
+		return 0, g.decision(false, 1), s
 	}
 	g.used += int64(got) * l.num
 	return got, g.decision(true, got), g.state()

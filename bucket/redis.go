@@ -115,11 +115,12 @@ func (r *Redis) RedisKey(k Key) string {
 	kh.h.Reset()
 	kh.buf = append(kh.buf[:0], k.Subject...)
 	kh.h.Write(kh.buf)
-	var sum [sha256.Size]byte
-	kh.h.Sum(sum[:0])
-	r.hashers.Put(kh)
+	// The sum goes to the same buffer: a local array would escape through
+	// the hash.Hash interface and be allocated on every call.
+	kh.buf = kh.h.Sum(kh.buf[:0])
 	var hx [32]byte
-	hex.Encode(hx[:], sum[:16])
+	hex.Encode(hx[:], kh.buf[:16])
+	r.hashers.Put(kh)
 	var b strings.Builder
 	b.Grow(len(r.opts.Prefix) + len(k.Rule) + 35)
 	b.WriteString(r.opts.Prefix)
@@ -131,8 +132,8 @@ func (r *Redis) RedisKey(k Key) string {
 	return b.String()
 }
 
-// keyHasher is a pooled hash with a buffer for the subject, so keying a
-// bucket allocates only the key itself.
+// keyHasher is a pooled hash with a buffer for the subject and the sum, so
+// keying a bucket allocates only the key itself.
 type keyHasher struct {
 	h   hash.Hash
 	buf []byte
@@ -152,7 +153,11 @@ type result struct {
 	granted   Tokens
 }
 
-func (r *Redis) run(ctx context.Context, op string, key Key, l Limit, n Tokens, attemptID string, from ...int64) (result, error) {
+func (res result) decision(l Limit) Decision {
+	return Decision{Allowed: res.allowed, Remaining: res.remaining, RetryAfter: res.retry, ResetAfter: res.reset, Limit: l}
+}
+
+func (r *Redis) run(ctx context.Context, op scriptOp, key Key, l Limit, n Tokens, attemptID string, from ...int64) (result, error) {
 	bk := r.RedisKey(key)
 	keys := []string{bk}
 	if attemptID != "" {
@@ -174,12 +179,12 @@ func (r *Redis) run(ctx context.Context, op string, key Key, l Limit, n Tokens, 
 	for _, x := range from {
 		p = binary.LittleEndian.AppendUint64(p, uint64(x))
 	}
-	v, err := script.Run(ctx, r.c, keys, opArgs[op], string(p), now).Int64Slice()
+	v, err := script.Run(ctx, r.c, keys, op.code, string(p), now).Int64Slice()
 	if err != nil {
-		return result{}, fmt.Errorf("%w: redis %s on %s: %w", ErrUnavailable, opName(op), bk, err)
+		return result{}, fmt.Errorf("%w: redis %s on %s: %w", ErrUnavailable, op.name, bk, err)
 	}
 	if len(v) != 6 {
-		return result{}, fmt.Errorf("%w: redis %s on %s: script returned %d values, want 6", ErrUnavailable, opName(op), bk, len(v))
+		return result{}, fmt.Errorf("%w: redis %s on %s: script returned %d values, want 6", ErrUnavailable, op.name, bk, len(v))
 	}
 	if v[5] != 0 {
 		r.repaired.Add(1)
@@ -193,23 +198,20 @@ func (r *Redis) run(ctx context.Context, op string, key Key, l Limit, n Tokens, 
 	}, nil
 }
 
-// opArgs holds each operation's name already boxed, so passing it to the
-// script does not allocate.
-var opArgs = map[string]any{"d": "d", "t": "t", "r": "r", "p": "p", "b": "b"}
-
-func opName(op string) string {
-	switch op {
-	case "d":
-		return "decide"
-	case "t":
-		return "take-up-to"
-	case "r":
-		return "return"
-	case "b":
-		return "rebase"
-	}
-	return "peek"
+// scriptOp is an operation of the script: its code, already boxed so that
+// passing it to the script does not allocate, and its name for errors.
+type scriptOp struct {
+	code any
+	name string
 }
+
+var (
+	opDecide   = scriptOp{"d", "decide"}
+	opTakeUpTo = scriptOp{"t", "take-up-to"}
+	opReturn   = scriptOp{"r", "return"}
+	opPeek     = scriptOp{"p", "peek"}
+	opRebase   = scriptOp{"b", "rebase"}
+)
 
 // RepairedKeys is how many keys of the wrong type or with a corrupt value
 // the store has replaced by an empty bucket.
@@ -222,11 +224,11 @@ func (r *Redis) Decide(ctx context.Context, key Key, l Limit, cost Tokens, attem
 	if err := Check(l, cost); err != nil {
 		return Decision{Limit: l}, err
 	}
-	res, err := r.run(ctx, "d", key, l, cost, attemptID)
+	res, err := r.run(ctx, opDecide, key, l, cost, attemptID)
 	if err != nil {
 		return Decision{Limit: l}, err
 	}
-	return Decision{Allowed: res.allowed, Remaining: res.remaining, RetryAfter: res.retry, ResetAfter: res.reset, Limit: l}, nil
+	return res.decision(l), nil
 }
 
 // TakeUpTo implements Store.
@@ -237,7 +239,7 @@ func (r *Redis) TakeUpTo(ctx context.Context, key Key, l Limit, n Tokens) (Token
 	if n <= 0 {
 		return 0, errCost(n)
 	}
-	res, err := r.run(ctx, "t", key, l, n, "")
+	res, err := r.run(ctx, opTakeUpTo, key, l, n, "")
 	return res.granted, err
 }
 
@@ -249,7 +251,7 @@ func (r *Redis) Return(ctx context.Context, key Key, l Limit, n Tokens) error {
 	if n <= 0 {
 		return errCost(n)
 	}
-	_, err := r.run(ctx, "r", key, l, n, "")
+	_, err := r.run(ctx, opReturn, key, l, n, "")
 	return err
 }
 
@@ -261,7 +263,7 @@ func (r *Redis) Rebase(ctx context.Context, key Key, from, to Limit) error {
 	if err := Check(to, 1); err != nil {
 		return err
 	}
-	_, err := r.run(ctx, "b", key, to, 1, "", from.num, from.den, int64(from.burst))
+	_, err := r.run(ctx, opRebase, key, to, 1, "", from.num, from.den, int64(from.burst))
 	return err
 }
 
@@ -270,11 +272,11 @@ func (r *Redis) Peek(ctx context.Context, key Key, l Limit) (Decision, error) {
 	if err := Check(l, 1); err != nil {
 		return Decision{Limit: l}, err
 	}
-	res, err := r.run(ctx, "p", key, l, 1, "")
+	res, err := r.run(ctx, opPeek, key, l, 1, "")
 	if err != nil {
 		return Decision{Limit: l}, err
 	}
-	return Decision{Allowed: res.allowed, Remaining: res.remaining, RetryAfter: res.retry, ResetAfter: res.reset, Limit: l}, nil
+	return res.decision(l), nil
 }
 
 // contextTimeouts reports whether the client honours context deadlines on

@@ -353,18 +353,6 @@ func writeJSON(w http.ResponseWriter, status int, b body) {
 	_ = json.NewEncoder(w).Encode(b)
 }
 
-// SetQuotaHeaders sets RateLimit-Policy, RateLimit and the X-RateLimit-*
-// headers for a decision with a limit. The quota advertised is the burst
-// over the time the burst takes to refill, so that remaining never exceeds
-// it; for a quota whose burst equals its count ("10 per minute") it is the
-// quota as written (q=10, w=60). Reset is in seconds from now.
-func SetQuotaHeaders(h http.Header, d limiter.Decision) {
-	if !d.Limited() {
-		return
-	}
-	setQuotaHeaders(h, d, PolicyHeader(d.Policy, d.Limit))
-}
-
 // Header names in canonical form, so setting them needs no canonicalizing.
 const (
 	hdrPolicy    = "Ratelimit-Policy"

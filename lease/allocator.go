@@ -200,7 +200,7 @@ func (a *Allocator) setBudgets(bs []Budget) {
 	maxN := 0
 	for _, b := range bs {
 		bud := &budget{b: b, count: int64(b.Limit.Count())}
-		bud.fill = int64(b.Limit.Period()) / max(bud.count, 1) * int64(b.Limit.Burst())
+		bud.fill = mulDiv(int64(b.Limit.Period()), int64(b.Limit.Burst()), bud.count)
 		for i, name := range b.Regions {
 			bud.regions = append(bud.regions, a.region(name))
 			bud.floors = append(bud.floors, int64(b.FloorCount(name)))
@@ -826,9 +826,10 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	// region waits for the capacity: a region that does not acknowledge a
 	// decrease within half a refresh interval (cut off, or its messages
 	// lost: the same test that resends its whole table) must not keep the
-	// capacity for as long as it was last heard from. A region that acknowledges is renewed again at the next round.
-	// Only a region holding more than its floor gains anything from a
-	// renewal: below it, its claim after the lease is at least as large.
+	// capacity for as long as it was last heard from. A region that
+	// acknowledges is renewed again at the next round. Only a region
+	// holding more than its floor gains anything from a renewal: below it,
+	// its claim after the lease is at least as large.
 	for i := range k.slots {
 		r := bud.regions[i]
 		if m := k.slots[i].max(); m > bud.floors[i] && (sum > C ||
