@@ -188,24 +188,32 @@ func TestRedirect(t *testing.T) {
 	}
 }
 
-// TestIdentity: a region may not speak for another.
-func TestIdentity(t *testing.T) {
-	clk := clock.NewManual(t0)
-	s := newTestServer(t, clk, "")
+// leaderStream starts a test server that leads term 1 and returns a
+// stream to it as region, closed when the test ends, with the server and
+// its address.
+func leaderStream(t *testing.T, region string) (*Server, *Stream, string) {
+	t.Helper()
+	s := newTestServer(t, clock.NewManual(t0), "")
 	addr := startServer(t, s)
 	if err := s.BecomeLeader(1); err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewClient(ClientConfig{Addrs: []string{addr}, Region: "a"})
+	c, err := NewClient(ClientConfig{Addrs: []string{addr}, Region: region})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	st, err := c.Connect(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	t.Cleanup(func() { st.Close() })
+	return s, st, addr
+}
+
+// TestIdentity: a region may not speak for another.
+func TestIdentity(t *testing.T) {
+	_, st, addr := leaderStream(t, "a")
 	if err := st.Send(lease.Message{Type: lease.MsgHello, Region: "b", Session: 1, Seq: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -274,22 +282,7 @@ func TestLargeReport(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a 5 MB message")
 	}
-	clk := clock.NewManual(t0)
-	s := newTestServer(t, clk, "")
-	addr := startServer(t, s)
-	if err := s.BecomeLeader(1); err != nil {
-		t.Fatal(err)
-	}
-	c, err := NewClient(ClientConfig{Addrs: []string{addr}, Region: "a"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	st, err := c.Connect(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	s, st, _ := leaderStream(t, "a")
 	hello := lease.Message{Type: lease.MsgHello, Session: 1, Seq: 1}
 	for i := range 120000 {
 		hello.Demand = append(hello.Demand, lease.Demand{Key: bucket.Key{Rule: "api", Subject: fmt.Sprintf("tenant-with-a-long-name-%07d", i)}, Want: 1000})

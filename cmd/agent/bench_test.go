@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -15,8 +12,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/allot-dev/allot/internal/testenv"
 )
 
 const benchRules = `version: bench
@@ -32,20 +27,7 @@ rules:
 // and returns an RLS client on loopback.
 func benchAgent(b *testing.B) rlsv3.RateLimitServiceClient {
 	b.Helper()
-	dir := b.TempDir()
-	rf := filepath.Join(dir, "rules.yaml")
-	if err := os.WriteFile(rf, []byte(benchRules), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	grpcAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(b))
-	httpAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(b))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-region", "eu", "-rules", rf, "-grpc-listen", grpcAddr, "-http-listen", httpAddr, "-log-level", "error"},
-			func(string) string { return "" }, io.Discard)
-	}()
-	b.Cleanup(func() { cancel(); <-done })
+	grpcAddr := launchAgent(b, benchRules, "-log-level", "error").grpcAddr
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)

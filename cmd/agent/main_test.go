@@ -39,41 +39,67 @@ rules:
     scope: global
 `
 
-// startAgent runs the agent in process with args and the test's rules and
-// returns its HTTP and gRPC addresses; it stops at cleanup.
-func startAgent(t *testing.T, extra ...string) (httpAddr, grpcAddr string) {
-	t.Helper()
-	dir := t.TempDir()
-	rf := filepath.Join(dir, "rules.yaml")
-	if err := os.WriteFile(rf, []byte(testRules), 0o600); err != nil {
-		t.Fatal(err)
+// agentProc is an agent run in process by launchAgent.
+type agentProc struct {
+	httpAddr, grpcAddr string
+	rulesFile          string
+	errc               chan error // what run returned
+}
+
+// launchAgent runs the agent in process on rules (written to a file) with
+// args after the region, name, rules and listen addresses; it stops at
+// cleanup, which fails the test if it does not stop cleanly.
+func launchAgent(tb testing.TB, rules string, extra ...string) *agentProc {
+	tb.Helper()
+	p := &agentProc{
+		httpAddr:  fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(tb)),
+		grpcAddr:  fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(tb)),
+		rulesFile: filepath.Join(tb.TempDir(), "rules.yaml"),
+		errc:      make(chan error, 1),
 	}
-	httpAddr = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	grpcAddr = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	args := append([]string{"-region", "eu", "-name", "eu-1", "-rules", rf, "-http-listen", httpAddr, "-grpc-listen", grpcAddr}, extra...)
+	if err := os.WriteFile(p.rulesFile, []byte(rules), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	args := append([]string{"-region", "eu", "-name", "eu-1", "-rules", p.rulesFile, "-http-listen", p.httpAddr, "-grpc-listen", p.grpcAddr}, extra...)
 	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- run(ctx, args, func(string) string { return "" }, io.Discard) }()
-	t.Cleanup(func() {
+	go func() { p.errc <- run(ctx, args, func(string) string { return "" }, io.Discard) }()
+	tb.Cleanup(func() {
 		cancel()
 		select {
-		case err := <-errc:
+		case err := <-p.errc:
 			if err != nil {
-				t.Errorf("agent stopped with %v", err)
+				tb.Errorf("agent stopped with %v", err)
 			}
 		case <-time.After(10 * time.Second):
-			t.Error("agent did not stop within 10 s")
+			tb.Error("agent did not stop within 10 s")
 		}
 	})
+	return p
+}
+
+// startAgent runs the agent in process with args and the test's rules,
+// waits until it is healthy and returns its HTTP and gRPC addresses; it
+// stops at cleanup.
+func startAgent(t *testing.T, extra ...string) (httpAddr, grpcAddr string) {
+	t.Helper()
+	p := launchAgent(t, testRules, extra...)
+	waitHealthy(t, p)
+	return p.httpAddr, p.grpcAddr
+}
+
+// waitHealthy waits up to 10 s for p's /healthz.
+func waitHealthy(t *testing.T, p *agentProc) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		resp, err := http.Get("http://" + httpAddr + "/healthz")
+		resp, err := http.Get("http://" + p.httpAddr + "/healthz")
 		if err == nil {
 			resp.Body.Close()
-			return httpAddr, grpcAddr
+			return
 		}
 		select {
-		case err := <-errc:
+		case err := <-p.errc:
+			p.errc <- err // for the cleanup
 			t.Fatalf("agent exited: %v", err)
 		default:
 		}
@@ -181,32 +207,9 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 }
 
 func TestAgentReloadsRules(t *testing.T) {
-	dir := t.TempDir()
-	rf := filepath.Join(dir, "rules.yaml")
-	if err := os.WriteFile(rf, []byte(testRules), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	grpcAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() {
-		errc <- run(ctx, []string{"-region", "eu", "-name", "eu-1", "-rules", rf, "-http-listen", httpAddr, "-grpc-listen", grpcAddr},
-			func(string) string { return "" }, io.Discard)
-	}()
-	defer func() { cancel(); <-errc }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get("http://" + httpAddr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("agent not healthy")
-		}
-		time.Sleep(20 * time.Millisecond) // waiting for a listener
-	}
+	p := launchAgent(t, testRules)
+	waitHealthy(t, p)
+	httpAddr, rf := p.httpAddr, p.rulesFile
 	for i := 0; i < 6; i++ {
 		if !allow(t, httpAddr, "carol").GetAllowed() {
 			t.Fatalf("request %d denied within the floor", i)
@@ -220,7 +223,7 @@ func TestAgentReloadsRules(t *testing.T) {
 	if err := os.WriteFile(rf, []byte(strings.Replace(testRules, "10 per minute", "1000 per minute", 1)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	for {
 		d := allow(t, httpAddr, "carol")
 		if d.GetAllowed() {
@@ -286,20 +289,8 @@ func TestAgentOverTLS(t *testing.T) {
 	tlsPort := testenv.FreePort(t)
 	testenv.StartRedis(t, "--tls-port", fmt.Sprint(tlsPort), "--tls-cert-file", certFile, "--tls-key-file", keyFile,
 		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "yes")
-	rf := filepath.Join(dir, "rules.yaml")
-	if err := os.WriteFile(rf, []byte(testRules), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	grpcAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() {
-		errc <- run(ctx, []string{"-region", "eu", "-name", "eu-1", "-rules", rf, "-http-listen", httpAddr, "-grpc-listen", grpcAddr,
-			"-redis", fmt.Sprintf("127.0.0.1:%d", tlsPort), "-redis-tls", "-tls-cert", certFile, "-tls-key", keyFile, "-tls-ca", caFile},
-			func(string) string { return "" }, io.Discard)
-	}()
-	defer func() { cancel(); <-errc }()
+	httpAddr := launchAgent(t, testRules, "-redis", fmt.Sprintf("127.0.0.1:%d", tlsPort), "-redis-tls",
+		"-tls-cert", certFile, "-tls-key", keyFile, "-tls-ca", caFile).httpAddr
 	pool := x509.NewCertPool()
 	caPEM, _ := os.ReadFile(caFile)
 	pool.AppendCertsFromPEM(caPEM)
