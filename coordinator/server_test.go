@@ -38,13 +38,16 @@ func startServer(t *testing.T, s *Server) string {
 	return lis.Addr().String()
 }
 
-func newTestServer(t *testing.T, clk clock.Clock, advertise string) *Server {
+func newTestServer(t *testing.T, clk clock.Clock, advertise string, opts ...func(*Config)) *Server {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Lease.Budgets = testBudgets()
 	cfg.Clock = clk
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.Advertise = advertise
+	for _, o := range opts {
+		o(&cfg)
+	}
 	s, err := NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
