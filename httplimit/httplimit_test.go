@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/storetest"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/httplimit"
 	"github.com/allot-dev/allot/internal/testenv"
@@ -51,19 +52,9 @@ rules:
       - {path: /export, cost: 50}
 `
 
-type countingStore struct {
-	bucket.Store
-	calls atomic.Int64
-}
-
-func (c *countingStore) Decide(ctx context.Context, k bucket.Key, l bucket.Limit, cost bucket.Tokens, id string) (bucket.Decision, error) {
-	c.calls.Add(1)
-	return c.Store.Decide(ctx, k, l, cost, id)
-}
-
 type fixture struct {
 	clk   *clock.Manual
-	store *countingStore
+	store *storetest.Counting
 	lim   *limiter.StoreLimiter
 	srv   *httptest.Server
 }
@@ -74,7 +65,7 @@ func newFixture(t testing.TB, src string, store bucket.Store, mod func(*httplimi
 	if store == nil {
 		store = bucket.NewMemory(bucket.MemoryOptions{Clock: f.clk})
 	}
-	f.store = &countingStore{Store: store}
+	f.store = &storetest.Counting{Store: store}
 	rs, err := rules.Parse([]byte(src), "http.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -191,11 +182,11 @@ func TestStatusesAndHeaders(t *testing.T) {
 
 	// Cost 50 can never fit free's burst of 10: 403, no Retry-After, and the
 	// store is not asked.
-	calls := f.store.calls.Load()
+	calls := f.store.Calls.Load()
 	expect(t, "/export on free", f.get(t, "/export", "bob", "free"), 403, map[string]string{
 		"Retry-After": "", "RateLimit": "", "RateLimit-Policy": `"free";q=10;w=60`, "Content-Type": "application/json",
 	}, `{"error":"request cost 50 exceeds the quota's burst 10 and can never be admitted","policy":"free","retry_after":0}`)
-	if f.store.calls.Load() != calls {
+	if f.store.Calls.Load() != calls {
 		t.Error("a request that can never fit touched the store")
 	}
 	expect(t, "/export on pro", f.get(t, "/export", "bob", "pro"), 200, map[string]string{

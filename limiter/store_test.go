@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/storetest"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/limiter"
@@ -66,21 +67,9 @@ func parse(t testing.TB, src string) *rules.Set {
 	return s
 }
 
-// countingStore records how often the store was asked, to prove that some
-// decisions never touch it.
-type countingStore struct {
-	bucket.Store
-	calls atomic.Int64
-}
-
-func (c *countingStore) Decide(ctx context.Context, k bucket.Key, l bucket.Limit, cost bucket.Tokens, id string) (bucket.Decision, error) {
-	c.calls.Add(1)
-	return c.Store.Decide(ctx, k, l, cost, id)
-}
-
 type env struct {
 	clk    *clock.Manual
-	store  *countingStore
+	store  *storetest.Counting
 	lim    *limiter.StoreLimiter
 	mu     sync.Mutex
 	events []limiter.Event
@@ -89,7 +78,7 @@ type env struct {
 func newEnv(t testing.TB, src string, mod func(*limiter.Config)) *env {
 	t.Helper()
 	e := &env{clk: clock.NewManual(t0)}
-	e.store = &countingStore{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: e.clk})}
+	e.store = &storetest.Counting{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: e.clk})}
 	cfg := limiter.Config{
 		Rules: parse(t, src), Store: e.store, Clock: e.clk, Logger: quiet,
 		OnEvent: func(ev limiter.Event) { e.mu.Lock(); e.events = append(e.events, ev); e.mu.Unlock() },
@@ -188,7 +177,7 @@ func TestNeverFitsTouchesNoStore(t *testing.T) {
 	if d.Allowed || d.Reason != limiter.ReasonNeverFits || d.RetryAfter != 0 || d.RetryAfterSeconds() != 0 || d.Cost != 50 {
 		t.Fatalf("cost 50 on free: %+v", d)
 	}
-	if n := e.store.calls.Load(); n != 0 {
+	if n := e.store.Calls.Load(); n != 0 {
 		t.Errorf("store called %d times for a cost that can never fit", n)
 	}
 	if d = e.allow(t, limiter.Request{Subject: "alice", Plan: "pro", Descriptor: path("/export")}); !d.Allowed || d.Remaining != 250 {
@@ -213,7 +202,7 @@ func TestNoIdentity(t *testing.T) {
 	if d = e.allow(t, limiter.Request{Subject: "alice", Descriptor: rules.Descriptor{{Key: "endpoint", Value: "login"}}}); d.Reason != limiter.ReasonNoIdentity {
 		t.Fatalf("login without client_ip: %+v", d)
 	}
-	if e.store.calls.Load() != 0 {
+	if e.store.Calls.Load() != 0 {
 		t.Error("store called for a request without identity")
 	}
 	src := strings.Replace(testRules, "no_identity: {action: deny, status: 401}", "no_identity: default_plan", 1)
@@ -252,8 +241,8 @@ func TestUnknownPlan(t *testing.T) {
 				t.Errorf("events %v", got)
 			}
 			if c.action != "default_plan" {
-				if d.Limited() || e.store.calls.Load() != 0 {
-					t.Errorf("%s must not charge a bucket: %+v, %d store calls", c.action, d, e.store.calls.Load())
+				if d.Limited() || e.store.Calls.Load() != 0 {
+					t.Errorf("%s must not charge a bucket: %+v, %d store calls", c.action, d, e.store.Calls.Load())
 				}
 				return
 			}
@@ -312,7 +301,7 @@ func TestLocalScopeUsesLocalStore(t *testing.T) {
 	if d.Allowed || d.Key.Subject != "client_ip=127.0.0.1" || d.Policy != "login" {
 		t.Fatalf("third login: %+v", d)
 	}
-	if n := e.store.calls.Load(); n != 0 {
+	if n := e.store.Calls.Load(); n != 0 {
 		t.Errorf("a local rule called the shared store %d times", n)
 	}
 }
