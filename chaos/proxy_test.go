@@ -316,3 +316,43 @@ func TestSupervisorKillsOnClose(t *testing.T) {
 		t.Fatal("Start after Close succeeded")
 	}
 }
+
+func TestSocketInodeTwoWays(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	peer, local := s.RemoteAddr().(*net.TCPAddr), s.LocalAddr().(*net.TCPAddr)
+	d, err := diagInode(peer, local)
+	if err != nil {
+		t.Fatalf("sock_diag: %v", err)
+	}
+	p, err := scanInode(peer, local)
+	if err != nil || p == "" {
+		t.Fatalf("/proc/net/tcp: %q, %v", p, err)
+	}
+	if strconv.FormatUint(uint64(d), 10) != p {
+		t.Fatalf("sock_diag says inode %d, /proc/net/tcp %s", d, p)
+	}
+	start := time.Now()
+	for range 100 {
+		diagInode(peer, local)
+	}
+	t.Logf("sock_diag lookup: %s each", time.Since(start)/100)
+	start = time.Now()
+	for range 10 {
+		scanInode(peer, local)
+	}
+	t.Logf("/proc/net/tcp scan: %s each", time.Since(start)/10)
+}
