@@ -514,11 +514,20 @@ func (a *analysis) fairShare(ri int, k budgetKey, t time.Duration) float64 {
 	return FairShares(rate, ds)[ri]
 }
 
+// sustain is how long a region must hold its share to count as having
+// reached it: a table caught between two publications (the floor for a
+// moment, say) is not a recovery.
+const sustain = time.Second
+
 // reachShare returns the first round at or after from (and before until)
-// at which region ri's allocation of k is at least 95% of its fair share,
-// and the largest ratio of allocation to fair share seen until then.
-func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration) (time.Duration, float64, bool) {
+// from which region ri's allocation of k stays at least 95% of its fair
+// share (or capAt, when that is lower) for sustain (or until until) — with every answering agent's
+// breaker closed too when closed is set, since a region whose breaker is
+// open admits nothing of its share — and the largest ratio of allocation
+// to fair share seen.
+func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration, closed bool, capAt float64) (time.Duration, float64, bool) {
 	peak := 0.0
+	start, in := time.Duration(0), false
 	for _, rd := range a.rounds {
 		if rd.T < from || rd.T > until {
 			continue
@@ -529,9 +538,26 @@ func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration) (t
 			continue
 		}
 		peak = math.Max(peak, alloc/fair)
-		if alloc >= 0.95*fair {
-			return rd.T, peak, true
+		good := alloc >= math.Min(0.95*fair, capAt)
+		if closed {
+			for _, s := range rd.Agents[ri] {
+				if s.Up && s.Breaker != "closed" {
+					good = false
+				}
+			}
 		}
+		switch {
+		case !good:
+			in = false
+		case !in:
+			start, in = rd.T, true
+		}
+		if in && rd.T-start >= sustain {
+			return start, peak, true
+		}
+	}
+	if in {
+		return start, peak, true // held until the end of the phase
 	}
 	return 0, peak, false
 }
@@ -580,8 +606,10 @@ func (a *analysis) speakers() []CheckResult {
 	return out
 }
 
-// recovery checks that after each Redis outage the region's allocation of
-// its busiest key is back at 95% of its fair share within RecoverWithin.
+// recovery checks that after each Redis outage the region is back within
+// RecoverWithin: its allocation of its busiest key at what it held before
+// the outage (or 95% of its fair share now, when lower) and its agents'
+// breakers closed, held for a second.
 func (a *analysis) recovery() []CheckResult {
 	var out []CheckResult
 	lim := a.sc.Block.RecoverWithin
@@ -603,7 +631,14 @@ func (a *analysis) recovery() []CheckResult {
 			if d <= 0 {
 				continue
 			}
-			t, peak, ok := a.reachShare(ri, k, h, a.end)
+			// Back means the allocation it held before the outage, or 95%
+			// of its fair share now when that is lower (its demand may
+			// have fallen).
+			before, _ := a.allocBefore(r.Region, k, r.Start)
+			if before <= 0 {
+				before = math.Inf(1)
+			}
+			t, peak, ok := a.reachShare(ri, k, h, a.end, true, before)
 			switch {
 			case ok:
 				c.Value = fmt.Sprintf("%.2fs", (t - h).Seconds())
@@ -612,7 +647,13 @@ func (a *analysis) recovery() []CheckResult {
 				c.Value, c.Pass = "not measured: the run ended first", true
 			default:
 				alloc, _, _ := a.allocation(a.rounds[len(a.rounds)-1], ri, k)
-				c.Value = fmt.Sprintf("never (at most %.2f of the fair share; %.0f/s of %.0f/s at the end)", peak, alloc, a.fairShare(ri, k, a.end-1))
+				last := a.rounds[len(a.rounds)-1]
+				var br []string
+				for _, s := range last.Agents[ri] {
+					br = append(br, s.Breaker)
+				}
+				c.Value = fmt.Sprintf("never (at the end %.0f/s of a fair %.0f/s, breakers %v; at most %.2f of the share)",
+					alloc, a.fairShare(ri, k, a.end-1), br, peak)
 			}
 			out = append(out, c)
 		}
@@ -758,7 +799,7 @@ func (a *analysis) shifts(arrivals map[budgetKey][]Arrival) []ShiftResult {
 		}
 		sh := ShiftResult{Region: t.Region, Rule: t.Rule, Key: keyName(key), AtS: t.Start.Seconds(),
 			Fair: a.fairShare(ri, k, t.Start)}
-		at, peak, ok := a.reachShare(ri, k, t.Start, until)
+		at, peak, ok := a.reachShare(ri, k, t.Start, until, false, math.Inf(1))
 		sh.Peak = peak
 		if ok {
 			v := (at - t.Start).Seconds()

@@ -38,6 +38,17 @@ func (o Outcome) String() string { return outcomeNames[o] }
 // MarshalText implements encoding.TextMarshaler.
 func (o Outcome) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
 
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (o *Outcome) UnmarshalText(b []byte) error {
+	for i, n := range outcomeNames {
+		if n == string(b) {
+			*o = Outcome(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("chaos: outcome %q is not one of %v", b, outcomeNames)
+}
+
 // Decision is one request of the history.
 type Decision struct {
 	// Stream is the index of the traffic stream in the scenario; Rule and

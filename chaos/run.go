@@ -83,6 +83,11 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (res *Result, err erro
 	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
+	if raw, err := os.ReadFile(sc.Path); err == nil {
+		// A copy of the scenario beside the history, so the run can be
+		// judged again later (Judge).
+		_ = os.WriteFile(filepath.Join(dir, "scenario.yaml"), raw, 0o644)
+	}
 	bins := opts.Bins
 	if bins.Agent == "" {
 		logf("%s: building the binaries", sc.Name())
@@ -195,7 +200,8 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (res *Result, err erro
 	res.CPU = CPU{Harness: harnessCPU, Processes: procsCPU}
 	res.Dir = dir
 	if opts.Keep || opts.Dir != "" {
-		if err := writeHistory(filepath.Join(dir, "history.json"), hist, rounds, recs); err != nil {
+		if err := writeHistory(filepath.Join(dir, "history.json"), history{Decisions: hist, Rounds: rounds, Faults: recs,
+			SampleNS: opts.Sample, Seed: opts.Seed, LoadAvg: res.LoadAvg, CPU: res.CPU}); err != nil {
 			logf("%s: %v", sc.Name(), err)
 		}
 	}
@@ -203,13 +209,56 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (res *Result, err erro
 	return res, nil
 }
 
-func writeHistory(path string, hist []Decision, rounds []Round, recs []FaultRecord) error {
+// history is what a run recorded, as written to history.json.
+type history struct {
+	Decisions []Decision    `json:"decisions"`
+	Rounds    []Round       `json:"rounds"`
+	Faults    []FaultRecord `json:"faults"`
+	SampleNS  time.Duration `json:"sample_ns"`
+	Seed      uint64        `json:"seed"`
+	LoadAvg   LoadAvg       `json:"load_average"`
+	CPU       CPU           `json:"cpu_cores"`
+}
+
+func writeHistory(path string, h history) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("chaos: history: %w", err)
 	}
 	defer f.Close()
-	return json.NewEncoder(f).Encode(map[string]any{"decisions": hist, "rounds": rounds, "faults": recs})
+	if err := json.NewEncoder(f).Encode(h); err != nil {
+		return fmt.Errorf("chaos: history: %w", err)
+	}
+	return nil
+}
+
+// Judge judges again a run kept on disk (its directory holds
+// scenario.yaml and history.json), as the checker now stands.
+func Judge(dir string) (*Result, error) {
+	sc, err := Load(filepath.Join(dir, "scenario.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "history.json"))
+	if err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	var h history
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, fmt.Errorf("chaos: %s: %w", filepath.Join(dir, "history.json"), err)
+	}
+	for i := range h.Faults {
+		h.Faults[i].Index = i
+		if i < len(sc.Faults) {
+			h.Faults[i].Sim = sc.Faults[i].Sim
+		}
+	}
+	if h.SampleNS == 0 {
+		h.SampleNS = 200 * time.Millisecond
+	}
+	res := Analyze(sc, h.Decisions, h.Rounds, h.Faults, h.SampleNS)
+	res.Seed, res.LoadAvg, res.CPU, res.Dir = h.Seed, h.LoadAvg, h.CPU, dir
+	return res, nil
 }
 
 // loadAvg reads the host's one-minute load average (0 when unknown).

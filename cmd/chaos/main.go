@@ -6,6 +6,7 @@
 //	chaos chaos/scenarios                      # every scenario (make chaos)
 //	chaos chaos/scenarios/short                # the short form (make chaos-short)
 //	chaos -run 'redis' -keep chaos/scenarios   # some, keeping logs and histories
+//	chaos -judge /tmp/allot-chaos-…/healthy    # judge a kept run again
 //
 // The exit status is 1 when any run's verdict differs from the one its
 // file expects (a known failure is expected to FAIL) or a run could not be
@@ -51,6 +52,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	keep := fs.Bool("keep", false, "keep every run's directory (configuration, logs, history.json)")
 	dir := fs.String("dir", "", "parent directory for the runs' directories (default: a temporary one)")
 	quiet := fs.Bool("q", false, "no progress lines")
+	judge := fs.Bool("judge", false, "judge again runs kept with -keep: the arguments are their directories")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: chaos [flags] scenario.yaml|dir ...\n")
 		fs.PrintDefaults()
@@ -61,6 +63,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() == 0 {
 		fs.Usage()
 		return errors.New("chaos: no scenario given")
+	}
+	if *judge {
+		var results []*chaos.Result
+		for _, d := range fs.Args() {
+			res, err := chaos.Judge(d)
+			if err != nil {
+				return err
+			}
+			chaos.PrintDetail(stdout, res)
+			results = append(results, res)
+		}
+		fmt.Fprintln(stdout)
+		chaos.PrintSummary(stdout, results)
+		if *jsonOut != "" {
+			return chaos.WriteJSON(*jsonOut, results)
+		}
+		return nil
 	}
 	var re *regexp.Regexp
 	if *pattern != "" {
