@@ -4,11 +4,13 @@
 // A run starts real processes on loopback — coordinators (three on a real
 // etcd, or one standalone), and per region a redis-server (with a replica
 // and three sentinels where the scenario asks) and its agents joined by
-// memberlist — and puts a TCP fault proxy of its own in front of every
-// coordinator and every Redis server. Each proxy attributes a connection to
-// the process that opened it (by its socket, looked up in /proc), so a fault
-// can cut, delay or cut one way the links of one agent or one region while
-// the others pass. Kills are kill -9 of the real process: the coordinator
+// memberlist — and puts a TCP fault proxy of its own on every link to a
+// coordinator or a Redis server: one per agent in front of its region's
+// Redis, and one shared proxy in front of each coordinator (and each Redis
+// of a Sentinel region) that attributes a connection to the process that
+// opened it (its socket, found through sock_diag and /proc). So a fault can
+// cut, delay or cut one way the links of one agent or one region while the
+// others pass. Kills are kill -9 of the real process: the coordinator
 // leader, the region's speaking agent, a Redis primary; restarts reuse the
 // same ports.
 //

@@ -112,9 +112,6 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 // Name is the proxy's name.
 func (p *Proxy) Name() string { return p.name }
 
-// Target is the server's address.
-func (p *Proxy) Target() string { return p.target }
-
 // Apply adds rule r under id, replacing a rule with the same id.
 func (p *Proxy) Apply(id string, r Rule) {
 	p.mu.Lock()

@@ -204,16 +204,14 @@ func Parse(b []byte) (*Scenario, error) {
 			return nil, fmt.Errorf("%w: chaos block (from line %d): %w", ErrScenario, ss.Chaos.Line, err)
 		}
 	}
-	if err := sc.setDefaults(); err != nil {
-		return nil, err
-	}
+	sc.setDefaults()
 	if err := sc.validate(); err != nil {
 		return nil, err
 	}
 	return sc, nil
 }
 
-func (sc *Scenario) setDefaults() error {
+func (sc *Scenario) setDefaults() {
 	b := &sc.Block
 	if b.Expect == "" {
 		b.Expect = ExpectPass
@@ -244,7 +242,6 @@ func (sc *Scenario) setDefaults() error {
 	for i := range sc.Faults {
 		sc.Faults[i].Index = i
 	}
-	return nil
 }
 
 // validate reports the first thing the harness cannot do with the
@@ -317,12 +314,11 @@ func (sc *Scenario) validate() error {
 	if s.Agent.BatchTTL != agentBatchTTL {
 		return bad("agent.batch_ttl=%s: the agent binary has no flag for it and uses %s", s.Agent.BatchTTL, agentBatchTTL)
 	}
-	for i, f := range sc.Faults {
+	for _, f := range sc.Faults {
 		where := fmt.Sprintf("faults (%s at %s)", f.Kind, f.At)
 		if !f.Sim {
 			where = fmt.Sprintf("chaos.faults (%s at %s)", f.Kind, f.At)
 		}
-		_ = i
 		ri, regionOK := regions[f.Region]
 		if f.At < 0 || f.For < 0 || f.Delay < 0 || f.Jitter < 0 {
 			return bad("%s: at=%s, for=%s, delay=%s and jitter=%s must be ≥ 0", where, f.At, f.For, f.Delay, f.Jitter)

@@ -46,12 +46,11 @@ type Proc struct {
 	Bin   string
 	Args  []string
 
-	s       *Supervisor
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	done    chan struct{}
-	starts  int
-	exitErr error
+	s      *Supervisor
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	done   chan struct{}
+	starts int
 }
 
 // NewSupervisor returns a supervisor writing process logs to dir.
@@ -128,11 +127,8 @@ func (p *Proc) Start() error {
 		p.s.owners.Set(cmd.Process.Pid, p.Party)
 	}
 	go func() {
-		err := cmd.Wait()
+		_ = cmd.Wait() // a killed process exits with an error by design
 		f.Close()
-		p.mu.Lock()
-		p.exitErr = err
-		p.mu.Unlock()
 		if p.s.owners != nil {
 			p.s.owners.Forget(cmd.Process.Pid)
 		}
@@ -182,9 +178,6 @@ func (p *Proc) Pid() int {
 	defer p.mu.Unlock()
 	return p.cmd.Process.Pid
 }
-
-// Log is the path of p's log.
-func (p *Proc) Log() string { return filepath.Join(p.s.dir, p.Name+".log") }
 
 // Close kills every process and stops the spawner. It is safe to call more
 // than once.
