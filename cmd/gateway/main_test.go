@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,6 +20,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/allot-dev/allot/internal/testenv"
+	"github.com/allot-dev/allot/rules"
 )
 
 // syncBuffer is a log sink tests can read while the gateway writes.
@@ -249,6 +252,18 @@ func TestBadFlags(t *testing.T) {
 		err := run(context.Background(), append([]string{"-http", "127.0.0.1:0", "-grpc", ""}, args...), io.Discard, io.Discard, nil)
 		if err == nil {
 			t.Errorf("run(%q) succeeded", args)
+		}
+	}
+}
+
+// TestMissingRulesFile: a rules file that is not there is named once, as
+// not there, whether the gateway serves or checks it.
+func TestMissingRulesFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "absent.yaml")
+	for _, args := range [][]string{{"-rules", path}, {"-check", "-rules", path}} {
+		err := run(context.Background(), append([]string{"-http", "127.0.0.1:0", "-grpc", ""}, args...), io.Discard, io.Discard, nil)
+		if !errors.Is(err, fs.ErrNotExist) || strings.Count(err.Error(), path) != 1 || errors.Is(err, rules.ErrInvalid) {
+			t.Errorf("run(%q) = %v, want one naming %s once, not found and not invalid", args, err, path)
 		}
 	}
 }
