@@ -1,0 +1,3 @@
+module github.com/allot-dev/allot/deploy
+
+go 1.26.0
