@@ -142,9 +142,9 @@ func TestDockerfile(t *testing.T) {
 	files := []string{"go.mod", "go.sum"}
 	for dec.More() {
 		var p struct {
-			Dir                string
+			Dir                 string
 			GoFiles, EmbedFiles []string
-			Module             *struct{ Main bool }
+			Module              *struct{ Main bool }
 		}
 		if err := dec.Decode(&p); err != nil {
 			t.Fatal(err)
