@@ -51,6 +51,15 @@ func binaries(t *testing.T) string {
 	return binDir
 }
 
+// TestMain removes the binaries the tests built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
 // runBuildStage runs the RUN commands of the Dockerfile's first stage in
 // the build context, with its output directory /out replaced by out.
 func runBuildStage(out string) error {
