@@ -29,6 +29,7 @@ bench:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	cd deploy && $(GO) vet ./...
 
 ## proto: regenerate committed gRPC code with Debian's protoc and Go plugins.
 proto:

@@ -17,6 +17,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	_ "embed"
 	"encoding/json"
 	"errors"
@@ -37,6 +39,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -71,6 +74,7 @@ type options struct {
 	logLevel           string
 	check              bool
 	agentAddr          string
+	agentCA            string
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -85,12 +89,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.keys, "keys", "key-free=acme:free,key-pro=globex:pro", "API keys for -identity apikey: key=tenant:plan,...")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.agentAddr, "agent", "", "ask this allow API (an agent's or another gateway's gRPC address) instead of deciding here")
+	fs.StringVar(&o.agentCA, "agent-ca", "", "CA (PEM) the agent's certificate must chain to: speak TLS to -agent (default plaintext)")
 	fs.BoolVar(&o.check, "check", false, "validate the rules, print their budgets and exit (status 1 with every problem listed if invalid)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.agentCA != "" && o.agentAddr == "" {
+		return o, fmt.Errorf("-agent-ca=%q needs -agent", o.agentCA)
 	}
 	return o, nil
 }
@@ -186,7 +194,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	if o.agentAddr != "" {
 		// Decisions come from an agent's allow API; the rules above only
 		// serve -check and the RLS domain.
-		conn, err := grpc.NewClient(o.agentAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		creds := insecure.NewCredentials()
+		if o.agentCA != "" {
+			if creds, err = agentTLS(o.agentCA); err != nil {
+				return err
+			}
+		}
+		conn, err := grpc.NewClient(o.agentAddr, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			return fmt.Errorf("-agent=%q: %w", o.agentAddr, err)
 		}
@@ -273,6 +287,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	}
 	logger.Info("gateway: stopped")
 	return nil
+}
+
+// agentTLS is TLS to the agent, whose certificate must chain to the CA in
+// caFile and name the host of -agent (an agent beside the gateway, on
+// 127.0.0.1, has a certificate for 127.0.0.1).
+func agentTLS(caFile string) (credentials.TransportCredentials, error) {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("-agent-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("-agent-ca=%q: no certificate found", caFile)
+	}
+	return credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}), nil
 }
 
 // checkRules validates a rules file and prints its budgets.

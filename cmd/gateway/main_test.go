@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"io"
+	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,10 +18,16 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/grpclimit"
 	"github.com/allot-dev/allot/internal/testenv"
+	"github.com/allot-dev/allot/limiter"
+	"github.com/allot-dev/allot/rules"
 )
 
 // syncBuffer is a log sink tests can read while the gateway writes.
@@ -253,6 +263,18 @@ func TestBadFlags(t *testing.T) {
 	}
 }
 
+// TestMissingRulesFile: a rules file that is not there is named once, as
+// not there, whether the gateway serves or checks it.
+func TestMissingRulesFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "absent.yaml")
+	for _, args := range [][]string{{"-rules", path}, {"-check", "-rules", path}} {
+		err := run(context.Background(), append([]string{"-http", "127.0.0.1:0", "-grpc", ""}, args...), io.Discard, io.Discard, nil)
+		if !errors.Is(err, fs.ErrNotExist) || strings.Count(err.Error(), path) != 1 || errors.Is(err, rules.ErrInvalid) {
+			t.Errorf("run(%q) = %v, want one naming %s once, not found and not invalid", args, err, path)
+		}
+	}
+}
+
 func TestCheck(t *testing.T) {
 	var out strings.Builder
 	if err := run(context.Background(), []string{"-check"}, &out, io.Discard, nil); err != nil {
@@ -275,6 +297,53 @@ func TestCheck(t *testing.T) {
 	err := run(context.Background(), []string{"-check", "-rules", path}, io.Discard, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), path+":3: rules[0].limit") || !strings.Contains(err.Error(), path+":4: rules[0].colour") {
 		t.Errorf("-check of a bad file: %v", err)
+	}
+}
+
+// TestAgentOverTLS: with -agent-ca the gateway speaks TLS to the allow API
+// and verifies the server against that CA; without it, or with another CA,
+// it cannot reach a TLS server and answers 503, never admitting.
+func TestAgentOverTLS(t *testing.T) {
+	ca := testenv.NewCA(t)
+	caFile, certFile, keyFile := ca.WriteFiles(t, t.TempDir(), "eu")
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := rules.Parse(exampleRules, "rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := limiter.New(limiter.Config{Rules: set, Store: bucket.NewMemory(bucket.MemoryOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, err := grpclimit.NewAllowServer(lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	grpclimit.RegisterAllow(gs, as, health.NewServer())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(l)
+	t.Cleanup(gs.Stop)
+
+	free := []string{"X-Tenant", "acme", "X-Plan", "free"}
+	tlsGW := start(t, "-agent", l.Addr().String(), "-agent-ca", caFile, "-grpc", "")
+	check(t, "TLS to the agent", get(t, tlsGW, "/items", free...), 200, map[string]string{"RateLimit": `"free";r=9;t=6`}, "")
+	plain := start(t, "-agent", l.Addr().String(), "-grpc", "")
+	check(t, "plaintext to a TLS agent", get(t, plain, "/items", free...), 503, nil, "")
+	otherCA, _, _ := testenv.NewCA(t).WriteFiles(t, t.TempDir(), "eu")
+	other := start(t, "-agent", l.Addr().String(), "-agent-ca", otherCA, "-grpc", "")
+	check(t, "TLS with another CA", get(t, other, "/items", free...), 503, nil, "")
+
+	for _, args := range [][]string{{"-agent-ca", caFile}, {"-agent", "127.0.0.1:1", "-agent-ca", filepath.Join(t.TempDir(), "absent.pem")}} {
+		if err := run(context.Background(), append([]string{"-http", "127.0.0.1:0", "-grpc", ""}, args...), io.Discard, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "-agent") {
+			t.Errorf("run(%q) = %v, want an error naming the flag", args, err)
+		}
 	}
 }
 
