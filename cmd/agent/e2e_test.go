@@ -201,7 +201,7 @@ func TestEndToEndRealProcesses(t *testing.T) {
 	}
 	coordAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	coord := startProc(t, dir, "coordinator", coordBin, "serve", "-budgets", docPath, "-listen", coordAddr,
-		"-http", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)))
+		"-http", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), "-insecure")
 	coordStart := time.Now()
 
 	agents := map[string][]*e2eAgent{}
