@@ -129,7 +129,11 @@ func (s *Server) Serve(l net.Listener) error {
 	ll := &limitListener{Listener: l, s: s, sem: make(chan struct{}, s.cfg.MaxConns), done: make(chan struct{})}
 	var sl net.Listener = ll
 	if s.tls != nil {
-		sl = tls.NewListener(ll, s.tls)
+		tc := s.tls.Clone()
+		if len(tc.NextProtos) == 0 { // as http.Server.ServeTLS does, so HTTP/2 is offered
+			tc.NextProtos = []string{"h2", "http/1.1"}
+		}
+		sl = tls.NewListener(ll, tc)
 	}
 	return s.Server.Serve(sl)
 }

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 )
 
@@ -53,6 +54,15 @@ func (b Bounds) Validate() error {
 		return fmt.Errorf("limiter: bounds max_entries=%d must be > 0", b.MaxEntries)
 	}
 	return nil
+}
+
+// RegisterFlags defines -max-subject-bytes, -max-value-bytes and
+// -max-descriptor-entries on fs with b's values as defaults, writing into b:
+// every process names its bounds alike.
+func (b *Bounds) RegisterFlags(fs *flag.FlagSet) {
+	fs.IntVar(&b.MaxSubject, "max-subject-bytes", b.MaxSubject, "longest subject (identity) a request may carry; beyond it the request is refused (400/431, INVALID_ARGUMENT)")
+	fs.IntVar(&b.MaxValue, "max-value-bytes", b.MaxValue, "longest descriptor key or value, plan or rule name a request may carry")
+	fs.IntVar(&b.MaxEntries, "max-descriptor-entries", b.MaxEntries, "most entries one descriptor may have")
 }
 
 // MaxAttemptID is the most bytes an attempt id may have.

@@ -217,7 +217,8 @@ func TestEndToEndRealProcesses(t *testing.T) {
 				"-coordinators", coordAddr, "-regions", strings.Join(regions, ","), "-reserve", "0.333",
 				"-gossip-bind", a.gossip, "-grpc-listen", grpcAddr, "-http-listen", a.httpAddr,
 				"-lease-refresh", "500ms", "-lease-drift", "100ms", "-redis-timeout", "200ms",
-				"-breaker-failures", "3", "-breaker-backoff", "300ms", "-failover-empty", "*", "-log-level", "warn"}
+				"-breaker-failures", "3", "-breaker-backoff", "300ms", "-failover-empty", "*", "-log-level", "warn",
+				"-insecure"} // the coordinator above runs -insecure; auth is tested in boundary_test.go
 			if i > 0 {
 				args = append(args, "-gossip-join", agents[r][0].gossip)
 			}

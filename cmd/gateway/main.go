@@ -44,6 +44,7 @@ import (
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/grpclimit"
 	"github.com/allot-dev/allot/httplimit"
+	"github.com/allot-dev/allot/httpserver"
 	"github.com/allot-dev/allot/limiter"
 	"github.com/allot-dev/allot/rls"
 	"github.com/allot-dev/allot/rules"
@@ -71,6 +72,11 @@ type options struct {
 	logLevel           string
 	check              bool
 	agentAddr          string
+	bounds             limiter.Bounds
+	rlsUnknownDomain   string
+	rlsMaxDescriptors  int
+	memoryMaxKeys      int
+	http               httpserver.Config
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -86,13 +92,23 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.agentAddr, "agent", "", "ask this allow API (an agent's or another gateway's gRPC address) instead of deciding here")
 	fs.BoolVar(&o.check, "check", false, "validate the rules, print their budgets and exit (status 1 with every problem listed if invalid)")
+	o.bounds = limiter.DefaultBounds()
+	o.bounds.RegisterFlags(fs)
+	fs.StringVar(&o.rlsUnknownDomain, "rls-unknown-domain", string(rls.AllowUnknownDomain), "RLS requests for a domain the rules do not serve: allow (logged and counted) or deny (over the limit)")
+	fs.IntVar(&o.rlsMaxDescriptors, "rls-max-descriptors", rls.MaxDescriptors, "most descriptors in one RLS request")
+	fs.IntVar(&o.memoryMaxKeys, "memory-max-keys", bucket.DefaultMaxKeys, "most buckets the in-process store holds (without -redis); at the bound new keys get the rule's failure policy")
+	o.http = httpserver.DefaultConfig()
+	o.http.RegisterFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	return o, nil
+	if _, err := rls.ParseDomainAction(o.rlsUnknownDomain); err != nil {
+		return o, fmt.Errorf("-rls-unknown-domain: %w", err)
+	}
+	return o, o.bounds.Validate()
 }
 
 // Ready reports the addresses a started gateway listens on.
@@ -136,34 +152,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	} else {
 		cfg := rules.DefaultWatchConfig()
 		cfg.Logger = logger
-		reloads := make(chan *rules.Set, 1)
-		cfg.Notify = func(u rules.Update) {
-			if u.Changed {
-				select {
-				case reloads <- u.New:
-				default:
-				}
-			}
-		}
+		cfg.Notify = metrics.Reload // the rules in force and the reloads rejected
 		if watcher, err = rules.WatchFile(o.rulesPath, cfg); err != nil {
 			return err
 		}
 		src = watcher
 		metrics.SetRules(watcher.Current())
-		go func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case s := <-reloads:
-					metrics.SetRules(s)
-				}
-			}
-		}()
 	}
 
 	// Store: Redis shared by every gateway on it, or in process.
-	var store bucket.Store = bucket.NewMemory(bucket.MemoryOptions{})
+	mem := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: o.memoryMaxKeys})
+	var store bucket.Store = mem
 	storeName := "memory"
 	if o.redisAddr != "" {
 		client := redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true})
@@ -173,10 +172,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 			return err
 		}
 		store, storeName = rs, "redis "+o.redisAddr
+	} else {
+		reg.MustRegister(limiter.NewMemoryCollector(map[string]*bucket.Memory{"buckets": mem}))
 	}
 	var lim limiter.Limiter
 	local, err := limiter.New(limiter.Config{
-		Rules: src, Store: store, Logger: logger,
+		Rules: src, Store: store, Logger: logger, Bounds: o.bounds,
 		OnDecision: metrics.Decision, OnEvent: metrics.Event,
 	})
 	if err != nil {
@@ -201,7 +202,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	if err != nil {
 		return err
 	}
-	mw, err := httplimit.Middleware(httplimit.Config{Limiter: lim, Identity: identity, Logger: logger})
+	mw, err := httplimit.Middleware(httplimit.Config{Limiter: lim, Identity: identity, Logger: logger, Bounds: o.bounds})
 	if err != nil {
 		return err
 	}
@@ -221,7 +222,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	if err != nil {
 		return err
 	}
-	httpSrv := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second}
+	httpSrv, err := httpserver.New(o.http, root, nil)
+	if err != nil {
+		hl.Close()
+		return err
+	}
+	reg.MustRegister(httpserver.NewCollector(map[string]*httpserver.Server{"gateway": httpSrv}))
 	errc := make(chan error, 3)
 	go func() { errc <- httpSrv.Serve(hl) }()
 
@@ -236,12 +242,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 		grpcSrv = grpc.NewServer()
 		hs := health.NewServer()
 		healthpb.RegisterHealthServer(grpcSrv, hs)
-		rlsSrv, err := rls.New(rls.Config{Limiter: lim, Rules: src, Logger: logger})
+		rlsSrv, err := rls.New(rls.Config{Limiter: lim, Rules: src, Logger: logger, Bounds: o.bounds,
+			UnknownDomain: rls.DomainAction(o.rlsUnknownDomain), MaxDescriptors: o.rlsMaxDescriptors})
 		if err != nil {
 			return err
 		}
+		reg.MustRegister(rlsSrv)
 		rls.Register(grpcSrv, rlsSrv, hs)
-		allowSrv, err := grpclimit.NewAllowServer(lim)
+		allowSrv, err := grpclimit.NewAllowServer(lim, grpclimit.WithBounds(o.bounds))
 		if err != nil {
 			return err
 		}
