@@ -41,6 +41,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/allot-dev/allot/auth"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/grpclimit"
 	"github.com/allot-dev/allot/httplimit"
@@ -77,6 +78,8 @@ type options struct {
 	rlsMaxDescriptors  int
 	memoryMaxKeys      int
 	http               httpserver.Config
+	allowTokens        string
+	agentTokenFile     string
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -99,6 +102,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.memoryMaxKeys, "memory-max-keys", bucket.DefaultMaxKeys, "most buckets the in-process store holds (without -redis); at the bound new keys get the rule's failure policy")
 	o.http = httpserver.DefaultConfig()
 	o.http.RegisterFlags(fs)
+	fs.StringVar(&o.allowTokens, "allow-tokens", "", "tokens file of the callers allowed to use this gateway's allow API (gRPC); empty: any caller that reaches it")
+	fs.StringVar(&o.agentTokenFile, "agent-token-file", "", "file holding this gateway's token for the -agent allow API (sent in clear: the agent is expected on the same host or network)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -187,7 +192,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	if o.agentAddr != "" {
 		// Decisions come from an agent's allow API; the rules above only
 		// serve -check and the RLS domain.
-		conn, err := grpc.NewClient(o.agentAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if o.agentTokenFile != "" {
+			tok, err := auth.ReadToken(o.agentTokenFile)
+			if err != nil {
+				return fmt.Errorf("-agent-token-file: %w", err)
+			}
+			dial = append(dial, grpc.WithPerRPCCredentials(auth.Bearer(tok, true)))
+		}
+		conn, err := grpc.NewClient(o.agentAddr, dial...)
 		if err != nil {
 			return fmt.Errorf("-agent=%q: %w", o.agentAddr, err)
 		}
@@ -239,7 +252,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 			hl.Close()
 			return err
 		}
-		grpcSrv = grpc.NewServer()
+		var callers *auth.Callers
+		if o.allowTokens != "" {
+			tk, err := auth.LoadTokens(o.allowTokens)
+			if err != nil {
+				hl.Close()
+				return fmt.Errorf("-allow-tokens: %w", err)
+			}
+			callers = auth.NewCallers("allow", tk, nil)
+		} else {
+			callers = auth.NewCallers("allow", nil, nil)
+		}
+		reg.MustRegister(callers)
+		var gopts []grpc.ServerOption
+		if !callers.Open() {
+			gopts = append(gopts, grpc.UnaryInterceptor(callers.UnaryServerInterceptor(grpclimit.AllowServiceName)))
+		}
+		grpcSrv = grpc.NewServer(gopts...)
 		hs := health.NewServer()
 		healthpb.RegisterHealthServer(grpcSrv, hs)
 		rlsSrv, err := rls.New(rls.Config{Limiter: lim, Rules: src, Logger: logger, Bounds: o.bounds,

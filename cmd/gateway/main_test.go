@@ -345,3 +345,29 @@ func TestAgentMode(t *testing.T) {
 	check(t, "agent gone", get(t, b, "/items", free...), 503, map[string]string{"Retry-After": "1"},
 		`{"error":"rate limiter unavailable","retry_after":1}`)
 }
+
+// TestAgentModeWithToken: a gateway whose allow API takes only listed
+// callers refuses a gateway without a token (its requests are 503: the
+// limiter is unavailable to it, never an admission) and serves one with
+// its token.
+func TestAgentModeWithToken(t *testing.T) {
+	dir := t.TempDir()
+	const tok = "gateway-b-0123456789abcdef"
+	callers, tokFile := filepath.Join(dir, "callers"), filepath.Join(dir, "token")
+	if err := os.WriteFile(callers, []byte("gateway-b "+tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokFile, []byte(tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := start(t, "-allow-tokens", callers)
+	free := []string{"X-Tenant", "acme", "X-Plan", "free"}
+	without := start(t, "-agent", a.GRPC, "-grpc", "")
+	check(t, "without a token", get(t, without, "/items", free...), 503, nil, "")
+	with := start(t, "-agent", a.GRPC, "-grpc", "", "-agent-token-file", tokFile)
+	check(t, "with the token", get(t, with, "/items", free...), 200, map[string]string{"RateLimit": `"free";r=9;t=6`}, "")
+	if m := get(t, a, "/metrics").body; !strings.Contains(m, `allot_auth_rejected_total{api="allow",transport="grpc"} 1`) ||
+		!strings.Contains(m, `allot_auth_info{api="allow",mode="token"} 1`) {
+		t.Errorf("/metrics lacks the refusal or the mode:\n%s", m)
+	}
+}
