@@ -544,8 +544,6 @@ func checkFlags(t *testing.T, m *manifests, what string, c *corev1.Container, bi
 	}
 	for e := range env {
 		switch {
-		case e == "SSL_CERT_FILE" && name != "etcd":
-			// Go's crypto/x509 reads it for the system roots.
 		case strings.HasPrefix(e, "ALLOT_") && name == "agent":
 			f := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(e, "ALLOT_"), "_", "-"))
 			if !flags[f] {
