@@ -624,9 +624,10 @@ func (p *pod) portOf(port intstr.IntOrString) (int, bool) {
 // every declared TCP port must be listened on, every ServiceMonitor
 // endpoint must serve metrics with its TLS settings, every agent must hold
 // a live lease (mutual TLS to the coordinators) and see the region's other
-// agents, a gateway must answer through its sidecar (TLS on 127.0.0.1),
-// and every connection the arguments ask for must be allowed by the
-// NetworkPolicies.
+// agents, every agent's allow API must refuse a caller without the
+// gateway's token and serve it with it, a gateway must answer through its
+// sidecar (TLS on 127.0.0.1, with its token), and every connection the
+// arguments ask for must be allowed by the NetworkPolicies.
 func TestClusterOnLoopback(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a dozen processes")
@@ -721,10 +722,13 @@ func TestClusterOnLoopback(t *testing.T) {
 		}
 	}
 
-	// Every agent leases over mutual TLS and sees the region's others.
+	// Every agent leases over mutual TLS and sees the region's others, and
+	// its allow API takes only listed callers.
 	type agentStatus struct {
-		LeaseLive bool     `json:"lease_live"`
-		Members   []string `json:"members"`
+		LeaseLive       bool     `json:"lease_live"`
+		Members         []string `json:"members"`
+		CoordinatorAuth string   `json:"coordinator_auth"`
+		AllowAuth       string   `json:"allow_auth"`
 	}
 	var agents []string
 	for _, p := range c.pods {
@@ -752,9 +756,41 @@ func TestClusterOnLoopback(t *testing.T) {
 		if err != nil || !st.LeaseLive || len(st.Members) != len(agents) {
 			t.Errorf("%s: lease live %v, members %v (want %d), err %v", url, st.LeaseLive, st.Members, len(agents), err)
 		}
+		if st.CoordinatorAuth != "mtls" || st.AllowAuth != "token" {
+			t.Errorf("%s: coordinator_auth %q, allow_auth %q; want mtls and token", url, st.CoordinatorAuth, st.AllowAuth)
+		}
 	}
 
-	// A gateway answers from its sidecar's decisions.
+	// The allow API, reachable from the cluster on every agent's HTTP port,
+	// refuses a caller without a listed token and serves the gateway's.
+	token, err := os.ReadFile(filepath.Join(secrets["allot-allow-tokens"], "gateway.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, status := range agents {
+		url := strings.TrimSuffix(status, "/status") + "/v1/allow"
+		for _, tc := range []struct {
+			token string
+			want  int
+		}{{"", http.StatusUnauthorized}, {"not-the-gateway-0123456789", http.StatusUnauthorized}, {strings.TrimSpace(string(token)), http.StatusOK}} {
+			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"subject":"acme","plan":"free","descriptor":[{"key":"path","value":"/items"}]}`))
+			if tc.token != "" {
+				req.Header.Set("Authorization", "Bearer "+tc.token)
+			}
+			res, err := probeClient.Do(req)
+			if err != nil {
+				t.Errorf("%s: %v", url, err)
+				continue
+			}
+			res.Body.Close()
+			if res.StatusCode != tc.want {
+				t.Errorf("%s with token %q: %d, want %d", url, tc.token, res.StatusCode, tc.want)
+			}
+		}
+	}
+
+	// A gateway answers from its sidecar's decisions, which take its token
+	// (refused, they would be 503s: the limiter unavailable to it).
 	for _, p := range c.podsOf("allot-gateway") {
 		port, _ := p.portOf(intstr.FromString("http"))
 		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/items", port), nil)

@@ -186,10 +186,16 @@ func podPorts(spec *corev1.PodSpec) []corev1.ContainerPort {
 // 127.0.0.1 to the coordinators' certificate, which the loopback run dials.
 func certSecrets(t *testing.T, region, namespace string) map[string]string {
 	t.Helper()
+	return certSecretsIn(t, t.TempDir(), region, namespace)
+}
+
+// certSecretsIn runs certs.sh with out as its output directory: run again
+// for another region, it keeps the CA and makes that region's Secrets.
+func certSecretsIn(t *testing.T, out, region, namespace string) map[string]string {
+	t.Helper()
 	if _, err := exec.LookPath("openssl"); err != nil {
 		t.Fatalf("certs.sh needs openssl (scripts/test.sh installs it): %v", err)
 	}
-	out := t.TempDir()
 	cmd := exec.Command("bash", "kubernetes/certs.sh", out, region, namespace)
 	cmd.Env = append(os.Environ(), "EXTRA_SANS=IP:127.0.0.1")
 	b, err := cmd.CombinedOutput()
@@ -544,8 +550,6 @@ func checkFlags(t *testing.T, m *manifests, what string, c *corev1.Container, bi
 	}
 	for e := range env {
 		switch {
-		case e == "SSL_CERT_FILE" && name != "etcd":
-			// Go's crypto/x509 reads it for the system roots.
 		case strings.HasPrefix(e, "ALLOT_") && name == "agent":
 			f := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(e, "ALLOT_"), "_", "-"))
 			if !flags[f] {

@@ -3,12 +3,16 @@ package deploy
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -97,16 +101,22 @@ func execStart(line string, env map[string]string) []string {
 }
 
 // TestSystemdUnits checks the units with systemd's own tools
-// (systemd-analyze verify, and security with an exposure threshold), then
-// runs each one's ExecStart as systemd would with its example environment
-// file (addresses and paths made local): the coordinator serves the
-// Kubernetes base's budgets, the agent leases from it, and both answer
-// /healthz and /readyz. Every variable the examples set, or show
-// commented out, must be one the binary reads.
+// (systemd-analyze verify, and security with an exposure threshold), and
+// that every variable the example environment files set, or show
+// commented out, is one the binary reads and every file they name is one
+// an operator makes. Then it runs each one's ExecStart as systemd would,
+// with its example environment file (addresses and /etc/allot made
+// local), in both ways a region can prove itself: as the examples are
+// (the region's token over TLS), and with their commented mutual-TLS
+// lines in place of the tokens. Each time the coordinator serves the
+// Kubernetes base's budgets, the agent leases from it in that mode, both
+// answer /healthz and /readyz, and the agent's allow API refuses a caller
+// without a listed token and serves one with it.
 func TestSystemdUnits(t *testing.T) {
 	bin := binaries(t)
 	analyze := need(t, "systemd-analyze", "systemd")
 	dir := t.TempDir()
+	etc, allowToken := systemdEtc(t)
 	for _, u := range units {
 		// verify checks that ExecStart's program exists: point it at the
 		// binary built here.
@@ -141,36 +151,12 @@ func TestSystemdUnits(t *testing.T) {
 		if got := svc["EnvironmentFile"]; len(got) != 1 || got[0] != "/etc/allot/"+u.env {
 			t.Errorf("%s: EnvironmentFile=%v, want /etc/allot/%s", u.file, got, u.env)
 		}
-	}
 
-	// Run them: the coordinator first, the agent leasing from it.
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	budgets := filepath.Join("kubernetes", "base", "budgets.yaml")
-	rulesFile := filepath.Join("kubernetes", "base", "rules.yaml")
-	coordGRPC := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	var statusURLs []string
-	for _, u := range units {
-		unit := parseUnit(t, filepath.Join(dir, u.file))
-		svc := unit["Service"]
+		// Every variable is read, every file named is made.
 		flags, help := flagsOf(t, append([]string{filepath.Join(bin, u.binary)}, u.sub...)...)
-		env := map[string]string{}
-		for _, l := range svc["Environment"] {
-			for _, a := range strings.Fields(l) {
-				k, v, _ := strings.Cut(a, "=")
-				env[k] = v
-			}
-		}
-		httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		local := map[string]string{
-			"ALLOT_BUDGETS": budgets, "ALLOT_RULES": rulesFile, "ALLOT_LISTEN": coordGRPC, "ALLOT_HTTP": httpAddr,
-			"ALLOT_HTTP_LISTEN": httpAddr, "ALLOT_GRPC_LISTEN": fmt.Sprintf("127.0.0.1:%d", freePort(t)),
-			"ALLOT_COORDINATORS": coordGRPC, "ALLOT_REDIS": "",
-		}
 		for _, kv := range envFile(t, filepath.Join("systemd", u.env), true) {
 			k := kv[0]
 			switch {
-			case k == "SSL_CERT_FILE":
 			case u.binary == "agent" && strings.HasPrefix(k, "ALLOT_"):
 				if f := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(k, "ALLOT_"), "_", "-")); !flags[f] {
 					t.Errorf("%s: %s names no agent flag -%s", u.env, k, f)
@@ -178,20 +164,120 @@ func TestSystemdUnits(t *testing.T) {
 			case !strings.Contains(svc["ExecStart"][0], "${"+k+"}") && !strings.Contains(help, "$"+k):
 				t.Errorf("%s: %s is neither in %s's ExecStart nor read by %s", u.env, k, u.file, u.binary)
 			}
+			for _, path := range regexp.MustCompile(`/etc/allot/[^\s,]+`).FindAllString(kv[1], -1) {
+				if _, err := os.Stat(filepath.Join(etc, strings.TrimPrefix(path, "/etc/allot/"))); err != nil {
+					t.Errorf("%s: %s=%s: not a file this test makes as an operator would", u.env, k, path)
+				}
+			}
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	for _, mode := range []authMode{
+		{name: "token"},
+		{name: "mtls", enable: []string{"ALLOT_TLS_CLIENT_CA", "ALLOT_TLS_CERT", "ALLOT_TLS_KEY"},
+			disable: []string{"ALLOT_REGION_TOKENS", "ALLOT_COORDINATOR_TOKEN_FILE"}},
+	} {
+		t.Run(mode.name, func(t *testing.T) { runUnits(t, bin, dir, etc, allowToken, mode) })
+	}
+}
+
+// authMode is a way the units prove a region: the variables the examples
+// show commented out that it sets, and those they set that it empties.
+type authMode struct {
+	name            string
+	enable, disable []string
+}
+
+// systemdEtc makes, in a directory standing for /etc/allot, every file the
+// example environment files name, as an operator would: certificates from
+// certs.sh (the coordinator's for 127.0.0.1, the region eu's), a fresh
+// token for the region and one for a caller of the allow API, and the
+// Kubernetes base's budgets and rules. It returns the directory and the
+// caller's token.
+func systemdEtc(t *testing.T) (etc, allowToken string) {
+	t.Helper()
+	secrets := certSecrets(t, "eu", "allot")
+	etc = t.TempDir()
+	if err := os.Mkdir(filepath.Join(etc, "tls"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	regionToken, allowToken := randomToken(t), randomToken(t)
+	for dst, src := range map[string]string{
+		"tls/ca.crt":          filepath.Join(secrets["allot-coordinator-tls"], "ca.crt"),
+		"tls/coordinator.crt": filepath.Join(secrets["allot-coordinator-tls"], "tls.crt"),
+		"tls/coordinator.key": filepath.Join(secrets["allot-coordinator-tls"], "tls.key"),
+		"tls/eu.crt":          filepath.Join(secrets["allot-agent-tls"], "tls.crt"),
+		"tls/eu.key":          filepath.Join(secrets["allot-agent-tls"], "tls.key"),
+		"budgets.yaml":        "kubernetes/base/budgets.yaml",
+		"rules.yaml":          "kubernetes/base/rules.yaml",
+	} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(etc, dst), string(b))
+	}
+	writeFile(t, filepath.Join(etc, "region.token"), regionToken+"\n")
+	writeFile(t, filepath.Join(etc, "region-tokens"), "eu "+regionToken+"\n")
+	writeFile(t, filepath.Join(etc, "allow-callers"), "gateway "+allowToken+"\n")
+	return etc, allowToken
+}
+
+func randomToken(t *testing.T) string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// runUnits runs the coordinator's unit, then the agent's, with the example
+// environment files changed for mode, and checks that the agent leases in
+// that mode and guards its allow API.
+func runUnits(t *testing.T, bin, dir, etc, allowToken string, mode authMode) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordGRPC := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	ca := filepath.Join(etc, "tls", "ca.crt")
+	enabled := map[string]bool{}
+	var coordHTTP, agentBase string
+	for _, u := range units {
+		svc := parseUnit(t, filepath.Join(dir, u.file))["Service"]
+		env := map[string]string{}
+		for _, l := range svc["Environment"] {
+			for _, a := range strings.Fields(l) {
+				k, v, _ := strings.Cut(a, "=")
+				env[k] = v
+			}
 		}
 		for _, kv := range envFile(t, filepath.Join("systemd", u.env), false) {
-			v, ok := local[kv[0]]
-			if !ok {
-				v = kv[1]
+			env[kv[0]] = kv[1]
+		}
+		for _, kv := range envFile(t, filepath.Join("systemd", u.env), true) {
+			if slices.Contains(mode.enable, kv[0]) {
+				env[kv[0]], enabled[kv[0]] = kv[1], true
 			}
-			env[kv[0]] = v
+		}
+		for _, k := range mode.disable {
+			if _, ok := env[k]; ok {
+				env[k], enabled[k] = "", true
+			}
+		}
+		httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		for k, v := range map[string]string{
+			"ALLOT_LISTEN": coordGRPC, "ALLOT_HTTP": httpAddr, "ALLOT_HTTP_LISTEN": httpAddr,
+			"ALLOT_GRPC_LISTEN": fmt.Sprintf("127.0.0.1:%d", freePort(t)), "ALLOT_COORDINATORS": coordGRPC, "ALLOT_REDIS": "",
+		} {
+			if _, ok := env[k]; ok {
+				env[k] = v
+			}
+		}
+		for k, v := range env {
+			env[k] = strings.ReplaceAll(v, "/etc/allot/", etc+"/")
 		}
 		argv := execStart(svc["ExecStart"][0], env)
-		for _, a := range argv[1:] {
-			if f, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "="); strings.HasPrefix(a, "-") && !flags[f] {
-				t.Errorf("%s: ExecStart flag -%s does not exist", u.file, f)
-			}
-		}
 		cmd := exec.Command(argv[0], argv[1:]...)
 		for k, v := range env {
 			cmd.Env = append(cmd.Env, k+"="+v)
@@ -208,12 +294,15 @@ func TestSystemdUnits(t *testing.T) {
 				t.Logf("%s: %v\n%s", u.file, argv, tail(out.String(), 3000))
 			}
 		})
+		base := "http://" + httpAddr
+		if u.binary == "agent" && env["ALLOT_TLS_CERT"] != "" {
+			base = "https://" + httpAddr // the agent serves TLS with the region's certificate
+		}
 		for _, path := range []string{"/healthz", "/readyz"} {
-			url := "http://" + httpAddr + path
 			var err error
 			for {
 				var res *http.Response
-				if res, err = http.Get(url); err == nil {
+				if res, err = unitClient(t, ca).Get(base + path); err == nil {
 					res.Body.Close()
 					if res.StatusCode != 200 {
 						err = fmt.Errorf("status %d", res.StatusCode)
@@ -225,24 +314,69 @@ func TestSystemdUnits(t *testing.T) {
 				time.Sleep(100 * time.Millisecond)
 			}
 			if err != nil {
-				t.Errorf("%s: %s: %v", u.file, url, err)
+				t.Fatalf("%s: %s%s: %v", u.file, base, path, err)
 			}
 		}
 		if u.binary == "agent" {
-			statusURLs = append(statusURLs, "http://"+httpAddr+"/status")
+			agentBase = base
+		} else {
+			coordHTTP = base
 		}
 	}
-	for _, url := range statusURLs {
-		var st struct {
-			LeaseLive bool `json:"lease_live"`
-		}
-		var err error
-		for !st.LeaseLive && ctx.Err() == nil {
-			err = getJSON(http.DefaultClient, url, &st)
-			time.Sleep(100 * time.Millisecond)
-		}
-		if !st.LeaseLive {
-			t.Errorf("%s: no live lease from the coordinator unit (%v)", url, err)
+	for _, k := range append(slices.Clone(mode.enable), mode.disable...) {
+		if !enabled[k] {
+			t.Errorf("mode %s: no example environment file shows %s", mode.name, k)
 		}
 	}
+
+	// The agent leases, proving its region the mode's way.
+	client := unitClient(t, ca)
+	var st struct {
+		LeaseLive       bool   `json:"lease_live"`
+		CoordinatorAuth string `json:"coordinator_auth"`
+		AllowAuth       string `json:"allow_auth"`
+	}
+	var err error
+	for !st.LeaseLive && ctx.Err() == nil {
+		err = getJSON(client, agentBase+"/status", &st)
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !st.LeaseLive || st.CoordinatorAuth != mode.name || st.AllowAuth != "token" {
+		t.Errorf("agent unit: lease live %v, coordinator_auth %q, allow_auth %q (%v); want a lease, %s, token",
+			st.LeaseLive, st.CoordinatorAuth, st.AllowAuth, err, mode.name)
+	}
+	res, err := client.Get(coordHTTP + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if want := `allot_coordinator_auth_info{mode="` + mode.name + `"} 1`; !strings.Contains(string(b), want) {
+		t.Errorf("coordinator unit: /metrics lacks %s", want)
+	}
+
+	// The allow API serves only the listed caller.
+	for _, tc := range []struct {
+		token string
+		want  int
+	}{{"", http.StatusUnauthorized}, {allowToken, http.StatusOK}} {
+		req, _ := http.NewRequest(http.MethodPost, agentBase+"/v1/allow", strings.NewReader(`{"subject":"acme","plan":"free","descriptor":[{"key":"path","value":"/items"}]}`))
+		if tc.token != "" {
+			req.Header.Set("Authorization", "Bearer "+tc.token)
+		}
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != tc.want {
+			t.Errorf("agent unit: /v1/allow with token %q: %d, want %d", tc.token, res.StatusCode, tc.want)
+		}
+	}
+}
+
+// unitClient is an HTTP client that trusts the CA in caFile and presents
+// no certificate, like a health check or a gateway on the host.
+func unitClient(t *testing.T, caFile string) *http.Client {
+	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsFor(t, caFile, "")}}
 }

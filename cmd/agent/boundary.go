@@ -27,6 +27,7 @@ import (
 type boundary struct {
 	insecure          bool
 	coordTokenFile    string
+	coordCA           string
 	allowTokensFile   string
 	allowCertNames    string
 	bounds            limiter.Bounds
@@ -40,6 +41,7 @@ type boundary struct {
 func (b *boundary) register(fs *flag.FlagSet) {
 	fs.BoolVar(&b.insecure, "insecure", false, "talk to the coordinator without proving the region (no client certificate, no token), or send the token without TLS")
 	fs.StringVar(&b.coordTokenFile, "coordinator-token-file", "", "file holding this region's token for the coordinator (sent over TLS: with -coordinator-tls)")
+	fs.StringVar(&b.coordCA, "coordinator-ca", "", "CA (PEM) the coordinators' certificate must chain to (with -coordinator-tls); default -tls-ca, else the system roots. Unlike -tls-ca it asks no certificate of the agent's own clients")
 	fs.StringVar(&b.allowTokensFile, "allow-tokens", "", "tokens file of the callers allowed to use the allow API (HTTP /v1/allow and gRPC); empty: any caller that reaches it")
 	fs.StringVar(&b.allowCertNames, "allow-cert-names", "", "client certificate names (verified against -tls-ca) allowed to use the allow API, comma-separated")
 	b.bounds = limiter.DefaultBounds()
@@ -63,6 +65,9 @@ func (b *boundary) validate(o options) error {
 	if b.maxBody <= 0 {
 		return fmt.Errorf("-max-body-bytes=%d must be > 0", b.maxBody)
 	}
+	if b.coordCA != "" && !o.coordTLS {
+		return fmt.Errorf("-coordinator-ca=%q needs -coordinator-tls", b.coordCA)
+	}
 	if o.coordinators == "" {
 		return nil
 	}
@@ -79,9 +84,17 @@ func (b *boundary) validate(o options) error {
 // token, mtls+token or insecure.
 func (b *boundary) coordinatorAuth(o options, cc *coordinator.ClientConfig, clientTLS *tls.Config) (string, error) {
 	if o.coordTLS {
-		tc, err := redisTLSConfig(clientTLS, o.tlsCA) // the client certificate when there is one, the CA
+		tc, err := redisTLSConfig(clientTLS, o.tlsCA) // the client certificate when there is one, -tls-ca
 		if err != nil {
 			return "", err
+		}
+		if b.coordCA != "" {
+			// Only the coordinator link trusts this CA: the agent's servers
+			// keep serving clients without certificates (kubelet probes,
+			// Prometheus), as they do without -tls-ca.
+			if tc.RootCAs, err = certPool("-coordinator-ca", b.coordCA); err != nil {
+				return "", err
+			}
 		}
 		cc.TLS = tc
 	}

@@ -248,3 +248,98 @@ func TestAgentCoordinatorAuth(t *testing.T) {
 		t.Errorf("/metrics lacks the coordinator auth mode:\n%s", grepLines(metrics, "auth"))
 	}
 }
+
+// TestAgentCoordinatorCA: -coordinator-ca trusts a CA for the coordinator
+// link alone. An agent with its region's certificate and -coordinator-ca
+// holds a lease over mutual TLS while its own HTTPS server still serves a
+// client without a certificate (a kubelet probe, Prometheus); with -tls-ca
+// instead, as before, it holds a lease too but its server requires a
+// client certificate.
+func TestAgentCoordinatorCA(t *testing.T) {
+	none := func(string) string { return "" }
+	if _, err := parse([]string{"-region", "eu", "-rules", "r", "-coordinator-ca", "ca.pem"}, none, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), `-coordinator-ca="ca.pem" needs -coordinator-tls`) {
+		t.Errorf("-coordinator-ca without -coordinator-tls: %v", err)
+	}
+
+	ca := testenv.NewCA(t)
+	caFile, euCert, euKey := ca.WriteFiles(t, t.TempDir(), "eu")
+	_, usCert, usKey := ca.WriteFiles(t, t.TempDir(), "us")
+	set, err := rules.Parse([]byte(testRules), "rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := coordinator.DefaultConfig()
+	cfg.Lease.Budgets = region.Budgets(set, region.FloorSpec{Regions: []string{"eu", "us"}, Reserve: lease.DefaultReserve}, lease.MaxMin)
+	cfg.Lease.TTL, cfg.Lease.Refresh, cfg.Lease.Drift, cfg.Lease.Hold, cfg.Lease.DemandTTL = 2*time.Second, 500*time.Millisecond, 100*time.Millisecond, 3500*time.Millisecond, 1200*time.Millisecond
+	cfg.RequireClientCert, cfg.Logger = true, slog.New(slog.DiscardHandler)
+	s, err := coordinator.NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.BecomeLeader(1); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Run(ctx)
+	lis, _ := net.Listen("tcp", "127.0.0.1:0")
+	g := grpc.NewServer(append(coordinator.ServerOptions(), grpc.Creds(credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{ca.Issue(t, "coordinator", x509.ExtKeyUsageServerAuth)},
+		ClientCAs:    ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})))...)
+	s.Register(g)
+	go g.Serve(lis)
+	defer g.Stop()
+
+	// A client that trusts the CA and presents no certificate.
+	probe := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}}}
+	status := func(p *agentProc) (map[string]any, error) {
+		res, err := probe.Get("https://" + p.httpAddr + "/status")
+		if err != nil {
+			return nil, err
+		}
+		defer res.Body.Close()
+		var st map[string]any
+		return st, json.NewDecoder(res.Body).Decode(&st)
+	}
+	common := []string{"-coordinators", lis.Addr().String(), "-regions", "eu,us", "-coordinator-tls", "-lease-refresh", "200ms"}
+	eu := launchAgent(t, testRules, append(common, "-tls-cert", euCert, "-tls-key", euKey, "-coordinator-ca", caFile)...)
+	us := launchAgent(t, testRules, append(common, "-region", "us", "-name", "us-1", "-tls-cert", usCert, "-tls-key", usKey, "-tls-ca", caFile)...)
+
+	var st map[string]any
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) { // the agent settles, speaks and is granted
+		if st, err = status(eu); err == nil && st["lease_live"] == true {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent with -coordinator-ca: no lease, or its server refuses a client without a certificate: %v %v", st, err)
+		}
+	}
+	if st["coordinator_auth"] != "mtls" {
+		t.Errorf("status coordinator_auth = %v, want mtls", st["coordinator_auth"])
+	}
+	if _, err := status(us); err == nil {
+		t.Error("the agent with -tls-ca served a client without a certificate")
+	}
+	usClient := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool,
+		Certificates: []tls.Certificate{ca.Issue(t, "prometheus", x509.ExtKeyUsageClientAuth)}, MinVersion: tls.VersionTLS12}}}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st = nil
+		res, err := usClient.Get("https://" + us.httpAddr + "/status")
+		if err == nil {
+			err = json.NewDecoder(res.Body).Decode(&st)
+			res.Body.Close()
+		}
+		if err == nil && st["lease_live"] == true {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent with -tls-ca holds no lease: %v %v", st, err)
+		}
+	}
+	for _, v := range s.Status(0).Regions {
+		if !v.Connected || !v.Authenticated {
+			t.Errorf("region %s's stream: %+v; want connected and authenticated", v.Region, v)
+		}
+	}
+}

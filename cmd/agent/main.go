@@ -109,7 +109,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.DurationVar(&o.redisTimeout, "redis-timeout", 100*time.Millisecond, "bound on every Redis call; then the rule's failure policy applies")
 	fs.StringVar(&o.coordinators, "coordinators", "", "coordinator addresses, comma-separated; empty: floors alone")
 	fs.BoolVar(&o.redisTLS, "redis-tls", false, "connect to Redis over TLS (server verified against -tls-ca; -tls-cert/-tls-key as client certificate when given)")
-	fs.BoolVar(&o.coordTLS, "coordinator-tls", false, "use -tls-cert/-tls-key/-tls-ca for the coordinator connection (mutual TLS)")
+	fs.BoolVar(&o.coordTLS, "coordinator-tls", false, "TLS to the coordinators, verified against -coordinator-ca (else -tls-ca, else the system roots); with -tls-cert/-tls-key the certificate proves the region (mutual TLS)")
 	fs.StringVar(&o.regions, "regions", "", "every region sharing the budgets, comma-separated, as the coordinator has them (floors); empty: this region alone")
 	fs.StringVar(&o.weights, "weights", "", "floor weights in -regions order, comma-separated; empty: equal")
 	fs.Float64Var(&o.reserve, "reserve", lease.DefaultReserve, "share of every budget kept out of floors for the coordinator to grant")
@@ -122,7 +122,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.StringVar(&o.httpListen, "http-listen", "127.0.0.1:8080", "HTTP address: /v1/allow, /metrics, /healthz, /readyz, /status")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "TLS certificate (PEM) for the gRPC and HTTP servers")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "TLS key (PEM)")
-	fs.StringVar(&o.tlsCA, "tls-ca", "", "CA (PEM) that client certificates must chain to (mutual TLS), and that the coordinator's certificate must chain to")
+	fs.StringVar(&o.tlsCA, "tls-ca", "", "CA (PEM) that client certificates of the gRPC and HTTP servers must chain to (mutual TLS: every client needs one), and that the coordinator's (without -coordinator-ca) and Redis's certificates must chain to")
 	fs.StringVar(&o.failoverEmpty, "failover-empty", "", "rules (comma-separated, or *) whose buckets start empty after a detected Redis failover")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&o.breakerFailures, "breaker-failures", cc.BreakerFailures, "consecutive Redis failures that open the circuit breaker")
@@ -432,13 +432,9 @@ func loadTLS(certFile, keyFile, caFile string) (server, client *tls.Config, err 
 	server = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	client = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
+		pool, err := certPool("-tls-ca", caFile)
 		if err != nil {
-			return nil, nil, fmt.Errorf("-tls-ca=%q: %w", caFile, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, nil, fmt.Errorf("-tls-ca=%q: no certificate found", caFile)
+			return nil, nil, err
 		}
 		server.ClientCAs, server.ClientAuth = pool, tls.RequireAndVerifyClientCert
 		client.RootCAs = pool
@@ -454,17 +450,26 @@ func redisTLSConfig(client *tls.Config, caFile string) (*tls.Config, error) {
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
+		pool, err := certPool("-tls-ca", caFile)
 		if err != nil {
-			return nil, fmt.Errorf("-tls-ca=%q: %w", caFile, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("-tls-ca=%q: no certificate found", caFile)
+			return nil, err
 		}
 		tc.RootCAs = pool
 	}
 	return tc, nil
+}
+
+// certPool reads the CA certificates (PEM) in file, given by flag.
+func certPool(flag, file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("%s=%q: %w", flag, file, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s=%q: no certificate found", flag, file)
+	}
+	return pool, nil
 }
 
 // mux serves the HTTP endpoints; info is added to /status, and callers

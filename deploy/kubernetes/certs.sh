@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# certs.sh OUT REGION [NAMESPACE] — the mutual-TLS material the manifests
-# mount, made with openssl (no cert-manager needed):
+# certs.sh OUT REGION [NAMESPACE] — the Secrets the manifests mount, made
+# with openssl (no cert-manager needed): the mutual-TLS material and the
+# allow API's tokens.
 #
 #   OUT/ca.crt, OUT/ca.key                 a CA (keep ca.key offline)
 #   OUT/allot-coordinator-tls/{ca.crt,tls.crt,tls.key}
@@ -11,6 +12,10 @@
 #        coordinator reads the region from it), a client certificate towards
 #        the coordinators and the agent's server certificate (127.0.0.1 for
 #        the gateway beside it, allot-agent for Prometheus)
+#   OUT/allot-allow-tokens/{callers,gateway.token}
+#        the callers allowed to use the agents' allow API (agent
+#        -allow-tokens: "name token" a line; add your own gateways' lines)
+#        and the example gateway's token (gateway -agent-token-file)
 #
 # and prints the kubectl commands that store each directory as a Secret.
 # Run it again with the same OUT for another region: the CA is kept.
@@ -56,6 +61,15 @@ sans="DNS:allot-coordinator,DNS:allot-coordinator.$ns.svc$sans${EXTRA_SANS:+,$EX
 issue allot-coordinator-tls allot-coordinator "$sans" serverAuth
 issue allot-agent-tls "$region" "IP:127.0.0.1,DNS:localhost,DNS:allot-agent,DNS:allot-agent.$ns.svc" serverAuth,clientAuth
 
+# The allow API's callers: a fresh token (16 random bytes, hex) for the
+# gateway. Listing a second token for a name rotates it (see auth).
+mkdir -p allot-allow-tokens
+(umask 077
+ token=$(openssl rand -hex 16)
+ printf '%s\n' "$token" >allot-allow-tokens/gateway.token
+ printf '# name  token: the callers of the allow API (agent -allow-tokens)\ngateway %s\n' "$token" >allot-allow-tokens/callers)
+
 for s in allot-coordinator-tls allot-agent-tls; do
   echo "kubectl -n $ns create secret generic $s --from-file=$out/$s/ca.crt --from-file=$out/$s/tls.crt --from-file=$out/$s/tls.key"
 done
+echo "kubectl -n $ns create secret generic allot-allow-tokens --from-file=$out/allot-allow-tokens/callers --from-file=$out/allot-allow-tokens/gateway.token"
