@@ -5,7 +5,7 @@
 // StoreLimiter, the implementation here, resolves a request against the
 // rules in force (rule, subject, plan, cost), then charges one bucket in a
 // bucket.Store keyed bucket.Key{Rule: rule name, Subject: subject}. It does
-// not know what the store is: the in-process bucket.Memory, bucket.Redis
+// not know what the store is: the in-process bucket.Memory, redisstore.Store
 // (exact within a region), or a regional agent that substitutes its leased
 // share of the global budget. When the store answers bucket.ErrUnavailable
 // the rule's failure policy decides: fail closed (deny), fail open (admit

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/bucket/storetest"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/internal/testenv"
@@ -393,7 +394,7 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 // configured function.
 func TestFailurePolicies(t *testing.T) {
 	srv := testenv.StartRedis(t)
-	rs, err := bucket.NewRedis(srv.Client(t), bucket.RedisOptions{Timeout: 200 * time.Millisecond})
+	rs, err := redisstore.New(srv.Client(t), redisstore.Options{Timeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -469,7 +470,7 @@ func TestFailurePolicies(t *testing.T) {
 func TestRedisBacked(t *testing.T) {
 	c := testenv.RedisClient(t)
 	clk := clock.NewManual(t0)
-	rs, err := bucket.NewRedis(c, bucket.RedisOptions{Prefix: "limiter-test:" + time.Now().Format("150405.000000000") + ":", Now: clk.Now})
+	rs, err := redisstore.New(c, redisstore.Options{Prefix: "limiter-test:" + time.Now().Format("150405.000000000") + ":", Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func (c AgentConfig) Validate() error {
 // AgentDeps are what an Agent runs on. Store is required; the rest is
 // optional.
 type AgentDeps struct {
-	// Store is the regional store: bucket.Redis, or bucket.Memory for the
+	// Store is the regional store: redisstore.Store, or bucket.Memory for the
 	// embedded default.
 	Store bucket.Store
 	// Redis, when set, is watched for failovers (run id or role changes).

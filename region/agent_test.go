@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/lease"
@@ -55,9 +56,9 @@ func startRegion(t *testing.T, name string, n int, spec FloorSpec, budgets []lea
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := bucket.NewUniversalClient([]string{tr.redis.Addr}, "", "")
+		c := redisstore.NewUniversalClient([]string{tr.redis.Addr}, "", "")
 		t.Cleanup(func() { c.Close() })
-		rs, err := bucket.NewRedis(c, bucket.RedisOptions{Timeout: 50 * time.Millisecond})
+		rs, err := redisstore.New(c, redisstore.Options{Timeout: 50 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/lease"
@@ -113,7 +114,7 @@ func BenchmarkAllowHotKey(b *testing.B) {
 // (one script call per decision).
 func BenchmarkRedisOpsPerThousand(b *testing.B) {
 	c := testenv.RedisClient(b)
-	rs, err := bucket.NewRedis(c, bucket.RedisOptions{Prefix: "bench-region:"})
+	rs, err := redisstore.New(c, redisstore.Options{Prefix: "bench-region:"})
 	if err != nil {
 		b.Fatal(err)
 	}

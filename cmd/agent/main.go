@@ -50,6 +50,7 @@ import (
 
 	allotv1 "github.com/allot-dev/allot/api/allot/v1"
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/grpclimit"
 	"github.com/allot-dev/allot/lease"
@@ -248,14 +249,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			if err != nil {
 				return err
 			}
-			// bucket.NewUniversalClient's settings, plus TLS.
+			// redisstore.NewUniversalClient's settings, plus TLS.
 			c = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs, MasterName: o.redisMaster,
 				Password: o.redisPass, ContextTimeoutEnabled: true, TLSConfig: rt})
 		} else {
-			c = bucket.NewUniversalClient(addrs, o.redisMaster, o.redisPass)
+			c = redisstore.NewUniversalClient(addrs, o.redisMaster, o.redisPass)
 		}
 		defer c.Close()
-		rs, err := bucket.NewRedis(c, bucket.RedisOptions{Prefix: o.redisPrefix, Timeout: o.redisTimeout})
+		rs, err := redisstore.New(c, redisstore.Options{Prefix: o.redisPrefix, Timeout: o.redisTimeout})
 		if err != nil {
 			return err
 		}

@@ -42,6 +42,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/grpclimit"
 	"github.com/allot-dev/allot/httplimit"
 	"github.com/allot-dev/allot/limiter"
@@ -168,7 +169,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	if o.redisAddr != "" {
 		client := redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true})
 		defer client.Close()
-		rs, err := bucket.NewRedis(client, bucket.RedisOptions{})
+		rs, err := redisstore.New(client, redisstore.Options{})
 		if err != nil {
 			return err
 		}
