@@ -67,7 +67,7 @@ type LeaseDocument struct {
 // RulesBudgets turns a rules set into budgets split among regions the way
 // regions split them (the agent's region.Budgets); the coordinator binary
 // supplies it so both sides name and size budgets identically.
-type RulesBudgets func(set *rules.Set, regions []string, weights []int64, reserve float64, policy lease.Policy) []lease.Budget
+type RulesBudgets func(set *rules.Set, regions []string, weights []int64, reserve float64, policy lease.AllocationPolicy) []lease.Budget
 
 // ErrInvalidDocument: a budgets document cannot be served.
 var ErrInvalidDocument = errors.New("coordinator: invalid budgets document")
@@ -133,7 +133,7 @@ func (d *Document) Resolve(fromRules RulesBudgets) ([]lease.Budget, error) {
 	if d.Reserve != nil {
 		reserve = *d.Reserve
 	}
-	policy, err := lease.ParsePolicy(d.Policy)
+	policy, err := lease.ParseAllocationPolicy(d.Policy)
 	if err != nil {
 		return nil, fmt.Errorf("%w: policy: %w", ErrInvalidDocument, err)
 	}
@@ -154,7 +154,7 @@ func (d *Document) Resolve(fromRules RulesBudgets) ([]lease.Budget, error) {
 			b.Reserve = *bd.Reserve
 		}
 		if bd.Policy != "" {
-			if b.Policy, err = lease.ParsePolicy(bd.Policy); err != nil {
+			if b.Policy, err = lease.ParseAllocationPolicy(bd.Policy); err != nil {
 				return nil, fmt.Errorf("%w: budgets[%d] (rule %q): %w", ErrInvalidDocument, i, bd.Rule, err)
 			}
 		}

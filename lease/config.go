@@ -12,14 +12,14 @@ import (
 	"github.com/allot-dev/allot/bucket"
 )
 
-// Policy chooses how a budget is split among regions that want it.
-type Policy uint8
+// AllocationPolicy chooses how a budget is split among regions that want it.
+type AllocationPolicy uint8
 
 const (
 	// MaxMin is max-min fair share: no region gets more than it wants, and
 	// the rest is split so that the smallest shares are as large as
 	// possible (by weight).
-	MaxMin Policy = iota
+	MaxMin AllocationPolicy = iota
 	// Proportional splits a contended budget in proportion to demand.
 	Proportional
 	// Static gives each region Count×weight/Σweight whatever the demand.
@@ -27,7 +27,7 @@ const (
 )
 
 // String returns the policy's configuration name.
-func (p Policy) String() string {
+func (p AllocationPolicy) String() string {
 	switch p {
 	case MaxMin:
 		return "max-min"
@@ -39,8 +39,8 @@ func (p Policy) String() string {
 	return fmt.Sprintf("policy(%d)", uint8(p))
 }
 
-// ParsePolicy parses "max-min" (or ""), "proportional" or "static".
-func ParsePolicy(s string) (Policy, error) {
+// ParseAllocationPolicy parses "max-min" (or ""), "proportional" or "static".
+func ParseAllocationPolicy(s string) (AllocationPolicy, error) {
 	switch strings.ToLower(s) {
 	case "", "max-min", "maxmin":
 		return MaxMin, nil
@@ -72,7 +72,7 @@ type Budget struct {
 	// [0, 1). DefaultReserve is a good start.
 	Reserve float64
 	// Policy splits the budget among regions that want it.
-	Policy Policy
+	Policy AllocationPolicy
 }
 
 // Validate reports the first problem with b, naming the field and value.

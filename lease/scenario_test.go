@@ -145,7 +145,7 @@ func parseBudget(a map[string]string) (Budget, error) {
 			b.Weights = append(b.Weights, n)
 		}
 	}
-	if b.Policy, err = ParsePolicy(a["policy"]); err != nil {
+	if b.Policy, err = ParseAllocationPolicy(a["policy"]); err != nil {
 		return Budget{}, err
 	}
 	return b, b.Validate()

@@ -112,7 +112,7 @@ type Decision struct {
 	Shadow bool
 	// Fallback is the failure policy applied when the store was
 	// unavailable; empty otherwise.
-	Fallback rules.Policy
+	Fallback rules.FailurePolicy
 	// Status is the HTTP status the rules ask for this denial (no_identity's
 	// status); 0 lets the transport choose.
 	Status int

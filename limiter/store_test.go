@@ -338,7 +338,7 @@ func TestAttemptIDIsIdempotent(t *testing.T) {
 }
 
 func TestReloadAppliesToNextDecision(t *testing.T) {
-	h := rules.NewHolder(parse(t, testRules), quiet, nil)
+	h := rules.NewReloader(parse(t, testRules), quiet, nil)
 	e := newEnv(t, testRules, func(c *limiter.Config) { c.Rules = h })
 	if d := e.allow(t, limiter.Request{Subject: "a", Descriptor: path("/x")}); d.Limit != bucket.PerMinute(10) {
 		t.Fatalf("before: %+v", d)
@@ -497,7 +497,7 @@ func TestRedisBacked(t *testing.T) {
 // swapped underneath (same quota, new version each time): exactly the
 // quota is admitted, and every decision names a version that was in force.
 func TestConcurrentWithReloads(t *testing.T) {
-	h := rules.NewHolder(parse(t, testRules), quiet, nil)
+	h := rules.NewReloader(parse(t, testRules), quiet, nil)
 	e := newEnv(t, testRules, func(c *limiter.Config) { c.Rules = h })
 	versions := map[string]bool{"test-1": true}
 	var vmu sync.Mutex

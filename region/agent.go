@@ -35,21 +35,21 @@ type AgentConfig struct {
 	// FailoverPoll is how often the regional Redis's run id and role are
 	// read to detect a failover; 0 turns detection off.
 	FailoverPoll time.Duration
-	// SpeakerSettle is how long a starting agent waits before it may speak
+	// SpeakerWait is how long a starting agent waits before it may speak
 	// for the region, so that membership converges first and two agents
 	// starting together do not both speak.
-	SpeakerSettle time.Duration
+	SpeakerWait time.Duration
 }
 
 // DefaultAgentConfig returns an AgentConfig with production defaults;
 // Name and Core.Region are left to the caller.
 func DefaultAgentConfig() AgentConfig {
 	return AgentConfig{
-		Core:          DefaultConfig(),
-		Speaker:       DefaultSpeakerConfig(),
-		Tick:          100 * time.Millisecond,  // tables and demand move within a tenth of a refresh
-		FailoverPoll:  500 * time.Millisecond,  // a failover takes seconds; notice it within half of one
-		SpeakerSettle: 1500 * time.Millisecond, // memberlist joins and gossips within about a second
+		Core:         DefaultConfig(),
+		Speaker:      DefaultSpeakerConfig(),
+		Tick:         100 * time.Millisecond,  // tables and demand move within a tenth of a refresh
+		FailoverPoll: 500 * time.Millisecond,  // a failover takes seconds; notice it within half of one
+		SpeakerWait:  1500 * time.Millisecond, // memberlist joins and gossips within about a second
 	}
 }
 
@@ -62,8 +62,8 @@ func (c AgentConfig) Validate() error {
 		return fmt.Errorf("%w: agent tick=%s must be > 0", ErrInvalidConfig, c.Tick)
 	case c.FailoverPoll < 0:
 		return fmt.Errorf("%w: agent failover_poll=%s must be ≥ 0", ErrInvalidConfig, c.FailoverPoll)
-	case c.SpeakerSettle < 0:
-		return fmt.Errorf("%w: agent speaker_settle=%s must be ≥ 0", ErrInvalidConfig, c.SpeakerSettle)
+	case c.SpeakerWait < 0:
+		return fmt.Errorf("%w: agent speaker_wait=%s must be ≥ 0", ErrInvalidConfig, c.SpeakerWait)
 	case c.Speaker.Tick <= 0 || c.Speaker.Refresh <= 0 || c.Speaker.Redial <= 0 || c.Speaker.DemandMaxAge <= 0:
 		return fmt.Errorf("%w: speaker tick=%s, refresh=%s, redial=%s and demand_max_age=%s must be > 0",
 			ErrInvalidConfig, c.Speaker.Tick, c.Speaker.Refresh, c.Speaker.Redial, c.Speaker.DemandMaxAge)
@@ -212,7 +212,7 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 		slices.Sort(members)
 	}
 	a.core.SetLive(len(members))
-	speak := a.deps.Transport != nil && Speaker(members) == a.cfg.Name && now.Sub(a.started) >= a.cfg.SpeakerSettle
+	speak := a.deps.Transport != nil && Speaker(members) == a.cfg.Name && now.Sub(a.started) >= a.cfg.SpeakerWait
 	a.mu.Lock()
 	a.members = members
 	a.mu.Unlock()

@@ -42,7 +42,7 @@ type testRegion struct {
 
 // startRegion starts n agents of region name on a fresh redis-server,
 // joined by memberlist, speaking to coord.
-func startRegion(t *testing.T, name string, n int, spec FloorSpec, budgets []lease.Budget, coord *LocalCoordinator, policy rules.Policy) *testRegion {
+func startRegion(t *testing.T, name string, n int, spec FloorSpec, budgets []lease.Budget, coord *LocalCoordinator, policy rules.FailurePolicy) *testRegion {
 	t.Helper()
 	tr := &testRegion{name: name, redis: testenv.StartRedis(t)}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -244,7 +244,7 @@ func TestRegionsShareABudgetThroughTheCoordinator(t *testing.T) {
 }
 
 func TestRedisOutagePolicies(t *testing.T) {
-	for _, policy := range []rules.Policy{rules.FailClosed, rules.FailOpen, rules.Emergency} {
+	for _, policy := range []rules.FailurePolicy{rules.FailClosed, rules.FailOpen, rules.Emergency} {
 		t.Run(string(policy), func(t *testing.T) {
 			global := bucket.PerSecond(100)
 			spec := FloorSpec{Regions: []string{"solo"}}

@@ -15,7 +15,7 @@ func BudgetName(rule, plan string) string { return rule + "/" + plan }
 // plan of each global plan rule (named by BudgetName), split by spec. Rules
 // of region or local scope are never leased. Two plans with the same limit
 // share the first one's budget, as they share a bucket at the edge.
-func Budgets(set *rules.Set, spec FloorSpec, policy lease.Policy) []lease.Budget {
+func Budgets(set *rules.Set, spec FloorSpec, policy lease.AllocationPolicy) []lease.Budget {
 	var out []lease.Budget
 	add := func(name string, l bucket.Limit) {
 		out = append(out, lease.Budget{Rule: name, Limit: l, Regions: append([]string(nil), spec.Regions...),

@@ -18,7 +18,7 @@ type RuleConfig struct {
 	// given).
 	Scope rules.Scope
 	// OnUnavailable is the failure policy when the store cannot decide.
-	OnUnavailable rules.Policy
+	OnUnavailable rules.FailurePolicy
 	// EmergencyLimit, when set, caps the emergency limit of each bucket
 	// before it is divided among the region's live agents.
 	EmergencyLimit bucket.Limit

@@ -1168,7 +1168,7 @@ type Stats struct {
 // RuleStats counts one rule's decisions by path.
 type RuleStats struct {
 	Rule     string
-	Policy   rules.Policy
+	Policy   rules.FailurePolicy
 	Admitted [numPaths]int64
 	Denied   [numPaths]int64
 }

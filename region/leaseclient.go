@@ -43,7 +43,7 @@ type SpeakerConfig struct {
 	// Budgets are the leased budgets (Budgets of the rules).
 	Budgets []lease.Budget
 	// Policy is the allocation policy named in Budgets built from rules.
-	Policy lease.Policy
+	Policy lease.AllocationPolicy
 	// Drift and Refresh are the Holder's (lease.HolderConfig).
 	Drift   time.Duration
 	Refresh time.Duration

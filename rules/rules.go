@@ -35,7 +35,7 @@
 // A later control plane reads Budgets to split the global ones across
 // regions; Parse takes bytes so rules can come from etcd as well as a file.
 //
-// A Set is immutable once parsed and safe for concurrent use. Holder and
+// A Set is immutable once parsed and safe for concurrent use. Reloader and
 // FileWatcher swap Sets on reload and keep the last good one when a new
 // version is rejected.
 package rules
@@ -84,17 +84,17 @@ const (
 	ScopeLocal Scope = "local"
 )
 
-// Policy is what a rule does when its store is unavailable.
-type Policy string
+// FailurePolicy is what a rule does when its store is unavailable.
+type FailurePolicy string
 
 const (
 	// FailClosed denies (HTTP 503). The default: it never overshoots.
-	FailClosed Policy = "fail_closed"
+	FailClosed FailurePolicy = "fail_closed"
 	// FailOpen admits and counts each admission; overshoot is unbounded and
 	// reported as such.
-	FailOpen Policy = "fail_open"
+	FailOpen FailurePolicy = "fail_open"
 	// Emergency enforces a limit in process until the store is back.
-	Emergency Policy = "emergency"
+	Emergency FailurePolicy = "emergency"
 )
 
 // LimitSource says where a rule's limit comes from.
@@ -204,7 +204,7 @@ type Cost struct {
 
 // Failure is a rule's failure policy.
 type Failure struct {
-	Policy Policy
+	Policy FailurePolicy
 	// Limit is the emergency limit per bucket; zero means the rule's normal
 	// limit for that bucket. The limiter may divide it further (by the
 	// number of live processes in a region).
@@ -382,10 +382,10 @@ func (s *Set) Match(d Descriptor) (*Rule, bool) {
 // Current returns s itself, so a fixed Set is a Source.
 func (s *Set) Current() *Set { return s }
 
-// Budget is one global budget the set defines: a rule under one plan (for a
+// RuleBudget is one global budget the set defines: a rule under one plan (for a
 // plan rule) or alone (for a fixed rule). A control plane splits the global
 // ones across regions; every bucket key of the rule and plan has this limit.
-type Budget struct {
+type RuleBudget struct {
 	Rule   string
 	Plan   string // empty for a fixed rule
 	Limit  bucket.Limit
@@ -396,15 +396,15 @@ type Budget struct {
 }
 
 // Budgets lists every budget in rule order, then plan order.
-func (s *Set) Budgets() []Budget {
-	var out []Budget
+func (s *Set) Budgets() []RuleBudget {
+	var out []RuleBudget
 	for _, r := range s.rules {
 		if r.Source == Fixed {
-			out = append(out, Budget{Rule: r.Name, Limit: r.Limit, Scope: r.Scope, Shared: r.Shared, Failure: r.Failure})
+			out = append(out, RuleBudget{Rule: r.Name, Limit: r.Limit, Scope: r.Scope, Shared: r.Shared, Failure: r.Failure})
 			continue
 		}
 		for _, p := range s.planOrder {
-			out = append(out, Budget{Rule: r.Name, Plan: p.Name, Limit: p.Limit, Scope: r.Scope, Shared: r.Shared, Failure: r.Failure})
+			out = append(out, RuleBudget{Rule: r.Name, Plan: p.Name, Limit: p.Limit, Scope: r.Scope, Shared: r.Shared, Failure: r.Failure})
 		}
 	}
 	return out
@@ -442,7 +442,7 @@ func (s *Set) LimitFor(r *Rule, plan string) Resolution {
 	return res
 }
 
-// Source gives the current rules. Holder and FileWatcher swap the Set they
+// Source gives the current rules. Reloader and FileWatcher swap the Set they
 // return on reload; a *Set is a Source that never changes.
 type Source interface {
 	Current() *Set

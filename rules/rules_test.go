@@ -331,7 +331,7 @@ func TestHolderKeepsLastGoodRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	var updates []Update
-	h := NewHolder(s, quiet, func(u Update) { updates = append(updates, u) })
+	h := NewReloader(s, quiet, func(u Update) { updates = append(updates, u) })
 	if u := h.Apply(good, "mem"); u.Changed || u.Err != nil {
 		t.Errorf("identical bytes: %+v", u)
 	}

@@ -142,7 +142,7 @@ func newAllot(w *world) error {
 }
 
 // rule policies map onto the rules package's names.
-func policyOf(p string) rules.Policy {
+func policyOf(p string) rules.FailurePolicy {
 	switch p {
 	case PolicyOpen:
 		return rules.FailOpen

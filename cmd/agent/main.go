@@ -201,7 +201,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		}
 		spec.Weights = append(spec.Weights, n)
 	}
-	policy, err := lease.ParsePolicy(o.policy)
+	policy, err := lease.ParseAllocationPolicy(o.policy)
 	if err != nil {
 		return fmt.Errorf("-allocation-policy: %w", err)
 	}

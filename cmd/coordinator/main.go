@@ -76,7 +76,7 @@ func usage() {
 }
 
 // fromRules sizes the budgets of a rules file exactly as regions do.
-func fromRules(set *rules.Set, regions []string, weights []int64, reserve float64, p lease.Policy) []lease.Budget {
+func fromRules(set *rules.Set, regions []string, weights []int64, reserve float64, p lease.AllocationPolicy) []lease.Budget {
 	return region.Budgets(set, region.FloorSpec{Regions: regions, Weights: weights, Reserve: reserve}, p)
 }
 
