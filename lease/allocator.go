@@ -203,8 +203,8 @@ func (a *Allocator) setBudgets(bs []Budget) {
 		bud.fill = mulDiv(int64(b.Limit.Period()), int64(b.Limit.Burst()), bud.count)
 		for i, name := range b.Regions {
 			bud.regions = append(bud.regions, a.region(name))
-			bud.floors = append(bud.floors, int64(b.FloorCount(name)))
-			bud.weights = append(bud.weights, b.weight(i))
+			bud.floors = append(bud.floors, int64(b.Floor(name).Count))
+			bud.weights = append(bud.weights, b.Split().weight(i))
 		}
 		a.budgets[b.Rule] = bud
 		maxN = max(maxN, len(b.Regions))
@@ -844,7 +844,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want []int64) {
 	bud := k.bud
 	if bud.b.Policy == Static {
-		W := bud.b.totalWeight()
+		W := bud.b.Split().totalWeight()
 		for i := range tgt {
 			if tgt[i] < 0 {
 				tgt[i] = mulDiv(bud.count, bud.weights[i], W)

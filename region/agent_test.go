@@ -42,7 +42,7 @@ type testRegion struct {
 
 // startRegion starts n agents of region name on a fresh redis-server,
 // joined by memberlist, speaking to coord.
-func startRegion(t *testing.T, name string, n int, spec FloorSpec, budgets []lease.Budget, coord *LocalCoordinator, policy rules.FailurePolicy) *testRegion {
+func startRegion(t *testing.T, name string, n int, spec lease.Split, budgets []lease.Budget, coord *LocalCoordinator, policy rules.FailurePolicy) *testRegion {
 	t.Helper()
 	tr := &testRegion{name: name, redis: testenv.StartRedis(t)}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -97,7 +97,7 @@ func (tr *testRegion) crash(i int) {
 func TestRegionsShareABudgetThroughTheCoordinator(t *testing.T) {
 	global := bucket.PerSecond(600)
 	regions := []string{"r1", "r2", "r3"}
-	spec := FloorSpec{Regions: regions, Reserve: 1.0 / 3}
+	spec := lease.Split{Regions: regions, Reserve: 1.0 / 3}
 	budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: regions, Reserve: spec.Reserve}}
 	coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
 	if err != nil {
@@ -247,7 +247,7 @@ func TestRedisOutagePolicies(t *testing.T) {
 	for _, policy := range []rules.FailurePolicy{rules.FailClosed, rules.FailOpen, rules.Emergency} {
 		t.Run(string(policy), func(t *testing.T) {
 			global := bucket.PerSecond(100)
-			spec := FloorSpec{Regions: []string{"solo"}}
+			spec := lease.Split{Regions: []string{"solo"}}
 			budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: spec.Regions}}
 			coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
 			if err != nil {
@@ -353,7 +353,7 @@ func TestAckWaitsForEveryAgent(t *testing.T) {
 	members := []string{"a-0", "a-1"}
 	cfg := DefaultSpeakerConfig()
 	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-	s := &speaker{cfg: cfg, clock: clk, shared: shared, view: NewTableView("a", FloorSpec{Regions: []string{"a", "b"}}),
+	s := &speaker{cfg: cfg, clock: clk, shared: shared, view: NewTableView("a", lease.Split{Regions: []string{"a", "b"}}),
 		members: func() []string { return members }, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rng: rand.New(rand.NewPCG(1, 2))}
 	ctx := context.Background()
 	if err := s.start(ctx, clk.Now()); err != nil {
@@ -403,7 +403,7 @@ func TestAckWaitsForEveryAgent(t *testing.T) {
 // gives its allocations back to the coordinator at once.
 func TestLastAgentReleasesTheLease(t *testing.T) {
 	global := bucket.PerSecond(100)
-	spec := FloorSpec{Regions: []string{"solo", "other"}}
+	spec := lease.Split{Regions: []string{"solo", "other"}}
 	budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: spec.Regions}}
 	coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
 	if err != nil {
@@ -447,7 +447,7 @@ func TestSpeakerPublishesAboveAnotherSpeaker(t *testing.T) {
 	shared := NewMemShared()
 	cfg := DefaultSpeakerConfig()
 	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-	s := &speaker{cfg: cfg, clock: clk, shared: shared, view: NewTableView("a", FloorSpec{Regions: []string{"a", "b"}}),
+	s := &speaker{cfg: cfg, clock: clk, shared: shared, view: NewTableView("a", lease.Split{Regions: []string{"a", "b"}}),
 		members: func() []string { return []string{"a-0"} }, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rng: rand.New(rand.NewPCG(1, 2))}
 	ctx := context.Background()
 	if err := s.start(ctx, clk.Now()); err != nil {
@@ -482,7 +482,7 @@ func TestIncreasesArriveSpent(t *testing.T) {
 	store := bucket.NewMemory(bucket.MemoryOptions{Clock: clk})
 	cfg := DefaultSpeakerConfig()
 	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-	s := &speaker{cfg: cfg, clock: clk, shared: NewMemShared(), store: store, view: NewTableView("a", FloorSpec{Regions: []string{"a", "b", "c"}}),
+	s := &speaker{cfg: cfg, clock: clk, shared: NewMemShared(), store: store, view: NewTableView("a", lease.Split{Regions: []string{"a", "b", "c"}}),
 		members: func() []string { return []string{"a-0"} }, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rng: rand.New(rand.NewPCG(1, 2))}
 	ctx := context.Background()
 	if err := s.start(ctx, clk.Now()); err != nil {

@@ -21,7 +21,7 @@ func benchStore(b *testing.B, st bucket.Store) (*Store, bucket.Limit) {
 	b.Helper()
 	cfg := DefaultConfig()
 	cfg.Region = "a"
-	cfg.Floors = FloorSpec{Regions: []string{"a", "b", "c"}}
+	cfg.Floors = lease.Split{Regions: []string{"a", "b", "c"}}
 	view := NewTableView("a", cfg.Floors)
 	now := time.Now()
 	view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour), HoldUntil: now.Add(time.Hour),

@@ -12,14 +12,14 @@ func BudgetName(rule, plan string) string { return rule + "/" + plan }
 
 // Budgets lists the global budgets of a rules set as the lease protocol
 // sees them: one per fixed global rule (named after the rule) and one per
-// plan of each global plan rule (named by BudgetName), split by spec. Rules
+// plan of each global plan rule (named by BudgetName), split by split. Rules
 // of region or local scope are never leased. Two plans with the same limit
 // share the first one's budget, as they share a bucket at the edge.
-func Budgets(set *rules.Set, spec FloorSpec, policy lease.AllocationPolicy) []lease.Budget {
+func Budgets(set *rules.Set, split lease.Split, policy lease.AllocationPolicy) []lease.Budget {
 	var out []lease.Budget
 	add := func(name string, l bucket.Limit) {
-		out = append(out, lease.Budget{Rule: name, Limit: l, Regions: append([]string(nil), spec.Regions...),
-			Weights: append([]int64(nil), spec.Weights...), Reserve: spec.Reserve, Policy: policy})
+		out = append(out, lease.Budget{Rule: name, Limit: l, Regions: append([]string(nil), split.Regions...),
+			Weights: append([]int64(nil), split.Weights...), Reserve: split.Reserve, Policy: policy})
 	}
 	for _, r := range set.Rules() {
 		if r.Scope != rules.ScopeGlobal && r.Scope != "" {

@@ -113,7 +113,7 @@ func newFixture(t *testing.T, mod func(*Config)) *fixture {
 	clk := clock.NewManual(t0)
 	cfg := DefaultConfig()
 	cfg.Region = "a"
-	cfg.Floors = FloorSpec{Regions: []string{"a", "b", "c"}}
+	cfg.Floors = lease.Split{Regions: []string{"a", "b", "c"}}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -213,7 +213,7 @@ func TestTableViewMatchesHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := NewTableView("a", FloorSpec{Regions: b.Regions, Reserve: b.Reserve})
+	v := NewTableView("a", lease.Split{Regions: b.Regions, Reserve: b.Reserve})
 	v.Set(TableOf("a", "agent-1", 1, h.Snapshot(), t0))
 	ha := NewHolderAllocations(h, "a", []lease.Budget{b})
 	for _, at := range []time.Duration{0, 9 * time.Second, 10 * time.Second, 24 * time.Second, 25 * time.Second, time.Minute} {

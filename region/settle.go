@@ -147,7 +147,7 @@ func settleBucket(ctx context.Context, st bucket.Store, k bucket.Key, prev, l bu
 func floorsOf(region string, bs []lease.Budget) map[string]bucket.Limit {
 	m := make(map[string]bucket.Limit, len(bs))
 	for _, b := range bs {
-		m[b.Rule] = b.LimitOf(b.FloorCount(region))
+		m[b.Rule] = b.Floor(region).Limit
 	}
 	return m
 }

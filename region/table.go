@@ -94,38 +94,31 @@ func (t *Table) Same(u *Table) bool {
 // Live reports whether the table's lease lives at now.
 func (t *Table) Live(now time.Time) bool { return t != nil && !t.Released && now.Before(t.LeaseEnd) }
 
-// floors computes a region's floor of a global budget from a FloorSpec,
-// with the lease package's formula, caching the last answers.
+// floors computes a region's floor of a global budget from the split
+// (lease.Split.Floor), caching the last answers.
 type floors struct {
 	region string
-	spec   FloorSpec
+	split  lease.Split
 	mu     sync.Mutex
-	cache  map[bucket.Limit]floorLimit
+	cache  map[bucket.Limit]lease.Floor
 }
 
-type floorLimit struct {
-	count, burst bucket.Tokens
-	limit        bucket.Limit
-}
-
-func newFloors(region string, spec FloorSpec) *floors {
-	if spec.Regions == nil {
-		spec.Regions = []string{region}
+func newFloors(region string, split lease.Split) *floors {
+	if split.Regions == nil {
+		split.Regions = []string{region}
 	}
-	return &floors{region: region, spec: spec, cache: map[bucket.Limit]floorLimit{}}
+	return &floors{region: region, split: split, cache: map[bucket.Limit]lease.Floor{}}
 }
 
 // of returns the region's floor of global.
-func (f *floors) of(global bucket.Limit) floorLimit {
+func (f *floors) of(global bucket.Limit) lease.Floor {
 	f.mu.Lock()
 	fl, ok := f.cache[global]
 	f.mu.Unlock()
 	if ok {
 		return fl
 	}
-	b := lease.Budget{Rule: "floor", Limit: global, Regions: f.spec.Regions, Weights: f.spec.Weights, Reserve: f.spec.Reserve}
-	c := b.FloorCount(f.region)
-	fl = floorLimit{count: c, burst: b.BurstOf(c), limit: b.LimitOf(c)}
+	fl = f.split.Floor(f.region, global)
 	f.mu.Lock()
 	if len(f.cache) > 4096 {
 		clear(f.cache) // limits come from rules: a few; never grow without bound
@@ -148,8 +141,8 @@ type TableView struct {
 var _ Allocations = (*TableView)(nil)
 
 // NewTableView returns a view with no table: every key at its floor.
-func NewTableView(region string, spec FloorSpec) *TableView {
-	return &TableView{floors: newFloors(region, spec)}
+func NewTableView(region string, split lease.Split) *TableView {
+	return &TableView{floors: newFloors(region, split)}
 }
 
 // Set installs t if it supersedes the current table and reports whether it
@@ -177,7 +170,7 @@ func (v *TableView) Table() *Table { return v.cur.Load() }
 func (v *TableView) Epoch() uint64 { return v.epoch.Load() }
 
 // Floor returns the region's floor of global.
-func (v *TableView) Floor(global bucket.Limit) bucket.Limit { return v.floors.of(global).limit }
+func (v *TableView) Floor(global bucket.Limit) bucket.Limit { return v.floors.of(global).Limit }
 
 // Allocation implements Allocations with the Holder's rule: a key's entry
 // while the lease lives; after it, an entry below the floor (a lent floor)
@@ -186,20 +179,20 @@ func (v *TableView) Allocation(now time.Time, key bucket.Key, global bucket.Limi
 	fl := v.floors.of(global)
 	t := v.cur.Load()
 	if t == nil {
-		return fl.limit, false, farFuture
+		return fl.Limit, false, farFuture
 	}
 	i, ok := t.index[key]
 	if !ok {
-		return fl.limit, false, farFuture
+		return fl.Limit, false, farFuture
 	}
 	e := t.Entries[i]
 	if !t.Released && now.Before(t.LeaseEnd) {
 		return entryLimit(global, e.Count, e.Burst), true, t.LeaseEnd
 	}
-	if e.Count < fl.count && now.Before(t.HoldUntil) {
-		return entryLimit(global, e.Count, min(e.Burst, fl.burst)), true, t.HoldUntil
+	if e.Count < fl.Count && now.Before(t.HoldUntil) {
+		return entryLimit(global, e.Count, min(e.Burst, fl.Burst)), true, t.HoldUntil
 	}
-	return fl.limit, false, farFuture
+	return fl.Limit, false, farFuture
 }
 
 func entryLimit(global bucket.Limit, count, burst bucket.Tokens) bucket.Limit {
@@ -227,7 +220,7 @@ type HolderAllocations struct {
 func NewHolderAllocations(h *lease.Holder, region string, budgets []lease.Budget) *HolderAllocations {
 	a := &HolderAllocations{h: h, region: region, floors: map[string]bucket.Limit{}}
 	for _, b := range budgets {
-		a.floors[b.Rule] = b.LimitOf(b.FloorCount(region))
+		a.floors[b.Rule] = b.Floor(region).Limit
 	}
 	return a
 }

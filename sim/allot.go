@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/region"
 	"github.com/allot-dev/allot/rules"
 )
@@ -111,7 +112,7 @@ func newAllot(w *world) error {
 		if len(w.rules) > 0 {
 			reserve = w.rules[0].spec.Reserve
 		}
-		cfg.Floors = region.FloorSpec{Regions: names, Reserve: reserve}
+		cfg.Floors = lease.Split{Regions: names, Reserve: reserve}
 		cfg.Rules = map[string]region.RuleConfig{}
 		for _, ru := range w.rules {
 			cfg.Rules[ru.spec.Name] = region.RuleConfig{Scope: rules.ScopeGlobal, OnUnavailable: policyOf(ru.spec.Policy),

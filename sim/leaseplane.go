@@ -147,7 +147,7 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 		p.speaker = append(p.speaker, 0)
 		fl := make([]bucket.Limit, len(w.rules))
 		for i, b := range p.budgets {
-			fl[i] = b.LimitOf(b.FloorCount(hc.Region))
+			fl[i] = b.Floor(hc.Region).Limit
 		}
 		p.floors = append(p.floors, fl)
 		p.cacheLim = append(p.cacheLim, make([]bucket.Limit, w.nb))

@@ -193,7 +193,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer stop()
 
 	// Floors: the regions sharing every budget.
-	spec := region.FloorSpec{Regions: split(o.regions), Reserve: o.reserve}
+	spec := lease.Split{Regions: split(o.regions), Reserve: o.reserve}
 	for _, w := range split(o.weights) {
 		n, err := strconv.ParseInt(w, 10, 64)
 		if err != nil {

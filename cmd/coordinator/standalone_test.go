@@ -93,7 +93,7 @@ func TestStandaloneProcess(t *testing.T) {
 	deadline = time.Now().Add(5 * time.Second)
 	for {
 		n, live := alloc()
-		if !live && n == budgets[0].FloorCount("us") {
+		if !live && n == budgets[0].Floor("us").Count {
 			break
 		}
 		if time.Now().After(deadline) {

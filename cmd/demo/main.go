@@ -112,7 +112,7 @@ rules:
 	if err != nil {
 		return err
 	}
-	spec := region.FloorSpec{Regions: o.regions, Reserve: lease.DefaultReserve}
+	spec := lease.Split{Regions: o.regions, Reserve: lease.DefaultReserve}
 	budgets := region.Budgets(set, spec, lease.MaxMin)
 	global := budgets[0].Limit
 
@@ -216,7 +216,7 @@ rules:
 	fmt.Fprintf(out, "allot demo: a coordinator (gRPC %s, status page http://%s/status) and %d regions × %d agents;\n", lis.Addr(), hl.Addr(), len(drs), o.agents)
 	fmt.Fprintf(out, "one tenant with a global budget of %s\n", rules.FormatQuota(global))
 	fmt.Fprintf(out, "floors: %d/s per region (a third of the budget held in reserve); the busy region offers %.0f/s, the others %.0f/s each\n\n",
-		budgets[0].FloorCount(o.regions[0]), o.heavy*float64(o.budget), o.light*float64(o.budget))
+		budgets[0].Floor(o.regions[0]).Count, o.heavy*float64(o.budget), o.light*float64(o.budget))
 
 	// A new coordinator grants no increase until every lease a previous
 	// leader could have granted has expired: one TTL of learning.
