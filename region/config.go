@@ -196,9 +196,10 @@ var (
 )
 
 // RuleConfigs derives per-rule settings from a rules set: scope, failure
-// policy and emergency limit of every rule, under the names Budgets gives
-// them. emptyOnFailover lists rules (or "*" for all) that start buckets
-// empty after a detected Redis failover.
+// policy and emergency limit of every rule, under the rule's name and the
+// name of each of its budgets (rules.Set.Budgets). emptyOnFailover lists
+// rules (or "*" for all) that start buckets empty after a detected Redis
+// failover.
 func RuleConfigs(set *rules.Set, emptyOnFailover []string) map[string]RuleConfig {
 	all := false
 	empty := map[string]bool{}
@@ -217,11 +218,9 @@ func RuleConfigs(set *rules.Set, emptyOnFailover []string) map[string]RuleConfig
 			rc.OnUnavailable = rules.FailClosed
 		}
 		out[r.Name] = rc
-		if r.Source == rules.FromPlan {
-			for _, p := range set.Plans() {
-				out[BudgetName(r.Name, p.Name)] = rc
-			}
-		}
+	}
+	for _, b := range set.Budgets() {
+		out[b.Name] = out[b.Rule]
 	}
 	return out
 }

@@ -291,7 +291,7 @@ func checkRules(path string, w io.Writer) error {
 	fmt.Fprintf(w, "%s: ok, version %s, %d plans, %d rules\n", s.Source(), s.Version(), len(s.Plans()), len(s.Rules()))
 	fmt.Fprintf(w, "%-20s %-10s %-32s %-7s %-12s %s\n", "RULE", "PLAN", "QUOTA", "SCOPE", "UNAVAILABLE", "SHARED")
 	for _, b := range s.Budgets() {
-		plan := b.Plan
+		plan := strings.Join(b.Plans, ",")
 		if plan == "" {
 			plan = "-"
 		}
