@@ -52,7 +52,7 @@ func (d *HolderDriver) Run(ctx context.Context) error {
 	return nil
 }
 
-func (d *HolderDriver) stream(ctx context.Context, st *Stream) {
+func (d *HolderDriver) stream(ctx context.Context, st lease.Stream) {
 	recv := make(chan lease.Message, 64)
 	errc := make(chan error, 1)
 	go func() {

@@ -175,8 +175,8 @@ func TestRedirect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	if st.Addr() != leaderAddr {
-		t.Fatalf("second stream reaches %s, want the leader %s", st.Addr(), leaderAddr)
+	if got := st.(*Stream).Addr(); got != leaderAddr {
+		t.Fatalf("second stream reaches %s, want the leader %s", got, leaderAddr)
 	}
 	if err := st.Send(lease.Message{Type: lease.MsgHello, Region: "a", Session: 1, Seq: 1}); err != nil {
 		t.Fatal(err)
@@ -194,7 +194,7 @@ func TestRedirect(t *testing.T) {
 // leaderStream starts a test server that leads term 1 and returns a
 // stream to it as region, closed when the test ends, with the server and
 // its address.
-func leaderStream(t *testing.T, region string) (*Server, *Stream, string) {
+func leaderStream(t *testing.T, region string) (*Server, lease.Stream, string) {
 	t.Helper()
 	s := newTestServer(t, clock.NewManual(t0), "")
 	addr := startServer(t, s)

@@ -86,7 +86,7 @@ type AgentDeps struct {
 	// alone.
 	Membership Membership
 	// Transport reaches the coordinator; nil means floors alone.
-	Transport LeaseTransport
+	Transport lease.Transport
 	// Namer maps edge keys to budget keys; nil maps keys to themselves.
 	Namer *Namer
 	// Clock is the agent's clock; nil means clock.Real{}.

@@ -2,7 +2,6 @@ package region
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -14,27 +13,6 @@ import (
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/lease"
 )
-
-// LeaseTransport opens streams to the coordinator for a region's speaking
-// agent. An implementation that knows several coordinator addresses tries
-// them in turn and follows leader redirects; each stream it returns reaches
-// a coordinator that can answer.
-type LeaseTransport interface {
-	// Connect opens a stream; it blocks until one is open or ctx ends.
-	Connect(ctx context.Context) (LeaseStream, error)
-}
-
-// LeaseStream is one open stream to the coordinator. Send and Recv may be
-// called from different goroutines.
-type LeaseStream interface {
-	Send(m lease.Message) error
-	// Recv blocks for the next message; an error ends the stream.
-	Recv() (lease.Message, error)
-	Close() error
-}
-
-// ErrStreamClosed is returned by a stream closed by either end.
-var ErrStreamClosed = errors.New("region: lease stream closed")
 
 // SpeakerConfig configures the lease client the speaking agent runs.
 type SpeakerConfig struct {
@@ -79,7 +57,7 @@ type speaker struct {
 	shared    Shared
 	store     bucket.Store // the regional store, where allocation changes are applied
 	view      *TableView
-	transport LeaseTransport
+	transport lease.Transport
 	members   func() []string
 	log       *slog.Logger
 	rng       *rand.Rand
@@ -254,7 +232,7 @@ func (s *speaker) idle(ctx context.Context, tick <-chan time.Time, d time.Durati
 }
 
 // stream runs one connection until it fails or ctx ends.
-func (s *speaker) stream(ctx context.Context, st LeaseStream, tick <-chan time.Time) {
+func (s *speaker) stream(ctx context.Context, st lease.Stream, tick <-chan time.Time) {
 	recv := make(chan lease.Message, 64)
 	done := make(chan error, 1)
 	go func() {
@@ -307,7 +285,7 @@ func (s *speaker) stream(ctx context.Context, st LeaseStream, tick <-chan time.T
 // step applies m (or, when nil, the region's demand and a tick) to the
 // Holder, sends what it has to say on st (dropped when st is nil: it says
 // hello again on reconnect) and publishes the table.
-func (s *speaker) step(ctx context.Context, st LeaseStream, m *lease.Message) error {
+func (s *speaker) step(ctx context.Context, st lease.Stream, m *lease.Message) error {
 	var demand []lease.Demand
 	var reports []DemandReport
 	members := s.members()
@@ -416,7 +394,7 @@ func (s *speaker) status(now time.Time) (lease.HolderStatus, bool) {
 }
 
 // LocalCoordinator is a coordinator in process: a lease.Allocator behind a
-// mutex, ticked by Run, with a LeaseTransport per region. The one-machine
+// mutex, ticked by Run, with a lease.Transport per region. The one-machine
 // demo and tests use it; production runs cmd/coordinator. It is safe for
 // concurrent use.
 type LocalCoordinator struct {
@@ -493,7 +471,7 @@ func (c *LocalCoordinator) Regions() []lease.RegionStatus {
 }
 
 // Transport returns region's transport.
-func (c *LocalCoordinator) Transport(region string) LeaseTransport {
+func (c *LocalCoordinator) Transport(region string) lease.Transport {
 	return localTransport{c: c, region: region}
 }
 
@@ -511,11 +489,11 @@ type localTransport struct {
 	region string
 }
 
-func (t localTransport) Connect(ctx context.Context) (LeaseStream, error) {
+func (t localTransport) Connect(ctx context.Context) (lease.Stream, error) {
 	t.c.mu.Lock()
 	defer t.c.mu.Unlock()
 	if t.c.down {
-		return nil, fmt.Errorf("region: local coordinator for %s: %w", t.region, ErrStreamClosed)
+		return nil, fmt.Errorf("region: local coordinator for %s: %w", t.region, lease.ErrStreamClosed)
 	}
 	if old := t.c.streams[t.region]; old != nil {
 		old.closeLocked()
@@ -546,7 +524,7 @@ func (s *localStream) Send(m lease.Message) error {
 	defer c.mu.Unlock()
 	select {
 	case <-s.closed:
-		return ErrStreamClosed
+		return lease.ErrStreamClosed
 	default:
 	}
 	m.Region = s.region // a region only ever speaks for itself
@@ -563,7 +541,7 @@ func (s *localStream) Recv() (lease.Message, error) {
 	case m := <-s.in:
 		return m, nil
 	case <-s.closed:
-		return lease.Message{}, ErrStreamClosed
+		return lease.Message{}, lease.ErrStreamClosed
 	}
 }
 

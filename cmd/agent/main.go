@@ -299,7 +299,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			return err
 		}
 		defer client.Close()
-		deps.Transport = coordTransport{client}
+		deps.Transport = client
 		logger.Info("agent: leasing from the coordinators", "addrs", addrs, "regions", spec.Regions)
 	} else {
 		logger.Info("agent: no coordinator configured; running on floors alone")
@@ -385,17 +385,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		serveErr = nil
 	}
 	return serveErr
-}
-
-// coordTransport adapts the coordinator client to region.LeaseTransport.
-type coordTransport struct{ c *coordinator.Client }
-
-func (t coordTransport) Connect(ctx context.Context) (region.LeaseStream, error) {
-	s, err := t.c.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
 }
 
 func loadTLS(certFile, keyFile, caFile string) (server, client *tls.Config, err error) {

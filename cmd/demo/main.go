@@ -197,7 +197,7 @@ rules:
 			}
 			defer client.Close()
 			a, err := region.NewAgent(cfg, region.AgentDeps{Store: store, Shared: shared, Membership: mem,
-				Transport: transport{client}, Namer: region.NewNamer(set), Logger: quiet, Seed: uint64(ri*100 + i + 1)})
+				Transport: client, Namer: region.NewNamer(set), Logger: quiet, Seed: uint64(ri*100 + i + 1)})
 			if err != nil {
 				return err
 			}
@@ -264,17 +264,6 @@ loop:
 		fmt.Fprintln(out, "(interrupted)")
 	}
 	return nil
-}
-
-// transport adapts the coordinator client to region.LeaseTransport.
-type transport struct{ c *coordinator.Client }
-
-func (t transport) Connect(ctx context.Context) (region.LeaseStream, error) {
-	s, err := t.c.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
 }
 
 // staticAs is a shared static membership seen by one of its agents.
