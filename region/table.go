@@ -257,22 +257,3 @@ func (a *HolderAllocations) Allocation(now time.Time, key bucket.Key, global buc
 	}
 	return l, l != a.floors[key.Rule], until
 }
-
-// emergencyLimit is the region's allocation a divided among live agents,
-// capped by the rule's emergency limit: count and burst rounded down, so
-// the agents' emergency buckets together never exceed the allocation.
-func emergencyLimit(a bucket.Limit, rc *RuleConfig, live int) bucket.Limit {
-	if a.IsZero() {
-		return a
-	}
-	if el := rc.EmergencyLimit; !el.IsZero() && el.Rate() < a.Rate() {
-		a = el
-	}
-	live = max(live, 1)
-	c := a.Count() / bucket.Tokens(live)
-	b := a.Burst() / bucket.Tokens(live)
-	if c <= 0 || b <= 0 {
-		return bucket.Limit{}
-	}
-	return bucket.Per(c, a.Period()).WithBurst(b)
-}
