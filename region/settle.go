@@ -116,15 +116,6 @@ func (s *Settler) Applied(k bucket.Key) (bucket.Limit, bool) {
 	return l, ok
 }
 
-// settleLocked applies every changed allocation to the regional buckets at
-// now. Requires s.mu.
-func (s *speaker) settleLocked(ctx context.Context, now time.Time) {
-	if s.store == nil || s.settler == nil {
-		return
-	}
-	s.settler.Settle(ctx, now, s.holder, s.store)
-}
-
 // settleBucket moves key's regional bucket from limit prev to l now. It
 // reports whether the store answered.
 func settleBucket(ctx context.Context, st bucket.Store, k bucket.Key, prev, l bucket.Limit) bool {

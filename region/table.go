@@ -2,6 +2,8 @@ package region
 
 import (
 	"cmp"
+	"encoding/json"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -59,6 +61,38 @@ func TableOf(region, speaker string, pub uint64, st lease.HolderState, now time.
 		Entries: slices.Clone(st.Entries), Written: now}
 	t.build()
 	return t
+}
+
+// tableJSON is a Table as the agents store it in the regional Redis.
+type tableJSON struct {
+	Region    string        `json:"region"`
+	Speaker   string        `json:"speaker"`
+	Pub       uint64        `json:"pub"`
+	Term      uint64        `json:"term"`
+	Version   uint64        `json:"version"`
+	LeaseEnd  time.Time     `json:"lease_end"`
+	HoldUntil time.Time     `json:"hold_until"`
+	Released  bool          `json:"released"`
+	Written   time.Time     `json:"written"`
+	Entries   []lease.Entry `json:"entries"`
+}
+
+// MarshalJSON encodes t as the agents store it.
+func (t *Table) MarshalJSON() ([]byte, error) {
+	return json.Marshal(tableJSON{Region: t.Region, Speaker: t.Speaker, Pub: t.Pub, Term: t.Term, Version: t.Version,
+		LeaseEnd: t.LeaseEnd, HoldUntil: t.HoldUntil, Released: t.Released, Written: t.Written, Entries: t.Entries})
+}
+
+// UnmarshalJSON decodes a table MarshalJSON wrote.
+func (t *Table) UnmarshalJSON(b []byte) error {
+	var j tableJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return fmt.Errorf("region: decode table: %w", err)
+	}
+	*t = Table{Region: j.Region, Speaker: j.Speaker, Pub: j.Pub, Term: j.Term, Version: j.Version,
+		LeaseEnd: j.LeaseEnd, HoldUntil: j.HoldUntil, Released: j.Released, Written: j.Written, Entries: j.Entries}
+	t.build()
+	return nil
 }
 
 // HolderState returns the table as a lease.HolderState for session, so a

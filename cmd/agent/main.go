@@ -48,6 +48,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/allot-dev/allot/agent"
 	allotv1 "github.com/allot-dev/allot/api/allot/v1"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/bucket/redisstore"
@@ -206,7 +207,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("-allocation-policy: %w", err)
 	}
 
-	cfg := region.DefaultAgentConfig()
+	cfg := agent.DefaultConfig()
 	cfg.Name = o.name
 	cfg.Core.Region = o.region
 	cfg.Core.Floors = spec
@@ -217,11 +218,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	emptyOn := split(o.failoverEmpty)
 
 	// Rules, reloaded on change and SIGHUP.
-	var agent *region.Agent
+	var ag *agent.Agent
 	watcher, err := rules.WatchFile(o.rulesPath, rules.WatchConfig{Interval: time.Second, SIGHUP: true, Logger: logger,
 		Notify: func(u rules.Update) {
-			if u.Changed && agent != nil {
-				if err := agent.SetRules(u.New, emptyOn); err != nil {
+			if u.Changed && ag != nil {
+				if err := ag.SetRules(u.New, emptyOn); err != nil {
 					logger.Error("agent: rules change not applied to the lease", "err", err)
 				}
 			}
@@ -233,7 +234,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	cfg.Core.Rules = region.RuleConfigs(set, emptyOn)
 	cfg.Speaker.Budgets = region.Budgets(set, spec, policy)
 
-	deps := region.AgentDeps{Logger: logger, Namer: region.NewNamer(set), Seed: uint64(time.Now().UnixNano())}
+	deps := agent.Deps{Logger: logger, Namer: region.NewNamer(set), Seed: uint64(time.Now().UnixNano())}
 	// TLS.
 	var serverTLS, clientTLS *tls.Config
 	if o.tlsCert != "" {
@@ -263,7 +264,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		deps.Store, deps.Redis = rs, c
 		// The table and demand reports are off the decision path: they may
 		// wait longer than a decision would.
-		deps.Shared = region.NewRedisShared(c, o.redisPrefix, o.region, max(o.redisTimeout, time.Second), time.Hour)
+		deps.Shared = agent.NewRedisShared(c, o.redisPrefix, o.region, max(o.redisTimeout, time.Second), time.Hour)
 		logger.Info("agent: regional store is Redis", "addrs", addrs, "sentinel_master", o.redisMaster)
 	} else {
 		deps.Store = bucket.NewMemory(bucket.MemoryOptions{})
@@ -275,12 +276,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		if err != nil {
 			return fmt.Errorf("-gossip-bind=%q: %w", o.gossipBind, err)
 		}
-		gc := region.DefaultGossipConfig()
+		gc := agent.DefaultGossipConfig()
 		gc.Name, gc.Region, gc.BindAddr, gc.Join = o.name, o.region, host, split(o.gossipJoin)
 		if gc.BindPort, err = strconv.Atoi(port); err != nil {
 			return fmt.Errorf("-gossip-bind=%q: port: %w", o.gossipBind, err)
 		}
-		g, err := region.StartGossip(gc)
+		g, err := agent.StartGossip(gc)
 		if err != nil {
 			return err
 		}
@@ -306,13 +307,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	deps.Metrics = region.NewMetrics(reg)
+	deps.Metrics = agent.NewMetrics(reg)
 
-	agent, err = region.NewAgent(cfg, deps)
+	ag, err = agent.New(cfg, deps)
 	if err != nil {
 		return err
 	}
-	lim, err := limiter.New(limiter.Config{Rules: watcher, Store: agent.Store(), Logger: logger})
+	lim, err := limiter.New(limiter.Config{Rules: watcher, Store: ag.Store(), Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -343,11 +344,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return fmt.Errorf("-http-listen=%q: %w", o.httpListen, err)
 	}
-	hsrv := &http.Server{Handler: mux(lim, agent, reg, watcher), ReadHeaderTimeout: 5 * time.Second, TLSConfig: serverTLS}
+	hsrv := &http.Server{Handler: mux(lim, ag, reg, watcher), ReadHeaderTimeout: 5 * time.Second, TLSConfig: serverTLS}
 
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	agentDone := make(chan struct{})
-	go func() { defer close(agentDone); agent.Run(runCtx) }()
+	go func() { defer close(agentDone); ag.Run(runCtx) }()
 	go watcher.Run(runCtx)
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(gl) }()
@@ -431,14 +432,14 @@ func redisTLSConfig(client *tls.Config, caFile string) (*tls.Config, error) {
 }
 
 // mux serves the HTTP endpoints.
-func mux(lim limiter.Limiter, agent *region.Agent, reg *prometheus.Registry, src rules.Source) *http.ServeMux {
+func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rules.Source) *http.ServeMux {
 	m := http.NewServeMux()
 	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
 	m.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		st := agent.Status()
+		st := ag.Status()
 		if st.Breaker == region.BreakerOpen {
 			http.Error(w, "regional store unavailable (circuit breaker open)", http.StatusServiceUnavailable)
 			return
@@ -446,11 +447,11 @@ func mux(lim limiter.Limiter, agent *region.Agent, reg *prometheus.Registry, src
 		w.Write([]byte("ready\n"))
 	})
 	m.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		st := agent.Status()
+		st := ag.Status()
 		out := map[string]any{
 			"region": st.Region, "agent": st.Agent, "members": st.Members, "speaking": st.Speaking,
 			"lease_live": st.LeaseLive, "breaker": st.Breaker.String(), "rules_version": src.Current().Version(),
-			"stats": agent.Core().Stats(),
+			"stats": ag.Core().Stats(),
 		}
 		if st.Table != nil {
 			out["lease_end"] = st.LeaseEnd

@@ -29,6 +29,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/allot-dev/allot/agent"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/lease"
@@ -90,9 +91,9 @@ func run() error {
 
 type demoRegion struct {
 	name    string
-	agents  []*region.Agent
+	agents  []*agent.Agent
 	lims    []*limiter.StoreLimiter
-	gossip  []*region.Gossip
+	gossip  []*agent.Gossip
 	slots   []atomic.Int64 // admitted per slot
 	offered atomic.Int64
 	allowed atomic.Int64
@@ -156,18 +157,18 @@ rules:
 	for ri, name := range o.regions {
 		dr := &demoRegion{name: name, slots: make([]atomic.Int64, nslots)}
 		store := bucket.NewMemory(bucket.MemoryOptions{}) // the region's store, shared by its agents as a regional Redis would be
-		shared := region.NewMemShared()
-		var static *region.StaticMembership
+		shared := agent.NewMemShared()
+		var static *agent.StaticMembership
 		for i := 0; i < o.agents; i++ {
 			an := fmt.Sprintf("%s-agent-%d", name, i)
-			var mem region.Membership
+			var mem agent.Membership
 			if o.gossip {
-				gc := region.DefaultGossipConfig()
+				gc := agent.DefaultGossipConfig()
 				gc.Name, gc.Region = an, name
 				if i > 0 {
 					gc.Join = []string{dr.gossip[0].Addr()}
 				}
-				g, err := region.StartGossip(gc)
+				g, err := agent.StartGossip(gc)
 				if err != nil {
 					return fmt.Errorf("memberlist for %s: %w (try -gossip=false)", an, err)
 				}
@@ -180,11 +181,11 @@ rules:
 					for j := 0; j < o.agents; j++ {
 						names = append(names, fmt.Sprintf("%s-agent-%d", name, j))
 					}
-					static = region.NewStaticMembership(names[0], names[1:]...)
+					static = agent.NewStaticMembership(names[0], names[1:]...)
 				}
 				mem = staticAs{static, an}
 			}
-			cfg := region.DefaultAgentConfig()
+			cfg := agent.DefaultConfig()
 			cfg.Name = an
 			cfg.Core.Region = name
 			cfg.Core.Floors = spec
@@ -196,7 +197,7 @@ rules:
 				return err
 			}
 			defer client.Close()
-			a, err := region.NewAgent(cfg, region.AgentDeps{Store: store, Shared: shared, Membership: mem,
+			a, err := agent.New(cfg, agent.Deps{Store: store, Shared: shared, Membership: mem,
 				Transport: client, Namer: region.NewNamer(set), Logger: quiet, Seed: uint64(ri*100 + i + 1)})
 			if err != nil {
 				return err
@@ -268,7 +269,7 @@ loop:
 
 // staticAs is a shared static membership seen by one of its agents.
 type staticAs struct {
-	*region.StaticMembership
+	*agent.StaticMembership
 	self string
 }
 

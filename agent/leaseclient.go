@@ -1,4 +1,4 @@
-package region
+package agent
 
 import (
 	"context"
@@ -12,15 +12,16 @@ import (
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/region"
 )
 
 // SpeakerConfig configures the lease client the speaking agent runs.
 type SpeakerConfig struct {
 	Region string
 	Agent  string
-	// Budgets are the leased budgets (Budgets of the rules).
+	// region.Budgets are the leased budgets (region.Budgets of the rules).
 	Budgets []lease.Budget
-	// Policy is the allocation policy named in Budgets built from rules.
+	// Policy is the allocation policy named in region.Budgets built from rules.
 	Policy lease.AllocationPolicy
 	// Drift and Refresh are the Holder's (lease.HolderConfig).
 	Drift   time.Duration
@@ -56,7 +57,7 @@ type speaker struct {
 	clock     clock.Clock
 	shared    Shared
 	store     bucket.Store // the regional store, where allocation changes are applied
-	view      *TableView
+	view      *region.TableView
 	transport lease.Transport
 	members   func() []string
 	log       *slog.Logger
@@ -64,16 +65,16 @@ type speaker struct {
 
 	mu      sync.Mutex // serializes holder, last, pending and adopted
 	holder  *lease.Holder
-	last    *Table
+	last    *region.Table
 	pubBase uint64 // the last publication number used
 	// pending are acknowledgements held back until every live agent has
 	// adopted the table publication they belong to; adopted is the
 	// publication each agent last reported.
 	pending []pendingAck
-	adopted map[string]DemandReport
+	adopted map[string]region.DemandReport
 	// settler applies the Holder's allocation changes to the regional
 	// buckets (see settle.go).
-	settler *Settler
+	settler *region.Settler
 }
 
 type pendingAck struct {
@@ -91,11 +92,11 @@ func (s *speaker) holderConfig(session uint64) lease.HolderConfig {
 // start restores or creates the Holder at now.
 func (s *speaker) start(ctx context.Context, now time.Time) error {
 	session := s.rng.Uint64() | 1
-	var t *Table
+	var t *region.Table
 	if s.shared != nil {
 		var err error
 		if t, err = s.shared.LoadTable(ctx); err != nil {
-			s.log.Warn("region: speaker cannot read the shared table; starting from the local view", "err", err)
+			s.log.Warn("agent: speaker cannot read the shared table; starting from the local view", "err", err)
 			t = nil
 		}
 	}
@@ -112,7 +113,7 @@ func (s *speaker) start(ctx context.Context, now time.Time) error {
 		h, err = lease.NewHolder(s.holderConfig(session), now)
 	}
 	if err != nil {
-		return fmt.Errorf("region: speaker for %s: %w", s.cfg.Region, err)
+		return fmt.Errorf("agent: speaker for %s: %w", s.cfg.Region, err)
 	}
 	// Publications go on from the stored table's, or from the clock when
 	// that is later: a speaker that starts after the stored table was lost
@@ -123,7 +124,7 @@ func (s *speaker) start(ctx context.Context, now time.Time) error {
 	}
 	s.mu.Lock()
 	s.holder, s.last, s.pubBase = h, t, base
-	s.settler = NewSettler(s.cfg.Region, s.cfg.Budgets)
+	s.settler = region.NewSettler(s.cfg.Region, s.cfg.Budgets)
 	s.settler.Resume(now, h)
 	s.mu.Unlock()
 	return nil
@@ -131,7 +132,7 @@ func (s *speaker) start(ctx context.Context, now time.Time) error {
 
 // publish writes the Holder's table when it changed. Requires s.mu.
 func (s *speaker) publishLocked(ctx context.Context, now time.Time) {
-	t := TableOf(s.cfg.Region, s.cfg.Agent, s.pubBase+1, s.holder.Snapshot(), now)
+	t := region.TableOf(s.cfg.Region, s.cfg.Agent, s.pubBase+1, s.holder.Snapshot(), now)
 	if t.Same(s.last) {
 		return
 	}
@@ -143,13 +144,13 @@ func (s *speaker) publishLocked(ctx context.Context, now time.Time) {
 			// higher number: go on above it, so the region's agents take
 			// this table.
 			if cur, lerr := s.shared.LoadTable(ctx); lerr == nil && cur != nil && cur.Pub >= t.Pub {
-				t = TableOf(s.cfg.Region, s.cfg.Agent, cur.Pub+1, s.holder.Snapshot(), now)
+				t = region.TableOf(s.cfg.Region, s.cfg.Agent, cur.Pub+1, s.holder.Snapshot(), now)
 				s.last, s.pubBase = t, t.Pub
 				_, err = s.shared.PublishTable(ctx, t)
 			}
 		}
 		if err != nil {
-			s.log.Warn("region: publish table", "region", s.cfg.Region, "err", err)
+			s.log.Warn("agent: publish table", "region", s.cfg.Region, "err", err)
 		}
 	}
 	s.view.Set(t)
@@ -184,7 +185,7 @@ func (s *speaker) run(ctx context.Context, release func() bool) error {
 			if ctx.Err() != nil {
 				break
 			}
-			s.log.Warn("region: no coordinator", "region", s.cfg.Region, "err", err)
+			s.log.Warn("agent: no coordinator", "region", s.cfg.Region, "err", err)
 			s.idle(ctx, tick.C, s.cfg.Redial)
 			continue
 		}
@@ -264,7 +265,7 @@ func (s *speaker) stream(ctx context.Context, st lease.Stream, tick <-chan time.
 			<-done
 			return
 		case err := <-done:
-			s.log.Info("region: coordinator stream ended", "region", s.cfg.Region, "err", err)
+			s.log.Info("agent: coordinator stream ended", "region", s.cfg.Region, "err", err)
 			return
 		case m := <-recv:
 			if err := s.step(ctx, st, &m); err != nil {
@@ -287,27 +288,27 @@ func (s *speaker) stream(ctx context.Context, st lease.Stream, tick <-chan time.
 // hello again on reconnect) and publishes the table.
 func (s *speaker) step(ctx context.Context, st lease.Stream, m *lease.Message) error {
 	var demand []lease.Demand
-	var reports []DemandReport
+	var reports []region.DemandReport
 	members := s.members()
 	if m == nil && s.shared != nil {
 		var err error
 		if reports, err = s.shared.Demands(ctx); err == nil {
-			demand = SumDemand(reports, members, s.clock.Now(), s.cfg.DemandMaxAge)
+			demand = region.SumDemand(reports, members, s.clock.Now(), s.cfg.DemandMaxAge)
 		}
 	}
 	s.mu.Lock()
 	now := s.clock.Now()
 	if s.adopted == nil {
-		s.adopted = map[string]DemandReport{}
+		s.adopted = map[string]region.DemandReport{}
 	}
 	for _, r := range reports {
 		if now.Sub(r.At) <= s.cfg.DemandMaxAge {
-			s.adopted[r.Agent] = DemandReport{Agent: r.Agent, Pub: r.Pub, Speaker: r.Speaker}
+			s.adopted[r.Agent] = region.DemandReport{Agent: r.Agent, Pub: r.Pub, Speaker: r.Speaker}
 		}
 	}
 	if m != nil {
 		if err := s.holder.Step(now, *m); err != nil {
-			s.log.Warn("region: bad message from coordinator", "region", s.cfg.Region, "msg", m.String(), "err", err)
+			s.log.Warn("agent: bad message from coordinator", "region", s.cfg.Region, "msg", m.String(), "err", err)
 		}
 	} else {
 		for _, d := range demand {
@@ -378,7 +379,7 @@ func (s *speaker) setBudgets(bs []lease.Budget) error {
 		return nil
 	}
 	if err := s.holder.SetBudgets(bs); err != nil {
-		return fmt.Errorf("region: speaker for %s: %w", s.cfg.Region, err)
+		return fmt.Errorf("agent: speaker for %s: %w", s.cfg.Region, err)
 	}
 	return nil
 }
@@ -456,7 +457,7 @@ func (c *LocalCoordinator) Messages() int64 {
 	return c.msgs
 }
 
-// Stats returns the allocator's counters.
+// region.Stats returns the allocator's counters.
 func (c *LocalCoordinator) Stats() lease.Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -493,7 +494,7 @@ func (t localTransport) Connect(ctx context.Context) (lease.Stream, error) {
 	t.c.mu.Lock()
 	defer t.c.mu.Unlock()
 	if t.c.down {
-		return nil, fmt.Errorf("region: local coordinator for %s: %w", t.region, lease.ErrStreamClosed)
+		return nil, fmt.Errorf("agent: local coordinator for %s: %w", t.region, lease.ErrStreamClosed)
 	}
 	if old := t.c.streams[t.region]; old != nil {
 		old.closeLocked()
@@ -530,7 +531,7 @@ func (s *localStream) Send(m lease.Message) error {
 	m.Region = s.region // a region only ever speaks for itself
 	c.msgs++
 	if err := c.alloc.Step(c.clock.Now(), m); err != nil {
-		return fmt.Errorf("region: local coordinator: %w", err)
+		return fmt.Errorf("agent: local coordinator: %w", err)
 	}
 	c.flushLocked()
 	return nil
@@ -556,3 +557,12 @@ func (s *localStream) Close() error {
 }
 
 func (s *localStream) closeLocked() { s.once.Do(func() { close(s.closed) }) }
+
+// settleLocked applies every changed allocation to the regional buckets at
+// now. Requires s.mu.
+func (s *speaker) settleLocked(ctx context.Context, now time.Time) {
+	if s.store == nil || s.settler == nil {
+		return
+	}
+	s.settler.Settle(ctx, now, s.holder, s.store)
+}

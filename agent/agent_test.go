@@ -1,4 +1,4 @@
-package region
+package agent
 
 import (
 	"context"
@@ -18,8 +18,11 @@ import (
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/region"
 	"github.com/allot-dev/allot/rules"
 )
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // testLeaseConfig is a fast lease protocol for tests on the real clock.
 func testLeaseConfig(budgets []lease.Budget) lease.Config {
@@ -62,17 +65,17 @@ func startRegion(t *testing.T, name string, n int, spec lease.Split, budgets []l
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg := DefaultAgentConfig()
+		cfg := DefaultConfig()
 		cfg.Name = agentName
 		cfg.Core.Region = name
 		cfg.Core.Floors = spec
-		cfg.Core.DefaultRule = RuleConfig{OnUnavailable: policy}
+		cfg.Core.DefaultRule = region.RuleConfig{OnUnavailable: policy}
 		cfg.Core.BreakerFailures, cfg.Core.BreakerBackoff = 3, 300*time.Millisecond
 		cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Tick = 400*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
 		cfg.Speaker.Budgets = budgets
 		cfg.Tick = 50 * time.Millisecond
 		cfg.FailoverPoll = 100 * time.Millisecond
-		a, err := NewAgent(cfg, AgentDeps{Store: rs, Redis: c, Shared: NewRedisShared(c, "allot:", name, 100*time.Millisecond, time.Minute),
+		a, err := New(cfg, Deps{Store: rs, Redis: c, Shared: NewRedisShared(c, "allot:", name, 100*time.Millisecond, time.Minute),
 			Membership: g, Transport: coord.Transport(name), Logger: logger, Seed: uint64(i + 1)})
 		if err != nil {
 			t.Fatal(err)
@@ -131,7 +134,7 @@ func TestRegionsShareABudgetThroughTheCoordinator(t *testing.T) {
 		return true
 	})
 	k := bucket.Key{Rule: "api", Subject: "tenant-1"}
-	floor := NewTableView("r1", spec).Floor(global)
+	floor := region.NewTableView("r1", spec).Floor(global)
 	if floor.Count() != 133 {
 		t.Fatalf("floor %v, want 133 per second", floor)
 	}
@@ -267,9 +270,9 @@ func TestRedisOutagePolicies(t *testing.T) {
 			for i := 0; i < 300; i++ {
 				d, err := a.Store().Decide(ctx, k, global, 1, "")
 				switch {
-				case err == ErrFailClosed:
+				case err == region.ErrFailClosed:
 					closed++
-				case err == ErrFailOpen:
+				case err == region.ErrFailOpen:
 					open++
 				case err != nil:
 					t.Fatalf("decision %d: %v", i, err)
@@ -307,7 +310,7 @@ func TestRedisOutagePolicies(t *testing.T) {
 			tr.redis.Restart(t)
 			waitFor(t, 5*time.Second, "decisions go to Redis again", func() bool {
 				r, err := a.Core().Decide(ctx, time.Now(), k, global, 1, "")
-				return err == nil && r.Path == PathStore
+				return err == nil && r.Path == region.PathStore
 			})
 			waitFor(t, 3*time.Second, "the restart is detected", func() bool { return a.Core().Stats().Failovers >= 1 })
 		})
@@ -353,7 +356,7 @@ func TestAckWaitsForEveryAgent(t *testing.T) {
 	members := []string{"a-0", "a-1"}
 	cfg := DefaultSpeakerConfig()
 	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-	s := &speaker{cfg: cfg, clock: clk, shared: shared, view: NewTableView("a", lease.Split{Regions: []string{"a", "b"}}),
+	s := &speaker{cfg: cfg, clock: clk, shared: shared, view: region.NewTableView("a", lease.Split{Regions: []string{"a", "b"}}),
 		members: func() []string { return members }, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rng: rand.New(rand.NewPCG(1, 2))}
 	ctx := context.Background()
 	if err := s.start(ctx, clk.Now()); err != nil {
@@ -381,18 +384,18 @@ func TestAckWaitsForEveryAgent(t *testing.T) {
 		t.Fatal("acknowledged before the other agent adopted the table")
 	}
 	// The other agent reports the table before: still held.
-	shared.PutDemand(ctx, DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub - 1, Speaker: "a-0"})
+	shared.PutDemand(ctx, region.DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub - 1, Speaker: "a-0"})
 	s.step(ctx, st, nil)
 	if st.acks() != 0 {
 		t.Fatal("acknowledged while the other agent decides with an older table")
 	}
 	// A table as new from another speaker (membership split) is not ours.
-	shared.PutDemand(ctx, DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub + 5, Speaker: "a-9"})
+	shared.PutDemand(ctx, region.DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub + 5, Speaker: "a-9"})
 	s.step(ctx, st, nil)
 	if st.acks() != 0 {
 		t.Fatal("acknowledged while the other agent decides with another speaker's table")
 	}
-	shared.PutDemand(ctx, DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub, Speaker: "a-0"})
+	shared.PutDemand(ctx, region.DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub, Speaker: "a-0"})
 	s.step(ctx, st, nil)
 	if st.acks() != 1 {
 		t.Fatalf("acks %d after every agent adopted the table, want 1", st.acks())
@@ -412,11 +415,11 @@ func TestLastAgentReleasesTheLease(t *testing.T) {
 	cctx, ccancel := context.WithCancel(context.Background())
 	defer ccancel()
 	go coord.Run(cctx, 20*time.Millisecond)
-	cfg := DefaultAgentConfig()
+	cfg := DefaultConfig()
 	cfg.Name, cfg.Core.Region, cfg.Core.Floors = "solo-0", "solo", spec
 	cfg.Speaker.Budgets, cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Tick = budgets, 400*time.Millisecond, 100*time.Millisecond, 20*time.Millisecond
 	cfg.Tick = 20 * time.Millisecond
-	a, err := NewAgent(cfg, AgentDeps{Store: bucket.NewMemory(bucket.MemoryOptions{}), Transport: coord.Transport("solo"),
+	a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{}), Transport: coord.Transport("solo"),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -447,14 +450,14 @@ func TestSpeakerPublishesAboveAnotherSpeaker(t *testing.T) {
 	shared := NewMemShared()
 	cfg := DefaultSpeakerConfig()
 	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-	s := &speaker{cfg: cfg, clock: clk, shared: shared, view: NewTableView("a", lease.Split{Regions: []string{"a", "b"}}),
+	s := &speaker{cfg: cfg, clock: clk, shared: shared, view: region.NewTableView("a", lease.Split{Regions: []string{"a", "b"}}),
 		members: func() []string { return []string{"a-0"} }, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rng: rand.New(rand.NewPCG(1, 2))}
 	ctx := context.Background()
 	if err := s.start(ctx, clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	// The other speaker publishes far ahead.
-	other := &Table{Region: "a", Speaker: "a-9", Pub: uint64(t0.UnixMicro()) + 1_000_000, Term: 7, Version: 3}
+	other := &region.Table{Region: "a", Speaker: "a-9", Pub: uint64(t0.UnixMicro()) + 1_000_000, Term: 7, Version: 3}
 	if ok, _ := shared.PublishTable(ctx, other); !ok {
 		t.Fatal("setup: other table not stored")
 	}
@@ -482,7 +485,7 @@ func TestIncreasesArriveSpent(t *testing.T) {
 	store := bucket.NewMemory(bucket.MemoryOptions{Clock: clk})
 	cfg := DefaultSpeakerConfig()
 	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-	s := &speaker{cfg: cfg, clock: clk, shared: NewMemShared(), store: store, view: NewTableView("a", lease.Split{Regions: []string{"a", "b", "c"}}),
+	s := &speaker{cfg: cfg, clock: clk, shared: NewMemShared(), store: store, view: region.NewTableView("a", lease.Split{Regions: []string{"a", "b", "c"}}),
 		members: func() []string { return []string{"a-0"} }, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rng: rand.New(rand.NewPCG(1, 2))}
 	ctx := context.Background()
 	if err := s.start(ctx, clk.Now()); err != nil {
