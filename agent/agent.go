@@ -25,10 +25,10 @@ import (
 type Config struct {
 	// Name is this agent's name, unique in its region.
 	Name string
-	// region.Core configures the decision core; region.Core.Region is the region.
+	// Core configures the decision core; Core.Region is the region.
 	Core region.Config
 	// Speaker configures the lease client this agent runs while it speaks
-	// for the region. Region and Agent are filled in from region.Core and Name.
+	// for the region. Region and Agent are filled in from Core and Name.
 	Speaker SpeakerConfig
 	// Tick is how often the agent ticks its core, reports its demand,
 	// reads membership and (when not speaking) the shared table.
@@ -42,8 +42,8 @@ type Config struct {
 	SpeakerWait time.Duration
 }
 
-// DefaultConfig returns an Config with production defaults;
-// Name and region.Core.Region are left to the caller.
+// DefaultConfig returns a Config with production defaults; Name and
+// Core.Region are left to the caller.
 func DefaultConfig() Config {
 	return Config{
 		Core:         region.DefaultConfig(),
@@ -72,7 +72,7 @@ func (c Config) Validate() error {
 	return c.Core.Validate()
 }
 
-// Deps are what an Agent runs on. region.Store is required; the rest is
+// Deps are what an Agent runs on. Store is required; the rest is
 // optional.
 type Deps struct {
 	// region.Store is the regional store: redisstore.Store, or bucket.Memory for the
@@ -117,7 +117,7 @@ type Agent struct {
 
 	mu        sync.Mutex
 	speaking  bool
-	spk       *speaker
+	spk       *LeaseClient
 	stopSpk   context.CancelFunc
 	spkDone   chan struct{}
 	members   []string
@@ -189,7 +189,9 @@ func (a *Agent) Region() string { return a.cfg.Core.Region }
 // go back and, if this was the region's last agent, the lease is released.
 func (a *Agent) Run(ctx context.Context) error {
 	a.started = a.deps.Clock.Now()
-	t := time.NewTicker(a.cfg.Tick)
+	// The timer is re-armed after each round, so a test on a manual clock
+	// sees it pending again once the round is done.
+	t := a.deps.Clock.NewTimer(a.cfg.Tick)
 	defer t.Stop()
 	var lastPoll time.Time
 	a.tick(ctx, &lastPoll)
@@ -198,8 +200,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			a.stop()
 			return nil
-		case <-t.C:
+		case <-t.C():
 			a.tick(ctx, &lastPoll)
+			t.Reset(a.cfg.Tick)
 		}
 	}
 }
@@ -268,16 +271,23 @@ func (a *Agent) setSpeaking(ctx context.Context, speak bool) {
 	}
 	// Only setSpeaking and stop end the speaker, so that stop can decide
 	// (closing) whether the lease is released before the speaker exits.
+	s, err := NewLeaseClient(a.cfg.Speaker, LeaseDeps{Clock: a.deps.Clock, Shared: a.deps.Shared, Store: a.deps.Store,
+		View: a.view, Transport: a.deps.Transport, Members: a.Members, Release: a.releaseOnStop, Logger: a.log,
+		Seed: a.rng.Uint64()})
+	if err != nil {
+		a.speaking = false
+		a.mu.Unlock()
+		a.noteErr(err)
+		return
+	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s := &speaker{cfg: a.cfg.Speaker, clock: a.deps.Clock, shared: a.deps.Shared, store: a.deps.Store, view: a.view,
-		transport: a.deps.Transport, members: a.Members, log: a.log, rng: rand.New(rand.NewPCG(a.rng.Uint64(), a.rng.Uint64()))}
 	done := make(chan struct{})
 	a.spk, a.stopSpk, a.spkDone = s, cancel, done
 	a.mu.Unlock()
 	a.log.Info("agent: speaking for the region", "region", a.Region(), "agent", a.cfg.Name)
 	go func() {
 		defer close(done)
-		if err := s.run(sctx, a.releaseOnStop); err != nil {
+		if err := s.Run(sctx); err != nil {
 			a.noteErr(err)
 		}
 	}()
@@ -319,7 +329,7 @@ func (a *Agent) SetRules(set *rules.Set, emptyOnFailover []string) error {
 	s := a.spk
 	a.mu.Unlock()
 	if s != nil {
-		return s.setBudgets(budgets)
+		return s.SetBudgets(budgets)
 	}
 	return nil
 }
@@ -404,7 +414,7 @@ func (a *Agent) HolderStatus() (lease.HolderStatus, bool) {
 	if s == nil {
 		return lease.HolderStatus{}, false
 	}
-	return s.status(a.deps.Clock.Now())
+	return s.Status()
 }
 
 // ErrInvalidConfig: a Config or GossipConfig field is out of range.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/bucket/redisstore"
-	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/region"
@@ -317,91 +315,6 @@ func TestRedisOutagePolicies(t *testing.T) {
 	}
 }
 
-// captureStream records what the speaker sends.
-type captureStream struct {
-	mu   sync.Mutex
-	sent []lease.Message
-}
-
-func (c *captureStream) Send(m lease.Message) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.sent = append(c.sent, m)
-	return nil
-}
-func (c *captureStream) Recv() (lease.Message, error) { select {} }
-func (c *captureStream) Close() error                 { return nil }
-
-func (c *captureStream) acks() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, m := range c.sent {
-		if m.Type == lease.MsgAck {
-			n++
-		}
-	}
-	return n
-}
-
-// TestAckWaitsForEveryAgent checks that the speaking agent acknowledges a
-// grant only once every live agent of the region decides with the table
-// that carries it: until then another agent may still use the allocation
-// the grant took away.
-func TestAckWaitsForEveryAgent(t *testing.T) {
-	global := bucket.PerSecond(300)
-	budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: []string{"a", "b"}}}
-	clk := clock.NewManual(t0)
-	shared := NewMemShared()
-	members := []string{"a-0", "a-1"}
-	cfg := DefaultSpeakerConfig()
-	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-	s := &speaker{cfg: cfg, clock: clk, shared: shared, view: region.NewTableView("a", lease.Split{Regions: []string{"a", "b"}}),
-		members: func() []string { return members }, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rng: rand.New(rand.NewPCG(1, 2))}
-	ctx := context.Background()
-	if err := s.start(ctx, clk.Now()); err != nil {
-		t.Fatal(err)
-	}
-	st := &captureStream{}
-	s.holder.Reconnect(clk.Now())
-	if err := s.step(ctx, st, nil); err != nil {
-		t.Fatal(err)
-	}
-	var hello lease.Message
-	for _, m := range st.sent {
-		if m.Type == lease.MsgHello {
-			hello = m
-		}
-	}
-	grant := lease.Message{Type: lease.MsgGrant, Region: "a", Session: hello.Session, Term: 1, Seq: hello.Seq, Grant: 1,
-		Version: 1, Full: true, Renew: true, TTL: 10 * time.Second, Hold: 20 * time.Second, Refresh: time.Second,
-		Entries: []lease.Entry{{Key: bucket.Key{Rule: "api", Subject: "x"}, Count: 50, Burst: 50}}}
-	if err := s.step(ctx, st, &grant); err != nil {
-		t.Fatal(err)
-	}
-	pub := s.view.Table().Pub
-	if st.acks() != 0 {
-		t.Fatal("acknowledged before the other agent adopted the table")
-	}
-	// The other agent reports the table before: still held.
-	shared.PutDemand(ctx, region.DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub - 1, Speaker: "a-0"})
-	s.step(ctx, st, nil)
-	if st.acks() != 0 {
-		t.Fatal("acknowledged while the other agent decides with an older table")
-	}
-	// A table as new from another speaker (membership split) is not ours.
-	shared.PutDemand(ctx, region.DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub + 5, Speaker: "a-9"})
-	s.step(ctx, st, nil)
-	if st.acks() != 0 {
-		t.Fatal("acknowledged while the other agent decides with another speaker's table")
-	}
-	shared.PutDemand(ctx, region.DemandReport{Agent: "a-1", At: clk.Now(), Pub: pub, Speaker: "a-0"})
-	s.step(ctx, st, nil)
-	if st.acks() != 1 {
-		t.Fatalf("acks %d after every agent adopted the table, want 1", st.acks())
-	}
-}
-
 // TestLastAgentReleasesTheLease stops a region's only agent cleanly: it
 // gives its allocations back to the coordinator at once.
 func TestLastAgentReleasesTheLease(t *testing.T) {
@@ -439,100 +352,4 @@ func TestLastAgentReleasesTheLease(t *testing.T) {
 	cancel()
 	<-done
 	waitFor(t, 2*time.Second, "the region's release reaches the coordinator", func() bool { return status().Released })
-}
-
-// TestSpeakerPublishesAboveAnotherSpeaker: a table another speaker wrote
-// with a higher number (while membership was split) does not keep the
-// region's agents from taking this speaker's tables.
-func TestSpeakerPublishesAboveAnotherSpeaker(t *testing.T) {
-	budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a", "b"}}}
-	clk := clock.NewManual(t0)
-	shared := NewMemShared()
-	cfg := DefaultSpeakerConfig()
-	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-	s := &speaker{cfg: cfg, clock: clk, shared: shared, view: region.NewTableView("a", lease.Split{Regions: []string{"a", "b"}}),
-		members: func() []string { return []string{"a-0"} }, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rng: rand.New(rand.NewPCG(1, 2))}
-	ctx := context.Background()
-	if err := s.start(ctx, clk.Now()); err != nil {
-		t.Fatal(err)
-	}
-	// The other speaker publishes far ahead.
-	other := &region.Table{Region: "a", Speaker: "a-9", Pub: uint64(t0.UnixMicro()) + 1_000_000, Term: 7, Version: 3}
-	if ok, _ := shared.PublishTable(ctx, other); !ok {
-		t.Fatal("setup: other table not stored")
-	}
-	clk.Advance(time.Second)
-	s.mu.Lock()
-	s.holder.Tick(clk.Now())
-	s.holder.Release(clk.Now()) // any change of the table
-	s.publishLocked(ctx, clk.Now())
-	s.mu.Unlock()
-	got, _ := shared.LoadTable(ctx)
-	if got.Speaker != "a-0" || got.Pub <= other.Pub {
-		t.Fatalf("stored table from %s pub %d, want a-0's above %d", got.Speaker, got.Pub, other.Pub)
-	}
-}
-
-// TestIncreasesArriveSpent: when a grant raises a key's allocation, the
-// speaker takes the increase of burst out of the regional bucket before it
-// publishes the table, so capacity another region just gave up (and may
-// have spent) is not handed out twice; a decrease rewrites the bucket at
-// once under the smaller rate.
-func TestIncreasesArriveSpent(t *testing.T) {
-	global := bucket.PerSecond(300)
-	budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: []string{"a", "b", "c"}}}
-	clk := clock.NewManual(t0)
-	store := bucket.NewMemory(bucket.MemoryOptions{Clock: clk})
-	cfg := DefaultSpeakerConfig()
-	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-	s := &speaker{cfg: cfg, clock: clk, shared: NewMemShared(), store: store, view: region.NewTableView("a", lease.Split{Regions: []string{"a", "b", "c"}}),
-		members: func() []string { return []string{"a-0"} }, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rng: rand.New(rand.NewPCG(1, 2))}
-	ctx := context.Background()
-	if err := s.start(ctx, clk.Now()); err != nil {
-		t.Fatal(err)
-	}
-	st := &captureStream{}
-	s.holder.Reconnect(clk.Now())
-	s.step(ctx, st, nil)
-	var hello lease.Message
-	for _, m := range st.sent {
-		if m.Type == lease.MsgHello {
-			hello = m
-		}
-	}
-	k := bucket.Key{Rule: "api", Subject: "x"}
-	floor := bucket.PerSecond(100)
-	// The region spends 40 of its floor's 100.
-	if n, _ := store.TakeUpTo(ctx, k, floor, 40); n != 40 {
-		t.Fatalf("setup took %d", n)
-	}
-	grant := func(n uint64, count bucket.Tokens) {
-		g := lease.Message{Type: lease.MsgGrant, Region: "a", Session: hello.Session, Term: 1, Seq: hello.Seq, Grant: n,
-			Version: n, Full: true, Renew: true, TTL: 10 * time.Second, Hold: 20 * time.Second, Refresh: time.Second,
-			Entries: []lease.Entry{{Key: k, Count: count, Burst: count}}}
-		if err := s.step(ctx, st, &g); err != nil {
-			t.Fatal(err)
-		}
-	}
-	grant(1, 250)
-	big := bucket.PerSecond(250)
-	if d, _ := store.Peek(ctx, k, big); d.Remaining != 60 {
-		t.Fatalf("after the increase the region's bucket holds %d, want the 60 it held (the increase arrives spent)", d.Remaining)
-	}
-	if tb := s.view.Table(); tb == nil || len(tb.Entries) != 1 || tb.Entries[0].Count != 250 {
-		t.Fatalf("table not published after settling: %+v", tb)
-	}
-	// A decrease is applied at once. Empty the bucket, let it refill 100 ms
-	// at 250/s (25 tokens), then shrink to 50/s: 200 ms later it holds
-	// 25 + 10, not the 75 that 300 ms at the old rate would give.
-	if n, _ := store.TakeUpTo(ctx, k, big, 1000); n != 60 {
-		t.Fatalf("took %d, want 60", n)
-	}
-	clk.Advance(100 * time.Millisecond)
-	grant(2, 50)
-	clk.Advance(200 * time.Millisecond)
-	small := bucket.PerSecond(50)
-	if d, _ := store.Peek(ctx, k, small); d.Remaining != 35 {
-		t.Fatalf("after the decrease: %d, want 35 (25 refilled before it, 10 at 50/s after)", d.Remaining)
-	}
 }

@@ -41,19 +41,56 @@ func ReportOf(agent string, now time.Time, ds []KeyDemand) DemandReport {
 // SumDemand adds up the reports of live agents not older than maxAge at
 // now: the region's demand per key, sorted by key.
 func SumDemand(reports []DemandReport, live []string, now time.Time, maxAge time.Duration) []lease.Demand {
-	sum := map[bucket.Key]bucket.Tokens{}
+	sum, _ := sumDemand(nil, nil, reports, live, now, maxAge)
+	return sum
+}
+
+// sumDemand is SumDemand into dst, with tmp as a second buffer; it returns
+// both for reuse. Each report lists its keys sorted (Core.Demand keeps
+// them so), so the sum is a merge of sorted lists; a report that is not
+// sorted is sorted first.
+func sumDemand(dst, tmp []lease.Demand, reports []DemandReport, live []string, now time.Time, maxAge time.Duration) (sum, buf []lease.Demand) {
+	sum = dst[:0]
 	for _, r := range reports {
 		if !slices.Contains(live, r.Agent) || now.Sub(r.At) > maxAge {
 			continue
 		}
-		for _, it := range r.Keys {
-			sum[bucket.Key{Rule: it.Rule, Subject: it.Subject}] += it.Want
+		keys := r.Keys
+		if !slices.IsSortedFunc(keys, cmpItem) {
+			keys = slices.SortedFunc(slices.Values(keys), cmpItem)
+		}
+		tmp = mergeDemand(tmp[:0], sum, keys)
+		sum, tmp = tmp, sum
+	}
+	return sum, tmp
+}
+
+func cmpItem(a, b DemandItem) int {
+	return cmpKey(bucket.Key{Rule: a.Rule, Subject: a.Subject}, bucket.Key{Rule: b.Rule, Subject: b.Subject})
+}
+
+// mergeDemand appends to dst the merge of acc and items, both sorted by
+// key, adding the wants of a key in both.
+func mergeDemand(dst, acc []lease.Demand, items []DemandItem) []lease.Demand {
+	i, j := 0, 0
+	for i < len(acc) && j < len(items) {
+		k := bucket.Key{Rule: items[j].Rule, Subject: items[j].Subject}
+		switch c := cmpKey(acc[i].Key, k); {
+		case c < 0:
+			dst = append(dst, acc[i])
+			i++
+		case c > 0:
+			dst = append(dst, lease.Demand{Key: k, Want: items[j].Want})
+			j++
+		default:
+			dst = append(dst, lease.Demand{Key: k, Want: acc[i].Want + items[j].Want})
+			i++
+			j++
 		}
 	}
-	out := make([]lease.Demand, 0, len(sum))
-	for k, w := range sum {
-		out = append(out, lease.Demand{Key: k, Want: w})
+	dst = append(dst, acc[i:]...)
+	for ; j < len(items); j++ {
+		dst = append(dst, lease.Demand{Key: bucket.Key{Rule: items[j].Rule, Subject: items[j].Subject}, Want: items[j].Want})
 	}
-	slices.SortFunc(out, func(a, b lease.Demand) int { return cmpKey(a.Key, b.Key) })
-	return out
+	return dst
 }

@@ -228,7 +228,11 @@ func (p *leasePlane) invalidate(w *world, r int, t Micros) {
 func (p *leasePlane) settle(w *world, r int, t Micros) {
 	s := p.stores[r]
 	s.t, s.down = t, false
-	p.settlers[r].Settle(context.Background(), p.regionNow(w, r, t), p.holders[r], s)
+	for _, c := range p.settlers[r].Changes(p.regionNow(w, r, t), p.holders[r]) {
+		if c.Apply(context.Background(), s) != nil {
+			p.settlers[r].Unsettle(c)
+		}
+	}
 	if s.down {
 		if at := s.rd.downUntil; at > t && at != p.settleAt[r] {
 			p.settleAt[r] = at

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,7 +16,7 @@ import (
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/coordinator"
-	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/internal/leasetest"
 )
 
 // TestStandaloneProcess runs the binary in standalone mode on a budgets
@@ -44,31 +43,19 @@ func TestStandaloneProcess(t *testing.T) {
 
 	d, _ := coordinator.ParseDocument([]byte(haBudgets), "doc")
 	budgets, _ := d.Resolve(nil)
-	hc := lease.DefaultHolderConfig()
-	hc.Region, hc.Session, hc.Budgets = "us", 1, budgets
-	hc.Drift, hc.Refresh = 100*time.Millisecond, 500*time.Millisecond
-	h, err := lease.NewHolder(hc, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
 	c, err := coordinator.NewClient(coordinator.ClientConfig{Addrs: []string{grpcAddr}, Region: "us"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	var mu sync.Mutex
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	drv := &coordinator.HolderDriver{Client: c, Holder: h, Mu: &mu, Clock: clock.Real{}, Tick: 20 * time.Millisecond, Redial: 100 * time.Millisecond}
-	go drv.Run(ctx)
+	us := leasetest.Start(t, ctx, clock.Real{}, "us", budgets, c, leasetest.Options{Tick: 20 * time.Millisecond,
+		Redial: 100 * time.Millisecond, Refresh: 500 * time.Millisecond, Drift: 100 * time.Millisecond, Seed: 1})
 	key := bucket.Key{Rule: "api", Subject: "t"}
+	us.Demand(key, 300)
 	alloc := func() (bucket.Tokens, bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		now := time.Now()
-		h.Demand(now, key, 300)
-		l, _ := h.Allocation(now, key)
-		return l.Count(), h.Status(now).Live
+		return us.Allocation(key).Count(), us.Status().Live
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for n, _ := alloc(); n < 300; n, _ = alloc() {
