@@ -39,13 +39,16 @@ type Core struct {
 
 	live      atomic.Int64
 	coldCount atomic.Uint64
-	// keysVer counts keys created and dropped. Demand lists keys in the
-	// order of demandOrder, sorted by key and rebuilt only when keysVer has
-	// moved since, so a report does not sort every key on every tick.
-	keysVer     atomic.Uint64
-	demandMu    sync.Mutex
+	// Demand lists keys in the order of demandOrder, sorted by key, into
+	// which the keys created since (newKeys) are merged and from which the
+	// dropped ones are taken, so a report does not sort every key on every
+	// tick. dropped counts keys dropped since.
+	demandMu    sync.Mutex // held by Demand; taken before newMu
 	demandOrder []*keyState
-	demandVer   uint64
+	spareOrder  []*keyState
+	newMu       sync.Mutex // guards newKeys; taken under a shard's mu
+	newKeys     []*keyState
+	dropped     atomic.Int64
 	failEpoch   atomic.Uint64
 	failAt      atomic.Int64 // µs
 	lastErr     atomic.Pointer[error]

@@ -26,11 +26,15 @@ import (
 // The coordinator keeps state only for keys some region presses on, so its
 // memory still follows hot keys; the report's size follows the keys the
 // region uses.
-func (c *Core) Demand(now time.Time) []KeyDemand {
+func (c *Core) Demand(now time.Time) []KeyDemand { return c.AppendDemand(nil, now) }
+
+// AppendDemand is Demand appending to dst, for a driver that reuses its
+// buffer tick after tick.
+func (c *Core) AppendDemand(dst []KeyDemand, now time.Time) []KeyDemand {
 	c.demandMu.Lock()
 	defer c.demandMu.Unlock()
 	order := c.sortedKeys()
-	out := make([]KeyDemand, 0, len(order))
+	out := slices.Grow(dst, len(order))
 	down := c.breaker.State(now) != BreakerClosed
 	for _, ks := range order {
 		if ks.gone.Load() || ks.rs.Load().cfg.Scope != rules.ScopeGlobal {
@@ -55,27 +59,39 @@ func (c *Core) Demand(now time.Time) []KeyDemand {
 	return out
 }
 
-// sortedKeys returns every key state the core holds, sorted by key,
-// rebuilding the list only when keys were created or dropped since. A key
-// created while it is rebuilt moves keysVer again, so the next call
-// rebuilds; one dropped is marked gone. Requires that c.demandMu is held.
+// sortedKeys returns every key state the core holds, sorted by key: the
+// order kept from the last call, less the keys dropped since (marked gone),
+// merged with the keys created since, sorted on their own. A key created
+// while it runs is merged at the next call. Requires that c.demandMu is
+// held.
 func (c *Core) sortedKeys() []*keyState {
-	ver := c.keysVer.Load()
-	if c.demandOrder != nil && ver == c.demandVer {
+	c.newMu.Lock()
+	fresh := c.newKeys
+	c.newKeys = nil
+	c.newMu.Unlock()
+	if len(fresh) == 0 && c.dropped.Load() == 0 {
 		return c.demandOrder
 	}
-	order := c.demandOrder[:0]
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.RLock()
-		for _, ks := range s.keys {
-			order = append(order, ks)
+	c.dropped.Store(0)
+	byKey := func(a, b *keyState) int { return cmpKey(a.key, b.key) }
+	slices.SortFunc(fresh, byKey)
+	old, out := c.demandOrder, c.spareOrder[:0]
+	i, j := 0, 0
+	for i < len(old) || j < len(fresh) {
+		var ks *keyState
+		switch {
+		case j == len(fresh) || i < len(old) && byKey(old[i], fresh[j]) <= 0:
+			ks, i = old[i], i+1
+		default:
+			ks, j = fresh[j], j+1
 		}
-		s.mu.RUnlock()
+		if !ks.gone.Load() {
+			out = append(out, ks)
+		}
 	}
-	slices.SortFunc(order, func(a, b *keyState) int { return cmpKey(a.key, b.key) })
-	c.demandOrder, c.demandVer = order, ver
-	return order
+	clear(old)
+	c.demandOrder, c.spareOrder = out, old[:0]
+	return out
 }
 
 // sampleEvery is how often a key's short-term demand estimate takes in its

@@ -147,7 +147,9 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 	s.keys[key] = ks
 	s.missLocked()
 	c.stats.keys.Add(1)
-	c.keysVer.Add(1)
+	c.newMu.Lock()
+	c.newKeys = append(c.newKeys, ks)
+	c.newMu.Unlock()
 	return ks
 }
 
@@ -270,7 +272,7 @@ func (c *Core) Tick(ctx context.Context, now time.Time) {
 					delete(s.keys, k)
 					ks.gone.Store(true)
 					c.stats.keys.Add(-1)
-					c.keysVer.Add(1)
+					c.dropped.Add(1)
 				}
 			}
 			// A lookup that already read the old copy may still use a

@@ -31,11 +31,17 @@ type DemandItem struct {
 
 // ReportOf builds agent's report from its core's demand.
 func ReportOf(agent string, now time.Time, ds []KeyDemand) DemandReport {
-	r := DemandReport{Agent: agent, At: now, Keys: make([]DemandItem, len(ds))}
-	for i, d := range ds {
-		r.Keys[i] = DemandItem{Rule: d.Key.Rule, Subject: d.Key.Subject, Want: d.Want}
+	return AppendReport(nil, agent, now, ds)
+}
+
+// AppendReport is ReportOf with the report's keys appended to keys, for a
+// driver that reuses its buffers.
+func AppendReport(keys []DemandItem, agent string, now time.Time, ds []KeyDemand) DemandReport {
+	keys = slices.Grow(keys[:0], len(ds))
+	for _, d := range ds {
+		keys = append(keys, DemandItem{Rule: d.Key.Rule, Subject: d.Key.Subject, Want: d.Want})
 	}
-	return r
+	return DemandReport{Agent: agent, At: now, Keys: keys}
 }
 
 // SumDemand adds up the reports of live agents not older than maxAge at

@@ -89,7 +89,34 @@ type Speaker struct {
 	live    []string // nil until the first Tick says who is live
 
 	sum, tmp []lease.Demand // Tick's buffers
+
+	// mark is the Holder's state when Ready last looked at its table, at
+	// markAt: while it stays the same and no lease or hold end passes,
+	// nothing is to settle or publish, and Ready skips building the table.
+	// dirty forces a look (new budgets, a settle that failed).
+	mark   holderMark
+	markAt time.Time
+	dirty  bool
 }
+
+// holderMark is what identifies a Holder's table and lease: a change of
+// entries moves the version (or the term, or their number), a renewal the
+// lease end.
+type holderMark struct {
+	term, version       uint64
+	leaseEnd, holdUntil time.Time
+	entries             int
+	released            bool
+}
+
+func markOf(st lease.HolderStatus) holderMark {
+	return holderMark{term: st.Term, version: st.Version, leaseEnd: st.LeaseEnd, holdUntil: st.HoldUntil,
+		entries: st.Entries, released: st.Released}
+}
+
+// passed reports whether x lies between a and b: an instant the clock
+// moved across, either way.
+func passed(a, b, x time.Time) bool { return a.Before(x) != b.Before(x) }
 
 type pendingAck struct {
 	m   lease.Message
@@ -166,7 +193,7 @@ func RestoreSpeaker(cfg SpeakerConfig, session uint64, t *Table, now time.Time) 
 		return nil, fmt.Errorf("region: speaker for %s: %w", cfg.Region, err)
 	}
 	s := &Speaker{cfg: cfg, holder: h, settler: NewSettler(cfg.Region, cfg.Budgets), now: now,
-		last: t, pubBase: uint64(now.UnixMicro()), adopted: map[string]adoption{}}
+		last: t, pubBase: uint64(now.UnixMicro()), adopted: map[string]adoption{}, dirty: true}
 	if t != nil {
 		s.pubBase = max(s.pubBase, t.Pub)
 		s.settler.Resume(now, h)
@@ -230,6 +257,7 @@ func (s *Speaker) SetBudgets(bs []lease.Budget) error {
 	}
 	s.cfg.Budgets = bs
 	s.settler.SetBudgets(bs)
+	s.dirty = true
 	return nil
 }
 
@@ -237,11 +265,25 @@ func (s *Speaker) SetBudgets(bs []lease.Budget) error {
 // latest (see Ready for the order), and forgets it.
 func (s *Speaker) Ready() Ready {
 	var rd Ready
-	rd.Settle = s.settler.Changes(s.now, s.holder)
-	t := TableOf(s.cfg.Region, s.cfg.Agent, s.pubBase+1, s.holder.Snapshot(), s.now)
-	if s.republish || !t.Same(s.last) {
-		s.last, s.pubBase, s.republish = t, t.Pub, false
-		rd.Publish = t
+	st := s.holder.Status(s.now)
+	m := markOf(st)
+	if s.dirty || m != s.mark || passed(s.markAt, s.now, st.LeaseEnd) || passed(s.markAt, s.now, st.HoldUntil) {
+		rd.Settle = s.settler.Changes(s.now, s.holder)
+		t := TableOf(s.cfg.Region, s.cfg.Agent, s.pubBase+1, s.holder.Snapshot(), s.now)
+		if !t.Same(s.last) {
+			s.last, s.pubBase = t, t.Pub
+			rd.Publish = t
+		}
+		s.mark, s.markAt, s.dirty = m, s.now, false
+	}
+	if s.republish && s.last != nil {
+		if rd.Publish == nil {
+			t := *s.last
+			t.Pub, t.Written = s.pubBase+1, s.now
+			rd.Publish = &t
+			s.last, s.pubBase = rd.Publish, rd.Publish.Pub
+		}
+		s.republish = false
 	}
 	// An acknowledgement tells the coordinator the region no longer uses
 	// what the grant took away; the other agents use it until they adopt
@@ -291,6 +333,7 @@ func (s *Speaker) adoptedPub() uint64 {
 func (s *Speaker) Advance(o Outcome) {
 	for _, c := range o.Unsettled {
 		s.settler.Unsettle(c)
+		s.dirty = true
 	}
 	if o.Refused {
 		s.pubBase = max(s.pubBase, o.StoredPub)

@@ -326,3 +326,31 @@ func TestSpeakerSettlesBeforeItPublishes(t *testing.T) {
 		t.Fatalf("tables published with the buckets at %v, want %v", published, []bucket.Limit{big, small})
 	}
 }
+
+// TestSpeakerSettlesTheLeaseEnd: with nothing received, the tick after the
+// lease ends settles the key back to its floor and publishes the table
+// whose lease has passed; ticks with nothing new list nothing.
+func TestSpeakerSettlesTheLeaseEnd(t *testing.T) {
+	s, budgets := speakerFixture(t)
+	h := hello(t, s, t0)
+	if err := s.Step(t0, grant(h, 1, 200)); err != nil {
+		t.Fatal(err)
+	}
+	s.Ready()
+	s.Advance(Outcome{})
+	end := s.Status(t0).LeaseEnd
+	s.Tick(end.Add(-time.Millisecond), nil, []string{"a-0"})
+	if rd := s.Ready(); len(rd.Settle) != 0 || rd.Publish != nil {
+		t.Fatalf("before the lease ends: %+v", rd)
+	}
+	s.Tick(end, nil, []string{"a-0"})
+	rd := s.Ready()
+	want := Change{Key: spkKey, From: budgets[0].LimitOf(200), To: budgets[0].Floor("a").Limit}
+	if len(rd.Settle) != 1 || rd.Settle[0] != want {
+		t.Fatalf("at the lease's end settle %+v, want %+v", rd.Settle, want)
+	}
+	s.Tick(end.Add(time.Second), nil, []string{"a-0"})
+	if rd := s.Ready(); len(rd.Settle) != 0 {
+		t.Fatalf("after the lease ended, settle again %+v", rd.Settle)
+	}
+}
