@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -133,32 +134,48 @@ func (t *Table) Live(now time.Time) bool { return t != nil && !t.Released && now
 type floors struct {
 	region string
 	split  lease.Split
-	mu     sync.Mutex
-	cache  map[bucket.Limit]lease.Floor
+	// last is the floor computed last and cache every floor computed, an
+	// immutable map replaced on each addition: both are read without a
+	// lock, and limits come from rules, so additions are rare.
+	last  atomic.Pointer[floorOf]
+	cache atomic.Pointer[map[bucket.Limit]lease.Floor]
+	mu    sync.Mutex // serializes additions
+}
+
+type floorOf struct {
+	global bucket.Limit
+	floor  lease.Floor
 }
 
 func newFloors(region string, split lease.Split) *floors {
 	if split.Regions == nil {
 		split.Regions = []string{region}
 	}
-	return &floors{region: region, split: split, cache: map[bucket.Limit]lease.Floor{}}
+	return &floors{region: region, split: split}
 }
 
 // of returns the region's floor of global.
 func (f *floors) of(global bucket.Limit) lease.Floor {
-	f.mu.Lock()
-	fl, ok := f.cache[global]
-	f.mu.Unlock()
-	if ok {
-		return fl
+	if l := f.last.Load(); l != nil && l.global == global {
+		return l.floor
 	}
-	fl = f.split.Floor(f.region, global)
-	f.mu.Lock()
-	if len(f.cache) > 4096 {
-		clear(f.cache) // limits come from rules: a few; never grow without bound
+	if m := f.cache.Load(); m != nil {
+		if fl, ok := (*m)[global]; ok {
+			return fl
+		}
 	}
-	f.cache[global] = fl
-	f.mu.Unlock()
+	fl := f.split.Floor(f.region, global)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var m map[bucket.Limit]lease.Floor
+	if old := f.cache.Load(); old != nil && len(*old) < 4096 { // never grow without bound
+		m = maps.Clone(*old)
+	} else {
+		m = map[bucket.Limit]lease.Floor{}
+	}
+	m[global] = fl
+	f.cache.Store(&m)
+	f.last.Store(&floorOf{global: global, floor: fl})
 	return fl
 }
 
