@@ -5,7 +5,7 @@ PKGS    ?= ./...
 BENCH   ?= .
 PROTOS  := $(shell find api -name '*.proto' 2>/dev/null)
 
-.PHONY: all build test test-short bench lint run proto sim clean
+.PHONY: all build test test-short bench lint run proto sim chaos chaos-short clean
 
 all: lint build
 
@@ -29,6 +29,7 @@ bench:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	cd deploy && $(GO) vet ./...
 
 ## proto: regenerate committed gRPC code with Debian's protoc and Go plugins.
 proto:
@@ -44,5 +45,18 @@ run:
 sim:
 	$(GO) run ./cmd/sim -json sim-results.json -html sim-report.html sim/scenarios
 
+## chaos: the chaos harness's long form: every scenario in chaos/scenarios
+## on real processes (about 70 s each; needs redis-server, redis-sentinel
+## and etcd, which `make test` installs), each beside the simulator's run
+## of the same file; tables on stdout, chaos-results.json. Exits 1 when a
+## verdict differs from the one its file expects (known failures FAIL).
+chaos:
+	$(GO) run ./cmd/chaos -json chaos-results.json $(CHAOSFLAGS) chaos/scenarios
+
+## chaos-short: the short form CI runs (about three minutes); the same as
+## `go test -run ShortScenarios ./chaos`.
+chaos-short:
+	$(GO) run ./cmd/chaos $(CHAOSFLAGS) chaos/scenarios/short
+
 clean:
-	rm -rf bin sim-results.json sim-report.html
+	rm -rf bin sim-results.json sim-report.html chaos-results.json

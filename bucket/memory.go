@@ -2,8 +2,10 @@ package bucket
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/allot-dev/allot/clock"
@@ -18,7 +20,26 @@ type MemoryOptions struct {
 	Shards int // default 64; rounded up to a power of two
 	// AttemptWindow is how long an attempt id's decision is remembered.
 	AttemptWindow time.Duration // default DefaultAttemptWindow
+	// MaxKeys bounds the buckets held. At the bound, buckets that are full
+	// again (the same as absent) are swept, and a new key that still finds
+	// no room is refused with ErrFull, which wraps ErrUnavailable, so the
+	// rule's failure policy decides. A bucket that is not full is never
+	// evicted: that would forget its debits and admit them again.
+	MaxKeys int // default DefaultMaxKeys; < 0: no bound
+	// MaxAttempts bounds the attempt records held. At the bound a decision
+	// is still made but its attempt id is not remembered: a retry is then
+	// charged again, which can only deny more, never admit more.
+	MaxAttempts int // default DefaultMaxKeys; < 0: no bound
 }
+
+// DefaultMaxKeys is the default bound on an in-process store's buckets and
+// on its attempt records: each costs about 100 bytes plus its subject, so a
+// million is some hundreds of megabytes at most.
+const DefaultMaxKeys = 1_000_000
+
+// ErrFull: the in-process store holds MaxKeys buckets that are not full and
+// cannot take a new key. It wraps ErrUnavailable.
+var ErrFull = fmt.Errorf("bucket: in-process store full: %w", ErrUnavailable)
 
 // DefaultMemoryOptions returns the options NewMemory uses for zero fields.
 func DefaultMemoryOptions() MemoryOptions {
@@ -26,6 +47,8 @@ func DefaultMemoryOptions() MemoryOptions {
 		Clock:         clock.Real{},
 		Shards:        64, // enough to spread 2–64 cores' worth of callers
 		AttemptWindow: DefaultAttemptWindow,
+		MaxKeys:       DefaultMaxKeys,
+		MaxAttempts:   DefaultMaxKeys,
 	}
 }
 
@@ -40,12 +63,24 @@ type Memory struct {
 	mask   uint64
 	window int64 // µs
 	shards []memShard
+
+	maxKeys, maxAttempts int64 // ≤ 0: no bound
+	keys, attempts       atomic.Int64
+	refused, unrecorded  atomic.Int64
+	capSweeps            atomic.Int64
+	lastCapSweep         atomic.Int64 // µs
 }
 
 const sweepEvery = 4096
 
+// capSweepEvery is the least time between two sweeps of the whole store
+// made because it is at MaxKeys: a sweep visits every bucket, so refused
+// requests must not each pay for one.
+const capSweepEvery = int64(time.Second / time.Microsecond)
+
 type memShard struct {
 	mu sync.Mutex
+	m  *Memory // for the store-wide counts
 	// buckets is keyed by the key's 64-bit hash, already computed to pick
 	// the shard, so a lookup hashes the key once; keys whose hashes collide
 	// share a chain.
@@ -54,7 +89,7 @@ type memShard struct {
 	attempts  map[attemptKey]attemptRecord
 	ops       uint32
 	lastSweep int64
-	_         [40]byte // keep shards on separate cache lines
+	_         [32]byte // keep shards on separate cache lines
 }
 
 type memEntry struct {
@@ -90,6 +125,12 @@ func NewMemory(opts MemoryOptions) *Memory {
 	if opts.AttemptWindow <= 0 {
 		opts.AttemptWindow = def.AttemptWindow
 	}
+	if opts.MaxKeys == 0 {
+		opts.MaxKeys = def.MaxKeys
+	}
+	if opts.MaxAttempts == 0 {
+		opts.MaxAttempts = def.MaxAttempts
+	}
 	n := 1
 	for n < opts.Shards {
 		n <<= 1
@@ -100,8 +141,11 @@ func NewMemory(opts MemoryOptions) *Memory {
 		mask:   uint64(n - 1),
 		window: opts.AttemptWindow.Microseconds(),
 		shards: make([]memShard, n),
+
+		maxKeys: int64(opts.MaxKeys), maxAttempts: int64(opts.MaxAttempts),
 	}
 	for i := range m.shards {
+		m.shards[i].m = m
 		m.shards[i].buckets = make(map[uint64]*memEntry)
 		m.shards[i].attempts = make(map[attemptKey]attemptRecord)
 	}
@@ -140,10 +184,13 @@ func (m *Memory) Decide(_ context.Context, key Key, l Limit, cost Tokens, attemp
 	} else {
 		var ns State
 		decideIn(&ns, now, &l, cost, &d)
+		if ns != (State{}) && !m.room(s, now) {
+			return Decision{Limit: l}, ErrFull
+		}
 		s.put(h, key, nil, State{}, ns)
 	}
 	if attemptID != "" {
-		s.attempts[ak] = attemptRecord{d: d, expires: now + m.window}
+		s.remember(ak, attemptRecord{d: d, expires: now + m.window})
 	}
 	return d, nil
 }
@@ -163,11 +210,15 @@ func (m *Memory) TakeUpTo(_ context.Context, key Key, l Limit, n Tokens) (Tokens
 	s.tick(now)
 	p, st := s.get(h, key)
 	got, _, ns := takeUpTo(st, now, &l, n)
+	if p == nil && ns != (State{}) && !m.room(s, now) {
+		return 0, ErrFull
+	}
 	s.put(h, key, p, st, ns)
 	return got, nil
 }
 
-// Return implements Store.
+// Return implements Store. It is never refused at MaxKeys: giving tokens
+// back to an absent bucket, which is full, stores nothing.
 func (m *Memory) Return(_ context.Context, key Key, l Limit, n Tokens) error {
 	if err := Check(l, 1); err != nil {
 		return err
@@ -185,7 +236,9 @@ func (m *Memory) Return(_ context.Context, key Key, l Limit, n Tokens) error {
 	return nil
 }
 
-// Rebase implements Rebaser.
+// Rebase implements Rebaser. Like Return it is never refused at MaxKeys:
+// refusing to apply a limit change would leave the bucket judged by the old
+// limit.
 func (m *Memory) Rebase(_ context.Context, key Key, from, to Limit) error {
 	if err := Check(from, 1); err != nil {
 		return err
@@ -234,9 +287,53 @@ func (s *memShard) get(h uint64, key Key) (*memEntry, State) {
 	return nil, State{}
 }
 
+// room reports whether s may take one more bucket, sweeping the whole
+// store first (at most once per capSweepEvery) when it is at MaxKeys.
+// Requires that s.mu is held; it takes the other shards' locks one at a
+// time, and only one caller sweeps at once, so no two callers wait on each
+// other.
+func (m *Memory) room(s *memShard, now int64) bool {
+	if m.maxKeys <= 0 || m.keys.Load() < m.maxKeys {
+		return true
+	}
+	last := m.lastCapSweep.Load()
+	if now-last >= capSweepEvery && m.lastCapSweep.CompareAndSwap(last, now) {
+		m.capSweeps.Add(1)
+		for i := range m.shards {
+			o := &m.shards[i]
+			if o != s {
+				o.mu.Lock()
+			}
+			o.sweep(now)
+			if o != s {
+				o.mu.Unlock()
+			}
+		}
+		if m.keys.Load() < m.maxKeys {
+			return true
+		}
+	}
+	m.refused.Add(1)
+	return false
+}
+
+// remember records an attempt's decision unless the store holds
+// MaxAttempts records. Requires that s.mu is held.
+func (s *memShard) remember(ak attemptKey, r attemptRecord) {
+	if _, ok := s.attempts[ak]; !ok {
+		if s.m.maxAttempts > 0 && s.m.attempts.Load() >= s.m.maxAttempts {
+			s.m.unrecorded.Add(1)
+			return
+		}
+		s.m.attempts.Add(1)
+	}
+	s.attempts[ak] = r
+}
+
 // remove unlinks e from the chain for h. Requires that s.mu is held.
 func (s *memShard) remove(h uint64, e *memEntry) {
 	s.n--
+	s.m.keys.Add(-1)
 	head := s.buckets[h]
 	if head == e {
 		if e.next == nil {
@@ -262,6 +359,7 @@ func (s *memShard) put(h uint64, key Key, e *memEntry, st, ns State) {
 	case ns == st:
 	case e == nil:
 		s.n++
+		s.m.keys.Add(1)
 		s.buckets[h] = &memEntry{key: key, st: ns, next: s.buckets[h]}
 	case ns == (State{}):
 		s.remove(h, e)
@@ -281,6 +379,29 @@ func (m *Memory) Len() (buckets, attempts int) {
 		s.mu.Unlock()
 	}
 	return buckets, attempts
+}
+
+// MemoryStats counts what an in-process store holds and what its bounds
+// refused.
+type MemoryStats struct {
+	Keys     int64 // buckets held
+	Attempts int64 // attempt records held
+	// Refused counts new keys refused with ErrFull at MaxKeys.
+	Refused int64
+	// Unrecorded counts attempt ids not remembered at MaxAttempts.
+	Unrecorded int64
+	// CapSweeps counts sweeps of the whole store made at MaxKeys.
+	CapSweeps int64
+	// MaxKeys is the bound on Keys, 0 when there is none.
+	MaxKeys int64
+}
+
+// Stats returns the store's counts without taking its locks.
+func (m *Memory) Stats() MemoryStats {
+	return MemoryStats{
+		Keys: m.keys.Load(), Attempts: m.attempts.Load(), Refused: m.refused.Load(),
+		Unrecorded: m.unrecorded.Load(), CapSweeps: m.capSweeps.Load(), MaxKeys: max(m.maxKeys, 0),
+	}
 }
 
 // Sweep drops every full bucket and expired attempt record now.
@@ -313,6 +434,7 @@ func (s *memShard) sweep(now int64) {
 			next := e.next
 			if e.st.full(now) {
 				s.n--
+				s.m.keys.Add(-1)
 			} else {
 				e.next, keep = keep, e
 			}
@@ -327,6 +449,7 @@ func (s *memShard) sweep(now int64) {
 	for k, r := range s.attempts {
 		if r.expires <= now {
 			delete(s.attempts, k)
+			s.m.attempts.Add(-1)
 		}
 	}
 }

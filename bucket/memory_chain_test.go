@@ -6,6 +6,7 @@ import "testing"
 // removing one leaves the others, and the sweep drops only full ones.
 func TestMemoryHashChain(t *testing.T) {
 	var s memShard
+	s.m = &Memory{} // the store-wide counts
 	s.buckets = make(map[uint64]*memEntry)
 	const h = 42
 	l := PerSecond(10)

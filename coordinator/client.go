@@ -29,6 +29,9 @@ type ClientConfig struct {
 	// TLS, when set, secures the connection (with a client certificate
 	// for mutual TLS); nil dials without TLS.
 	TLS *tls.Config
+	// Credentials, when set, are sent with every stream: the region's
+	// token (auth.Bearer).
+	Credentials credentials.PerRPCCredentials
 	// ConnectTimeout bounds one attempt to open a stream on one address.
 	ConnectTimeout time.Duration
 }
@@ -136,8 +139,12 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	if c.cfg.TLS != nil {
 		creds = credentials.NewTLS(c.cfg.TLS)
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageSize), grpc.MaxCallSendMsgSize(MaxMessageSize)))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageSize), grpc.MaxCallSendMsgSize(MaxMessageSize))}
+	if c.cfg.Credentials != nil {
+		opts = append(opts, grpc.WithPerRPCCredentials(c.cfg.Credentials))
+	}
+	cc, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, err
 	}

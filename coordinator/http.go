@@ -15,6 +15,8 @@ import (
 
 // Status is a snapshot of a Server for the status page.
 type Status struct {
+	// Auth is how regions prove who they are (Server.AuthMode).
+	Auth     string
 	Leading  bool
 	Term     uint64
 	Leader   string
@@ -30,7 +32,9 @@ type Status struct {
 type RegionView struct {
 	lease.RegionStatus
 	Connected bool
-	LeaseLeft time.Duration
+	// Authenticated is set when the region's stream proved its region.
+	Authenticated bool
+	LeaseLeft     time.Duration
 }
 
 // Status reports the Server's state, with up to maxKeys hot keys.
@@ -38,13 +42,14 @@ func (s *Server) Status(maxKeys int) Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Clock.Now()
-	st := Status{Leading: s.alloc != nil, Term: s.term, Leader: s.leader, Now: now}
+	st := Status{Auth: s.AuthMode(), Leading: s.alloc != nil, Term: s.term, Leader: s.leader, Now: now}
 	if s.alloc == nil {
 		return st
 	}
 	st.Learning = s.alloc.Learning(now)
 	for _, r := range s.alloc.Regions() {
-		v := RegionView{RegionStatus: r, Connected: s.streams[r.Region] != nil}
+		c := s.streams[r.Region]
+		v := RegionView{RegionStatus: r, Connected: c != nil, Authenticated: c != nil && c.authed}
 		if r.LeaseEnd.After(now) {
 			v.LeaseLeft = r.LeaseEnd.Sub(now).Round(time.Millisecond)
 		}
@@ -118,12 +123,13 @@ th{background:#f3f3f3} td.l,th.l{text-align:left}
 .warn{color:#a40}
 </style></head><body>
 <h1>allot coordinator</h1>
+<p>Region authentication: {{if eq .Auth "insecure"}}<span class="warn">insecure — regions are accepted by name alone</span>{{else}}{{.Auth}}{{end}}.</p>
 {{if .Leading}}<p>Leader, term {{.Term}}{{if .Learning}} — <span class="warn">learning: no increases yet</span>{{end}}.</p>
 {{else}}<p>Following; leader: {{if .Leader}}{{.Leader}}{{else}}<span class="warn">unknown</span>{{end}}.</p>{{end}}
 {{if .Leading}}
 <h2>Regions</h2>
 <table><tr><th class="l">region</th><th>stream</th><th>lease left</th><th>version</th><th>acked</th><th>renewal</th></tr>
-{{range .Regions}}<tr><td class="l">{{.Region}}</td><td>{{if .Connected}}open{{else}}—{{end}}</td><td>{{.LeaseLeft}}</td>
+{{range .Regions}}<tr><td class="l">{{.Region}}</td><td>{{if .Connected}}open{{if not .Authenticated}} <span class="warn">(unauthenticated)</span>{{end}}{{else}}—{{end}}</td><td>{{.LeaseLeft}}</td>
 <td>{{.Version}}</td><td>{{.Acked}}</td><td>{{if .Blocked}}<span class="warn">withheld</span>{{else}}ok{{end}}</td></tr>{{end}}
 </table>
 <h2>Budgets</h2>

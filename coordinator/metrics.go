@@ -30,13 +30,24 @@ var (
 	descRounds     = prometheus.NewDesc("allot_coordinator_rounds_total", "Allocation rounds run.", nil, nil)
 	descLeaderTerm = prometheus.NewDesc("allot_coordinator_leaderships_total", "Times this coordinator became leader.", nil, nil)
 	descRoundTime  = prometheus.NewDesc("allot_coordinator_round_seconds", "How long the last allocation round (every hot key, every lease) took to compute.", nil, nil)
+	descAuth       = prometheus.NewDesc("allot_coordinator_auth_info", "1 for how regions prove who they are: mtls, token, mtls+token, or insecure (a name alone).", []string{"mode"}, nil)
+	descRefused    = prometheus.NewDesc("allot_coordinator_stream_refusals_total", "Streams or messages refused, by reason: unauthenticated, wrong-region, held (the region has a live stream), unknown-region, too-large.", []string{"reason"}, nil)
+	descTakeovers  = prometheus.NewDesc("allot_coordinator_stream_takeovers_total", "Streams that took their region's place from an older one, by cause: same-session (the same Holder reconnecting), silent (the older one had been silent for the takeover interval).", []string{"cause"}, nil)
+	descSanitized  = prometheus.NewDesc("allot_coordinator_sanitized_entries_total", "Entries of regions' messages cut to their bounds, by action: clipped (beyond the keys per message), dropped (unknown rule or key too long), clamped (value outside [0, the budget]).", []string{"action"}, nil)
+)
+
+// refusalReasons and takeoverCauses are every label value, so that each
+// series exists from the start.
+var (
+	refusalReasons = []string{"unauthenticated", "wrong-region", "held", "unknown-region", "too-large"}
+	takeoverCauses = []string{"same-session", "silent"}
 )
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLeader, descTerm, descLearning, descHotKeys, descAlloc, descHeadroom,
 		descConnected, descMessages, descGrants, descRenewals, descIncreases, descReclaims, descBlocked, descExpired,
-		descUrgent, descRounds, descLeaderTerm, descRoundTime} {
+		descUrgent, descRounds, descLeaderTerm, descRoundTime, descAuth, descRefused, descTakeovers, descSanitized} {
 		ch <- d
 	}
 }
@@ -84,6 +95,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descUrgent, n.urgent)
 	counter(descRounds, n.rounds)
 	counter(descLeaderTerm, n.leaderChanges)
+	gauge(descAuth, 1, s.AuthMode())
+	for _, r := range refusalReasons {
+		counter(descRefused, n.refused[r], r)
+	}
+	for _, c := range takeoverCauses {
+		counter(descTakeovers, n.takeovers[c], c)
+	}
+	for i, a := range []string{"clipped", "dropped", "clamped"} {
+		counter(descSanitized, n.sanitized[i], a)
+	}
 }
 
 func b2f(b bool) float64 {

@@ -45,6 +45,7 @@ func newTestServer(t *testing.T, clk clock.Clock, advertise string, opts ...func
 	cfg.Clock = clk
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.Advertise = advertise
+	cfg.Insecure = true // tests of the protocol; auth_test.go tests the proofs
 	for _, o := range opts {
 		o(&cfg)
 	}

@@ -22,7 +22,7 @@ import (
 func TestMutualTLS(t *testing.T) {
 	ca := testenv.NewCA(t)
 	clk := clock.NewManual(t0)
-	s := newTestServer(t, clk, "", func(cfg *Config) { cfg.RequireClientCert = true })
+	s := newTestServer(t, clk, "", func(cfg *Config) { cfg.RequireClientCert, cfg.Insecure = true, false })
 	if err := s.BecomeLeader(1); err != nil {
 		t.Fatal(err)
 	}

@@ -28,21 +28,40 @@ import (
 // AllowServiceName is the allow API's gRPC service name.
 const AllowServiceName = "allot.allot.v1.AllowService"
 
-// MaxDescriptorEntries bounds the descriptor of one Allow call.
+// MaxDescriptorEntries is the default bound on the descriptor of one Allow
+// call (limiter.DefaultBounds' MaxEntries).
 const MaxDescriptorEntries = 64
 
 // AllowServer serves the allow API on a Limiter.
 type AllowServer struct {
 	allotv1.UnimplementedAllowServiceServer
-	lim limiter.Limiter
+	lim    limiter.Limiter
+	bounds limiter.Bounds
+}
+
+// AllowOption configures an AllowServer.
+type AllowOption func(*AllowServer)
+
+// WithBounds bounds the requests an AllowServer accepts; a request over
+// them is INVALID_ARGUMENT naming the field. The default is
+// limiter.DefaultBounds.
+func WithBounds(b limiter.Bounds) AllowOption {
+	return func(s *AllowServer) { s.bounds = b.OrDefault() }
 }
 
 // NewAllowServer returns an AllowServer on lim.
-func NewAllowServer(lim limiter.Limiter) (*AllowServer, error) {
+func NewAllowServer(lim limiter.Limiter, opts ...AllowOption) (*AllowServer, error) {
 	if lim == nil {
 		return nil, errors.New("grpclimit: NewAllowServer with a nil Limiter")
 	}
-	return &AllowServer{lim: lim}, nil
+	s := &AllowServer{lim: lim, bounds: limiter.DefaultBounds()}
+	for _, o := range opts {
+		o(s)
+	}
+	if err := s.bounds.Validate(); err != nil {
+		return nil, fmt.Errorf("grpclimit: %w", err)
+	}
+	return s, nil
 }
 
 // RegisterAllow registers s on g and marks it serving in hs, when non-nil.
@@ -55,7 +74,7 @@ func RegisterAllow(g *grpc.Server, s *AllowServer, hs *health.Server) {
 
 // Allow implements allotv1.AllowServiceServer.
 func (s *AllowServer) Allow(ctx context.Context, in *allotv1.AllowRequest) (*allotv1.AllowResponse, error) {
-	req, err := RequestFromProto(in)
+	req, err := RequestFromProtoBounded(in, s.bounds)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -69,10 +88,19 @@ func (s *AllowServer) Allow(ctx context.Context, in *allotv1.AllowRequest) (*all
 	return DecisionToProto(d), nil
 }
 
-// RequestFromProto converts an AllowRequest, checking its fields.
+// RequestFromProto converts an AllowRequest, checking its fields against
+// limiter.DefaultBounds.
 func RequestFromProto(in *allotv1.AllowRequest) (limiter.Request, error) {
-	if n := len(in.GetDescriptor_()); n > MaxDescriptorEntries {
-		return limiter.Request{}, fmt.Errorf("grpclimit: descriptor has %d entries, more than the %d allowed", n, MaxDescriptorEntries)
+	return RequestFromProtoBounded(in, limiter.DefaultBounds())
+}
+
+// RequestFromProtoBounded converts an AllowRequest, checking its fields
+// against b. A field over its bound is an error wrapping
+// limiter.ErrTooLarge that names the field.
+func RequestFromProtoBounded(in *allotv1.AllowRequest, b limiter.Bounds) (limiter.Request, error) {
+	b = b.OrDefault()
+	if n := len(in.GetDescriptor_()); n > b.MaxEntries {
+		return limiter.Request{}, fmt.Errorf("grpclimit: %w", &limiter.BoundError{Field: "descriptor", Size: n, Max: b.MaxEntries})
 	}
 	if in.GetCost() < 0 {
 		return limiter.Request{}, fmt.Errorf("grpclimit: cost=%d must be ≥ 0", in.GetCost())
@@ -86,6 +114,9 @@ func RequestFromProto(in *allotv1.AllowRequest) (limiter.Request, error) {
 			return limiter.Request{}, fmt.Errorf("grpclimit: descriptor entry %d has an empty key", i)
 		}
 		req.Descriptor = append(req.Descriptor, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
+	}
+	if err := b.Check(req); err != nil {
+		return limiter.Request{}, fmt.Errorf("grpclimit: %w", err)
 	}
 	return req, nil
 }

@@ -117,6 +117,10 @@ func TestAllowServerAndRemote(t *testing.T) {
 	}{
 		{&allotv1.AllowRequest{Subject: "a", Cost: -2}, "cost=-2"},
 		{&allotv1.AllowRequest{Subject: "a", Descriptor_: []*allotv1.Entry{{Key: "path", Value: "/"}, {Value: "v"}}}, "descriptor entry 1 has an empty key"},
+		{&allotv1.AllowRequest{Subject: strings.Repeat("s", 1<<20)}, "subject has 1048576 bytes, more than the 256 allowed"},
+		{&allotv1.AllowRequest{Subject: "a", Descriptor_: []*allotv1.Entry{{Key: "tenant", Value: strings.Repeat("v", 513)}}}, `descriptor[0].value (key "tenant") has 513 bytes, more than the 512 allowed`},
+		{&allotv1.AllowRequest{Subject: "a", Descriptor_: make([]*allotv1.Entry, 65)}, "descriptor has 65 entries, more than the 64 allowed"},
+		{&allotv1.AllowRequest{Subject: "a", AttemptId: strings.Repeat("i", 770)}, "attempt_id has 770 bytes, more than the 769 allowed"},
 	} {
 		if _, err := client.Allow(ctx, c.req); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Allow(%v) = %v, want InvalidArgument with %q", c.req, err, c.want)
@@ -127,6 +131,29 @@ func TestAllowServerAndRemote(t *testing.T) {
 	d, err = remote.Allow(ctx, req)
 	if err != nil || d.Allowed || d.Reason != limiter.ReasonUnavailable {
 		t.Fatalf("server gone: %+v %v", d, err)
+	}
+}
+
+// TestAllowServerBounds: bounds given to the server apply to its requests;
+// a request within them is decided.
+func TestAllowServerBounds(t *testing.T) {
+	lim, _ := newLimiter(t)
+	g := grpc.NewServer()
+	srv, err := grpclimit.NewAllowServer(lim, grpclimit.WithBounds(limiter.Bounds{MaxSubject: 4, MaxValue: 8, MaxEntries: 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	grpclimit.RegisterAllow(g, srv, nil)
+	client := allotv1.NewAllowServiceClient(serve(t, g))
+	ctx := context.Background()
+	if _, err := client.Allow(ctx, &allotv1.AllowRequest{Subject: "abcde"}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "subject has 5 bytes, more than the 4 allowed") {
+		t.Errorf("a 5-byte subject: %v", err)
+	}
+	if r, err := client.Allow(ctx, &allotv1.AllowRequest{Subject: "abcd", Plan: "free"}); err != nil || !r.Allowed {
+		t.Errorf("a 4-byte subject: %v, %v", r, err)
+	}
+	if _, err := grpclimit.NewAllowServer(lim, grpclimit.WithBounds(limiter.Bounds{MaxSubject: -1, MaxValue: 1, MaxEntries: 1})); err == nil {
+		t.Error("a negative bound was accepted")
 	}
 }
 

@@ -22,6 +22,11 @@
 //
 // Shadow rules never reject and add no headers, so a new quota can be
 // rolled out unseen by clients.
+//
+// A request whose fields exceed the limiter's Bounds is refused before the
+// limiter is asked, with a JSON error naming the field: 431 when the field
+// came from a request header (the identity, the plan, a header-derived
+// descriptor value, the attempt header), 414 for a path, 400 otherwise.
 package httplimit
 
 import (
@@ -164,6 +169,9 @@ type Config struct {
 	Challenge string
 	// Logger records failures to decide; nil means slog.Default().
 	Logger *slog.Logger
+	// Bounds limits the fields of a request; zero means
+	// limiter.DefaultBounds.
+	Bounds limiter.Bounds
 }
 
 // DefaultConfig returns the defaults; Limiter must still be set.
@@ -172,6 +180,7 @@ func DefaultConfig() Config {
 		NoIdentityStatus: http.StatusUnauthorized, // the conventional answer to "who are you?"
 		Challenge:        `Bearer realm="api"`,    // a 401 must carry a challenge (RFC 9110 §15.5.2)
 		Logger:           slog.Default(),
+		Bounds:           limiter.DefaultBounds(),
 	}
 }
 
@@ -188,7 +197,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("httplimit: Config.Headers has an empty key or header (%q: %q)", k, h)
 		}
 	}
-	return nil
+	return c.Bounds.OrDefault().Validate()
 }
 
 // Middleware returns the middleware for cfg; zero optional fields take
@@ -204,6 +213,7 @@ func Middleware(cfg Config) (func(http.Handler) http.Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = def.Logger
 	}
+	cfg.Bounds = cfg.Bounds.OrDefault()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -267,6 +277,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			req.AttemptID = id.Subject + "\x00" + a
 		}
 	}
+	if err := m.cfg.Bounds.Check(req); err != nil {
+		m.tooLarge(w, err)
+		return
+	}
 	d, err := m.cfg.Limiter.Allow(r.Context(), req)
 	if err != nil {
 		if r.Context().Err() != nil {
@@ -301,6 +315,25 @@ func (m *middleware) descriptor(r *http.Request, id Identity) rules.Descriptor {
 		}
 	}
 	return d
+}
+
+// tooLarge answers a request with a field over its bound: 431 for a field
+// read from a header, 414 for the path, 400 for anything else.
+func (m *middleware) tooLarge(w http.ResponseWriter, err error) {
+	status, msg := http.StatusBadRequest, strings.TrimPrefix(err.Error(), "limiter: ")
+	var be *limiter.BoundError
+	if errors.As(err, &be) {
+		switch {
+		case be.Field == "subject" || be.Field == "plan" || be.Field == "attempt_id":
+			status = http.StatusRequestHeaderFieldsTooLarge
+		case m.cfg.Descriptor == nil && be.Key == rules.KeyPath:
+			status = http.StatusRequestURITooLong
+		case m.cfg.Descriptor == nil && m.cfg.Headers[be.Key] != "":
+			status = http.StatusRequestHeaderFieldsTooLarge
+			msg += fmt.Sprintf(" (header %s)", m.cfg.Headers[be.Key])
+		}
+	}
+	writeJSON(w, status, body{Error: "httplimit: " + msg})
 }
 
 // body is the JSON of every denial.

@@ -63,6 +63,9 @@ type Config struct {
 	// (the hook still sees every event); the record says how many were
 	// folded into it.
 	LogEvery time.Duration
+	// Bounds limits the size of a request's fields; a request over them is
+	// an error wrapping ErrTooLarge. The zero value means DefaultBounds.
+	Bounds Bounds
 }
 
 // DefaultConfig returns a Config with every optional field set; Rules and
@@ -73,6 +76,7 @@ func DefaultConfig() Config {
 		EmergencyLimit: RuleEmergencyLimit,
 		Logger:         slog.Default(),
 		LogEvery:       time.Second, // an outage at 10k req/s must not write 10k lines a second
+		Bounds:         DefaultBounds(),
 	}
 }
 
@@ -88,7 +92,7 @@ func (c Config) Validate() error {
 	case c.LogEvery < 0:
 		return fmt.Errorf("limiter: Config.LogEvery=%s must be ≥ 0", c.LogEvery)
 	}
-	return nil
+	return c.Bounds.OrDefault().Validate()
 }
 
 // StoreLimiter is the Limiter on a bucket.Store. It is safe for concurrent
@@ -141,6 +145,7 @@ func New(cfg Config) (*StoreLimiter, error) {
 	if cfg.LogEvery == 0 {
 		cfg.LogEvery = def.LogEvery
 	}
+	cfg.Bounds = cfg.Bounds.OrDefault()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -189,6 +194,9 @@ func (l *StoreLimiter) Allow(ctx context.Context, req Request) (Decision, error)
 func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error) {
 	if req.Cost < 0 {
 		return Decision{}, fmt.Errorf("%w: cost=%d must be ≥ 0", ErrInvalidRequest, req.Cost)
+	}
+	if err := l.cfg.Bounds.Check(req); err != nil {
+		return Decision{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("limiter: %w", err)

@@ -23,16 +23,26 @@
 // earlier admission, as in Envoy's own reference service. A descriptor
 // limit override (descriptor.limit) is ignored: the rules decide limits.
 // Negative hits (is_negative_hits) charge nothing and report OK.
+//
+// A request for a domain the rules do not serve (another one, or none) is
+// logged once per domain and counted in allot_rls_unmatched_domain_total
+// with a bounded label set; Config.UnknownDomain says whether it is admitted
+// without limits (the default) or denied. Requests over the limiter's Bounds
+// or with more than MaxDescriptors descriptors are INVALID_ARGUMENT naming
+// the descriptor, the entry and the field.
 package rls
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -46,7 +56,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/httplimit"
 	"github.com/allot-dev/allot/limiter"
 	"github.com/allot-dev/allot/rules"
@@ -55,26 +68,67 @@ import (
 // ServiceName is the gRPC service name, as health checks know it.
 const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
-// MaxDescriptors bounds the descriptors of one request.
+// MaxDescriptors is the default bound on the descriptors of one request.
 const MaxDescriptors = 64
+
+// DomainAction says what happens to a request for a domain the rules do not
+// serve.
+type DomainAction string
+
+// Domain actions.
+const (
+	// AllowUnknownDomain answers OK without limits: no rule covers the
+	// request.
+	AllowUnknownDomain DomainAction = "allow"
+	// DenyUnknownDomain answers OVER_LIMIT for every descriptor, so a
+	// mistyped domain in Envoy's configuration cannot switch limiting off.
+	DenyUnknownDomain DomainAction = "deny"
+)
+
+// ParseDomainAction reads "allow" or "deny".
+func ParseDomainAction(s string) (DomainAction, error) {
+	switch a := DomainAction(s); a {
+	case AllowUnknownDomain, DenyUnknownDomain:
+		return a, nil
+	}
+	return "", fmt.Errorf("rls: unknown-domain action %q: want allow or deny", s)
+}
 
 // Config configures a Server.
 type Config struct {
 	// Limiter decides. Required.
 	Limiter limiter.Limiter
 	// Rules, when set, restricts the server to the rules' domain: a request
-	// for another domain is answered OK without limits, as no rule covers it.
+	// for another domain (or none) is unmatched, and UnknownDomain decides
+	// it. Rules without a domain serve every domain.
 	Rules rules.Source
+	// UnknownDomain is what an unmatched domain gets; empty means
+	// AllowUnknownDomain.
+	UnknownDomain DomainAction
 	// SubjectKey is the descriptor key whose value is the request's
 	// identity.
 	SubjectKey string
-	// Logger records requests that cannot be decided; nil means slog.Default().
+	// Bounds limits each descriptor as the limiter does; zero means
+	// limiter.DefaultBounds.
+	Bounds limiter.Bounds
+	// MaxDescriptors bounds the descriptors of one request; 0 means
+	// MaxDescriptors.
+	MaxDescriptors int
+	// Logger records requests that cannot be decided and unmatched
+	// domains; nil means slog.Default().
 	Logger *slog.Logger
+	// Clock times the logging of unmatched domains; nil means clock.Real{}.
+	Clock clock.Clock
 }
 
 // DefaultConfig returns the defaults; Limiter must still be set.
 func DefaultConfig() Config {
-	return Config{SubjectKey: rules.KeySubject, Logger: slog.Default()}
+	return Config{
+		SubjectKey: rules.KeySubject, Logger: slog.Default(), Clock: clock.Real{},
+		UnknownDomain:  AllowUnknownDomain, // as before: an unmatched domain is logged and counted, not refused
+		Bounds:         limiter.DefaultBounds(),
+		MaxDescriptors: MaxDescriptors,
+	}
 }
 
 // Validate reports a missing field.
@@ -85,13 +139,23 @@ func (c Config) Validate() error {
 	if c.SubjectKey == "" {
 		return errors.New("rls: Config.SubjectKey is empty")
 	}
-	return nil
+	if _, err := ParseDomainAction(string(c.UnknownDomain)); err != nil {
+		return err
+	}
+	if c.MaxDescriptors <= 0 {
+		return fmt.Errorf("rls: Config.MaxDescriptors=%d must be > 0", c.MaxDescriptors)
+	}
+	return c.Bounds.Validate()
 }
 
 // Server implements rlsv3.RateLimitServiceServer.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	cfg Config
+	cfg     Config
+	domains domainLog
+	// unmatched counts requests for unmatched domains by kind (0 empty, 1
+	// unknown) and action (0 allowed, 1 denied).
+	unmatched [2][2]atomic.Int64
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
@@ -105,10 +169,20 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = def.Logger
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = def.Clock
+	}
+	if cfg.UnknownDomain == "" {
+		cfg.UnknownDomain = def.UnknownDomain
+	}
+	if cfg.MaxDescriptors == 0 {
+		cfg.MaxDescriptors = def.MaxDescriptors
+	}
+	cfg.Bounds = cfg.Bounds.OrDefault()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg}, nil
+	return &Server{cfg: cfg, domains: domainLog{seen: map[string]bool{}}}, nil
 }
 
 // Register registers s on g and marks it serving in hs, when hs is non-nil.
@@ -121,13 +195,16 @@ func Register(g grpc.ServiceRegistrar, s *Server, hs *health.Server) {
 
 // ShouldRateLimit implements the Envoy rate limit service.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	if n := len(req.GetDescriptors()); n > MaxDescriptors {
-		return nil, status.Errorf(codes.InvalidArgument, "rls: %d descriptors, more than the %d allowed", n, MaxDescriptors)
+	if n := len(req.GetDescriptors()); n > s.cfg.MaxDescriptors {
+		return nil, status.Errorf(codes.InvalidArgument, "rls: descriptors has %d entries, more than the %d allowed", n, s.cfg.MaxDescriptors)
 	}
 	otherDomain := false
 	if s.cfg.Rules != nil {
 		if d := s.cfg.Rules.Current().Domain(); d != "" && d != req.GetDomain() {
 			otherDomain = true
+			if s.unmatchedDomain(d, req.GetDomain()) {
+				return denyAll(req), nil
+			}
 		}
 	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
@@ -206,6 +283,9 @@ func (s *Server) request(i int, req *rlsv3.RateLimitRequest, desc *rlcommon.Rate
 		lr.Descriptor = append(lr.Descriptor, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
 	}
 	lr.Subject, _ = lr.Descriptor.Get(s.cfg.SubjectKey)
+	if err := s.cfg.Bounds.Check(lr); err != nil {
+		return lr, status.Errorf(codes.InvalidArgument, "rls: descriptor %d: %s", i, strings.TrimPrefix(err.Error(), "limiter: "))
+	}
 	var hits uint64
 	switch {
 	case desc.GetHitsAddend() != nil:
@@ -315,4 +395,93 @@ func moreRestrictive(a, b *limiter.Decision) bool {
 		return !a.Allowed
 	}
 	return a.Remaining < b.Remaining
+}
+
+// unmatchedDomain logs and counts a request for domain got when the rules
+// serve want, and reports whether to deny it.
+func (s *Server) unmatchedDomain(want, got string) (deny bool) {
+	kind := 1
+	if got == "" {
+		kind = 0
+	}
+	deny = s.cfg.UnknownDomain == DenyUnknownDomain
+	action := 0
+	if deny {
+		action = 1
+	}
+	s.unmatched[kind][action].Add(1)
+	s.domains.log(s.cfg.Logger, s.cfg.Clock.Now(), want, got, s.cfg.UnknownDomain)
+	return deny
+}
+
+// denyAll answers every descriptor of req OVER_LIMIT, with a body saying
+// why and no quota headers (no quota applied).
+func denyAll(req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,
+		RawBody:              []byte(`{"error":"rate limit domain is not served","retry_after":0}`),
+		ResponseHeadersToAdd: []*corev3.HeaderValue{{Key: "Content-Type", Value: "application/json"}}}
+	for range req.GetDescriptors() {
+		resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OVER_LIMIT})
+	}
+	return resp
+}
+
+// maxLoggedDomains bounds the distinct unmatched domains logged one by one;
+// beyond it a summary is logged at most once per domainSummaryEvery, so
+// requests naming ever new domains cannot flood the log or grow memory.
+const (
+	maxLoggedDomains    = 64
+	domainSummaryEvery  = time.Minute
+	maxLoggedDomainSize = 64 // bytes of a domain kept and logged
+)
+
+// domainLog logs each unmatched domain once. It is safe for concurrent use.
+type domainLog struct {
+	mu      sync.Mutex
+	seen    map[string]bool
+	more    int // unmatched requests for domains beyond maxLoggedDomains since the last summary
+	summary time.Time
+}
+
+func (l *domainLog) log(logger *slog.Logger, now time.Time, want, got string, action DomainAction) {
+	if len(got) > maxLoggedDomainSize {
+		got = got[:maxLoggedDomainSize]
+	}
+	l.mu.Lock()
+	switch {
+	case l.seen[got]:
+		l.mu.Unlock()
+		return
+	case len(l.seen) < maxLoggedDomains:
+		l.seen[got] = true
+		l.mu.Unlock()
+		logger.Warn("rls: request for a domain the rules do not serve", "domain", got, "served", want, "action", string(action))
+		return
+	}
+	l.more++
+	if !l.summary.IsZero() && now.Sub(l.summary) < domainSummaryEvery && now.Sub(l.summary) >= 0 {
+		l.mu.Unlock()
+		return
+	}
+	more := l.more
+	l.more, l.summary = 0, now
+	l.mu.Unlock()
+	logger.Warn("rls: requests for more domains the rules do not serve", "requests", more, "served", want,
+		"action", string(action), "domains_logged", maxLoggedDomains)
+}
+
+var descUnmatched = prometheus.NewDesc("allot_rls_unmatched_domain_total",
+	"RLS requests for a domain the rules do not serve, by kind (empty, unknown) and action (allowed, denied).",
+	[]string{"kind", "action"}, nil)
+
+// Describe implements prometheus.Collector: a Server exports its counts.
+func (s *Server) Describe(ch chan<- *prometheus.Desc) { ch <- descUnmatched }
+
+// Collect implements prometheus.Collector.
+func (s *Server) Collect(ch chan<- prometheus.Metric) {
+	for k, kind := range []string{"empty", "unknown"} {
+		for a, action := range []string{"allowed", "denied"} {
+			ch <- prometheus.MustNewConstMetric(descUnmatched, prometheus.CounterValue, float64(s.unmatched[k][a].Load()), kind, action)
+		}
+	}
 }

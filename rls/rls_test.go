@@ -255,7 +255,7 @@ func TestInvalidRequests(t *testing.T) {
 		{&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{desc("", "v")}}, "descriptor 0 entry 0 has an empty key"},
 		{&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{desc("tenant", "a"), hits(desc("tenant", "b"), 1<<60)}},
 			"descriptor 1 (tenant=b): hits_addend=1152921504606846976"},
-		{&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: make([]*rlcommon.RateLimitDescriptor, 65)}, "65 descriptors"},
+		{&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: make([]*rlcommon.RateLimitDescriptor, 65)}, "descriptors has 65 entries, more than the 64 allowed"},
 	} {
 		_, err := e.client.ShouldRateLimit(ctx, c.req)
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), c.want) {

@@ -81,14 +81,15 @@ func (e *ValidationError) Unwrap() error { return ErrInvalid }
 
 // Load reads and parses the rules file at path.
 func Load(path string) (*Set, error) {
+	// The *fs.PathError of Open and Read names the operation and the path.
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("rules: open %s: %w", path, err)
+		return nil, fmt.Errorf("rules: %w", err)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
 	if err != nil {
-		return nil, fmt.Errorf("rules: read %s: %w", path, err)
+		return nil, fmt.Errorf("rules: %w", err)
 	}
 	return Parse(data, path)
 }

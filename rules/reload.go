@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/allot-dev/allot/clock"
 )
 
 // Reloader keeps the current Set and replaces it only with a valid one: a
@@ -21,6 +23,56 @@ type Reloader struct {
 	mu     sync.Mutex // serializes Apply
 	logger *slog.Logger
 	notify func(Update)
+	fails  failureLog
+}
+
+// DefaultRepeatEvery is how often a rejected update that keeps failing the
+// same way is logged again: a broken file polled every second must not
+// write an ERROR every second.
+const DefaultRepeatEvery = time.Minute
+
+// failureLog logs a rejected update at once when its error is new, and the
+// same error again at most once per every, with the number of repeats folded
+// into the record. It is safe for concurrent use.
+type failureLog struct {
+	mu     sync.Mutex
+	clock  clock.Clock
+	every  time.Duration
+	last   string // the error last logged, "" after a success
+	at     time.Time
+	folded int
+}
+
+// log records one failure; it logs when err differs from the last one or
+// every has passed since that was logged.
+func (f *failureLog) log(l *slog.Logger, msg string, err error, attrs ...any) {
+	f.mu.Lock()
+	clk, every := f.clock, f.every
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	if every <= 0 {
+		every = DefaultRepeatEvery
+	}
+	now, text := clk.Now(), err.Error()
+	if text == f.last && now.Sub(f.at) < every && now.Sub(f.at) >= 0 {
+		f.folded++
+		f.mu.Unlock()
+		return
+	}
+	if text == f.last {
+		attrs = append(attrs, "repeated", f.folded+1, "since", f.at)
+	}
+	f.last, f.at, f.folded = text, now, 0
+	f.mu.Unlock()
+	l.Error(msg, append(attrs, "err", err)...)
+}
+
+// reset forgets the last failure, so the next one is logged at once.
+func (f *failureLog) reset() {
+	f.mu.Lock()
+	f.last, f.folded = "", 0
+	f.mu.Unlock()
 }
 
 // Update reports one attempt to change the rules.
@@ -66,8 +118,8 @@ func (h *Reloader) Apply(data []byte, name string) Update {
 	s, err := Parse(data, name)
 	if err != nil {
 		u.Err = err
-		h.logger.Error("rules rejected; keeping the last good rules",
-			"source", name, "version", old.Version(), "err", err)
+		h.fails.log(h.logger, "rules rejected; keeping the last good rules", err,
+			"source", name, "version", old.Version())
 		return h.done(u)
 	}
 	h.cur.Store(s)
@@ -78,6 +130,9 @@ func (h *Reloader) Apply(data []byte, name string) Update {
 }
 
 func (h *Reloader) done(u Update) Update {
+	if u.Err == nil {
+		h.fails.reset()
+	}
 	if h.notify != nil {
 		h.notify(u)
 	}
@@ -104,13 +159,20 @@ type WatchConfig struct {
 	Logger *slog.Logger
 	// Notify is called after every reload attempt.
 	Notify func(Update)
+	// RepeatEvery is how often a reload that keeps failing the same way is
+	// logged again; a new failure is logged at once. Zero means
+	// DefaultRepeatEvery.
+	RepeatEvery time.Duration
+	// Clock times RepeatEvery; nil means clock.Real{}.
+	Clock clock.Clock
 }
 
 // DefaultWatchConfig polls every second and reloads on SIGHUP.
 func DefaultWatchConfig() WatchConfig {
 	return WatchConfig{
-		Interval: time.Second, // short enough for an operator at a terminal, cheap for a small file
-		SIGHUP:   true,        // the conventional "reload now"
+		Interval:    time.Second, // short enough for an operator at a terminal, cheap for a small file
+		SIGHUP:      true,        // the conventional "reload now"
+		RepeatEvery: DefaultRepeatEvery,
 	}
 }
 
@@ -118,6 +180,9 @@ func DefaultWatchConfig() WatchConfig {
 func (c WatchConfig) Validate() error {
 	if c.Interval <= 0 {
 		return fmt.Errorf("rules: watch interval=%s must be > 0", c.Interval)
+	}
+	if c.RepeatEvery < 0 {
+		return fmt.Errorf("rules: watch repeat_every=%s must be ≥ 0", c.RepeatEvery)
 	}
 	return nil
 }
@@ -132,7 +197,9 @@ func WatchFile(path string, cfg WatchConfig) (*FileWatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &FileWatcher{Reloader: NewReloader(s, cfg.Logger, cfg.Notify), path: path, cfg: cfg}, nil
+	h := NewReloader(s, cfg.Logger, cfg.Notify)
+	h.fails.clock, h.fails.every = cfg.Clock, cfg.RepeatEvery
+	return &FileWatcher{Reloader: h, path: path, cfg: cfg}, nil
 }
 
 // Current returns the rules in force.
@@ -147,8 +214,8 @@ func (w *FileWatcher) Reload() Update {
 	}
 	if err != nil {
 		cur := w.Reloader.Current()
-		w.Reloader.logger.Error("rules reload failed; keeping the last good rules",
-			"source", w.path, "version", cur.Version(), "err", err)
+		w.Reloader.fails.log(w.Reloader.logger, "rules reload failed; keeping the last good rules", err,
+			"source", w.path, "version", cur.Version())
 		return w.Reloader.done(Update{Old: cur, New: cur, Err: fmt.Errorf("rules: reload %s: %w", w.path, err)})
 	}
 	return w.Reloader.Apply(data, w.path)

@@ -346,7 +346,7 @@ func TestVersionDefaultsToDigest(t *testing.T) {
 	}
 }
 
-func TestHolderKeepsLastGoodRules(t *testing.T) {
+func TestReloaderKeepsLastGoodRules(t *testing.T) {
 	good := []byte("version: v1\nrules:\n  - name: a\n    limit: \"1/s\"\n")
 	s, err := Parse(good, "mem")
 	if err != nil {

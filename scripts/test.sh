@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the project's test command (`make test`).
 #
-# On a fresh machine it installs what the tests need (redis-server, etcd),
-# starts a throwaway redis-server and etcd on free loopback ports with no
-# persistence, runs `go test -race ./...` against them, and stops them on
+# On a fresh machine it installs what the tests need (redis-server,
+# redis-sentinel, etcd; for the deploy tests Prometheus, systemd-analyze
+# and openssl), starts a throwaway redis-server and etcd on free loopback
+# ports with no persistence, runs `go test -race ./...` against them, then
+# the deploy module's tests (deploy/, a module of its own: the image, the
+# manifests, the units, the dashboard and alerts), and stops the servers on
 # exit, also on failure. With BENCH_ONLY=1 it runs the benchmarks instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,11 +15,16 @@ need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq "${need[@]}" >/dev/null
+  # --no-install-recommends: prometheus's recommended exporters are not needed.
+  apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need[@]}" | sort -u) >/dev/null
 fi
 
 work=$(mktemp -d /tmp/allot-test.XXXXXX)
@@ -64,4 +72,7 @@ if [ "${BENCH_ONLY:-}" = 1 ]; then
   go test -run '^$' -bench "${BENCH:-.}" -benchmem ${BENCHFLAGS:-} ./...
 else
   go test -race -timeout 20m ${TESTFLAGS:-} ${TEST_PKGS:-./...}
+  if [ -z "${TEST_PKGS:-}" ]; then
+    (cd deploy && go test -timeout 15m ${TESTFLAGS:-} ./...)
+  fi
 fi

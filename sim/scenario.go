@@ -46,6 +46,11 @@ type Scenario struct {
 	Rules   []RuleSpec    `yaml:"rules"`
 	Traffic []TrafficSpec `yaml:"traffic"`
 	Faults  []FaultSpec   `yaml:"faults"`
+
+	// Chaos is the block the chaos harness (package chaos) reads, so that
+	// one file drives both the simulator and the harness's real processes.
+	// The simulator ignores it; the harness parses and validates it.
+	Chaos yaml.Node `yaml:"chaos"`
 }
 
 // RegionSpec is one region: its agents and the clocks of its nodes.

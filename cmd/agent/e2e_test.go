@@ -201,7 +201,7 @@ func TestEndToEndRealProcesses(t *testing.T) {
 	}
 	coordAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	coord := startProc(t, dir, "coordinator", coordBin, "serve", "-budgets", docPath, "-listen", coordAddr,
-		"-http", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)))
+		"-http", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), "-insecure")
 	coordStart := time.Now()
 
 	agents := map[string][]*e2eAgent{}
@@ -217,7 +217,8 @@ func TestEndToEndRealProcesses(t *testing.T) {
 				"-coordinators", coordAddr, "-regions", strings.Join(regions, ","), "-reserve", "0.333",
 				"-gossip-bind", a.gossip, "-grpc-listen", grpcAddr, "-http-listen", a.httpAddr,
 				"-lease-refresh", "500ms", "-lease-drift", "100ms", "-redis-timeout", "200ms",
-				"-breaker-failures", "3", "-breaker-backoff", "300ms", "-failover-empty", "*", "-log-level", "warn"}
+				"-breaker-failures", "3", "-breaker-backoff", "300ms", "-failover-empty", "*", "-log-level", "warn",
+				"-insecure"} // the coordinator above runs -insecure; auth is tested in boundary_test.go
 			if i > 0 {
 				args = append(args, "-gossip-join", agents[r][0].gossip)
 			}

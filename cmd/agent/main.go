@@ -50,10 +50,12 @@ import (
 
 	"github.com/allot-dev/allot/agent"
 	allotv1 "github.com/allot-dev/allot/api/allot/v1"
+	"github.com/allot-dev/allot/auth"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/grpclimit"
+	"github.com/allot-dev/allot/httpserver"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/limiter"
 	"github.com/allot-dev/allot/region"
@@ -88,6 +90,7 @@ type options struct {
 	breakerFailures                    int
 	breakerBackoff, batchWindow        time.Duration
 	batchFraction                      float64
+	b                                  boundary // boundary.go
 }
 
 func parse(args []string, getenv func(string) string, stderr io.Writer) (options, error) {
@@ -128,6 +131,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.DurationVar(&o.breakerBackoff, "breaker-backoff", cc.BreakerBackoff, "how long the breaker stays open before a probe")
 	fs.DurationVar(&o.batchWindow, "batch-window", cc.BatchWindow, "local demand one token batch covers")
 	fs.Float64Var(&o.batchFraction, "batch-max-fraction", cc.BatchMaxFraction, "largest batch, as a fraction of the region's burst")
+	o.b.register(fs)
 
 	// The environment fills in every flag not given on the command line.
 	set := map[string]bool{}
@@ -160,14 +164,14 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 		return o, errors.New("-rules (ALLOT_RULES) is required")
 	case (o.tlsCert == "") != (o.tlsKey == ""):
 		return o, fmt.Errorf("-tls-cert=%q and -tls-key=%q must be given together", o.tlsCert, o.tlsKey)
-	case o.coordTLS && o.tlsCert == "":
-		return o, errors.New("-coordinator-tls needs -tls-cert and -tls-key")
+	case o.coordTLS && o.tlsCert == "" && o.b.coordTokenFile == "":
+		return o, errors.New("-coordinator-tls needs -tls-cert and -tls-key, or -coordinator-token-file")
 	case o.coordinators != "" && o.regions == "":
 		// Floors must be the coordinator's: a region that thought itself
 		// alone would take the whole budget as its floor.
 		return o, fmt.Errorf("-coordinators=%q needs -regions (every region sharing the budgets, as the coordinator has them)", o.coordinators)
 	}
-	return o, nil
+	return o, o.b.validate(o)
 }
 
 func split(s string) []string {
@@ -219,8 +223,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	// Rules, reloaded on change and SIGHUP.
 	var ag *agent.Agent
+	var rulesMetrics *limiter.RulesMetrics
 	watcher, err := rules.WatchFile(o.rulesPath, rules.WatchConfig{Interval: time.Second, SIGHUP: true, Logger: logger,
 		Notify: func(u rules.Update) {
+			if rulesMetrics != nil {
+				rulesMetrics.Reload(u)
+			}
 			if u.Changed && ag != nil {
 				if err := ag.SetRules(u.New, emptyOn); err != nil {
 					logger.Error("agent: rules change not applied to the lease", "err", err)
@@ -243,6 +251,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		}
 	}
 	// The regional store.
+	var collectMemory map[string]*bucket.Memory
 	if addrs := split(o.redisAddrs); len(addrs) > 0 {
 		var c redis.UniversalClient
 		if o.redisTLS {
@@ -267,8 +276,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		deps.Shared = agent.NewRedisShared(c, o.redisPrefix, o.region, max(o.redisTimeout, time.Second), time.Hour)
 		logger.Info("agent: regional store is Redis", "addrs", addrs, "sentinel_master", o.redisMaster)
 	} else {
-		deps.Store = bucket.NewMemory(bucket.MemoryOptions{})
-		logger.Info("agent: no Redis configured; deciding in process (one agent per region)")
+		mem := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: o.b.memoryMaxKeys})
+		deps.Store = mem
+		collectMemory = map[string]*bucket.Memory{"buckets": mem}
+		logger.Info("agent: no Redis configured; deciding in process (one agent per region)", "max_keys", o.b.memoryMaxKeys)
 	}
 	// Membership.
 	if o.gossipBind != "" {
@@ -290,47 +301,64 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		logger.Info("agent: gossiping", "addr", g.Addr(), "join", gc.Join)
 	}
 	// The coordinator.
+	coordAuth := "none"
 	if addrs := split(o.coordinators); len(addrs) > 0 {
 		cc := coordinator.ClientConfig{Addrs: addrs, Region: o.region}
-		if o.coordTLS {
-			cc.TLS = clientTLS
+		if coordAuth, err = o.b.coordinatorAuth(o, &cc, clientTLS); err != nil {
+			return err
 		}
+		warnInsecure(logger, coordAuth, addrs)
 		client, err := coordinator.NewClient(cc)
 		if err != nil {
 			return err
 		}
 		defer client.Close()
 		deps.Transport = client
-		logger.Info("agent: leasing from the coordinators", "addrs", addrs, "regions", spec.Regions)
+		logger.Info("agent: leasing from the coordinators", "addrs", addrs, "regions", spec.Regions, "auth", coordAuth)
 	} else {
 		logger.Info("agent: no coordinator configured; running on floors alone")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	deps.Metrics = agent.NewMetrics(reg)
+	if rulesMetrics, err = limiter.NewRulesMetrics(reg); err != nil {
+		return err
+	}
+	rulesMetrics.SetRules(set)
+	authInfo(reg, coordAuth)
+	if collectMemory != nil {
+		reg.MustRegister(limiter.NewMemoryCollector(collectMemory))
+	}
+	callers, err := o.b.callers()
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(callers)
 
 	ag, err = agent.New(cfg, deps)
 	if err != nil {
 		return err
 	}
-	lim, err := limiter.New(limiter.Config{Rules: watcher, Store: ag.Store(), Logger: logger})
+	lim, err := limiter.New(limiter.Config{Rules: watcher, Store: ag.Store(), Logger: logger, Bounds: o.b.bounds})
 	if err != nil {
 		return err
 	}
 
 	// Servers.
 	hs := health.NewServer()
-	var gopts []grpc.ServerOption
+	gopts := grpcGuard(callers)
 	if serverTLS != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(serverTLS)))
 	}
 	gs := grpc.NewServer(gopts...)
-	rs, err := rls.New(rls.Config{Limiter: lim, Rules: watcher, Logger: logger})
+	rs, err := rls.New(rls.Config{Limiter: lim, Rules: watcher, Logger: logger, Bounds: o.b.bounds,
+		UnknownDomain: rls.DomainAction(o.b.rlsUnknownDomain), MaxDescriptors: o.b.rlsMaxDescriptors})
 	if err != nil {
 		return err
 	}
+	reg.MustRegister(rs)
 	rls.Register(gs, rs, hs)
-	as, err := grpclimit.NewAllowServer(lim)
+	as, err := grpclimit.NewAllowServer(lim, grpclimit.WithBounds(o.b.bounds))
 	if err != nil {
 		return err
 	}
@@ -344,7 +372,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return fmt.Errorf("-http-listen=%q: %w", o.httpListen, err)
 	}
-	hsrv := &http.Server{Handler: mux(lim, ag, reg, watcher), ReadHeaderTimeout: 5 * time.Second, TLSConfig: serverTLS}
+	info := map[string]any{"coordinator_auth": coordAuth, "allow_auth": callers.Mode()}
+	hsrv, err := httpserver.New(o.b.http, mux(lim, ag, reg, watcher, callers, o.b, info), serverTLS)
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(httpserver.NewCollector(map[string]*httpserver.Server{"agent": hsrv}))
 
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	agentDone := make(chan struct{})
@@ -352,13 +385,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	go watcher.Run(runCtx)
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(gl) }()
-	go func() {
-		if serverTLS != nil {
-			errc <- hsrv.ServeTLS(hl, "", "")
-		} else {
-			errc <- hsrv.Serve(hl)
-		}
-	}()
+	go func() { errc <- hsrv.Serve(hl) }()
 	logger.Info("agent: serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "rules", set.Version())
 
 	var serveErr error
@@ -431,8 +458,9 @@ func redisTLSConfig(client *tls.Config, caFile string) (*tls.Config, error) {
 	return tc, nil
 }
 
-// mux serves the HTTP endpoints.
-func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rules.Source) *http.ServeMux {
+// mux serves the HTTP endpoints; info is added to /status, and callers
+// guards /v1/allow.
+func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rules.Source, callers *auth.Callers, b boundary, info map[string]any) *http.ServeMux {
 	m := http.NewServeMux()
 	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -453,6 +481,9 @@ func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rul
 			"lease_live": st.LeaseLive, "breaker": st.Breaker.String(), "rules_version": src.Current().Version(),
 			"stats": ag.Core().Stats(),
 		}
+		for k, v := range info {
+			out[k] = v
+		}
 		if st.Table != nil {
 			out["lease_end"] = st.LeaseEnd
 			out["table"] = map[string]any{"pub": st.Table.Pub, "term": st.Table.Term, "version": st.Table.Version,
@@ -466,10 +497,14 @@ func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rul
 		enc.SetIndent("", "  ")
 		enc.Encode(out)
 	})
-	m.HandleFunc("POST /v1/allow", func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	m.Handle("POST /v1/allow", callers.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := readBody(w, r, b.maxBody)
+		if errors.Is(err, errBodyTooLarge) {
+			http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
+			return
+		}
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
+			http.Error(w, "agent: /v1/allow: "+err.Error(), http.StatusBadRequest)
 			return
 		}
 		var in allotv1.AllowRequest
@@ -477,7 +512,7 @@ func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rul
 			http.Error(w, "agent: /v1/allow: "+err.Error(), http.StatusBadRequest)
 			return
 		}
-		req, err := grpclimit.RequestFromProto(&in)
+		req, err := grpclimit.RequestFromProtoBounded(&in, b.bounds)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
@@ -494,6 +529,6 @@ func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rul
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(out)
-	})
+	})))
 	return m
 }

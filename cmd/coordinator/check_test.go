@@ -44,7 +44,7 @@ rules: |
 	bad := filepath.Join(dir, "bad.yaml")
 	_ = os.WriteFile(bad, []byte("regions: [us]\nbudgets: [{rule: x, limit: \"0 per second\"}]\n"), 0o644)
 	err := check(bad, &out)
-	if !errors.Is(err, coordinator.ErrInvalidDocument) || !strings.Contains(err.Error(), `budgets[0] (rule "x"): limit`) {
+	if !errors.Is(err, coordinator.ErrInvalidDocument) || !strings.Contains(err.Error(), bad+`:2: budgets[0].limit: quota "0 per second"`) {
 		t.Fatalf("bad document: %v", err)
 	}
 }

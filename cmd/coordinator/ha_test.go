@@ -106,7 +106,7 @@ func TestHAFailover(t *testing.T) {
 	var addrs []string
 	for i := range 3 {
 		p := &coordProc{grpc: fmt.Sprintf("127.0.0.1:%d", freePort(t)), http: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
-		p.cmd = exec.Command(bin, "serve", "-etcd", endpoints, "-prefix", prefix, "-listen", p.grpc, "-http", p.http, "-session-ttl", "2")
+		p.cmd = exec.Command(bin, "serve", "-etcd", endpoints, "-prefix", prefix, "-listen", p.grpc, "-http", p.http, "-session-ttl", "2", "-insecure")
 		logf, _ := os.Create(filepath.Join(dir, fmt.Sprintf("coord%d.log", i)))
 		p.cmd.Stdout, p.cmd.Stderr = logf, logf
 		if err := p.cmd.Start(); err != nil {

@@ -2,8 +2,8 @@
 // share of each global budget over gRPC (package coordinator around the
 // lease allocator).
 //
-//	coordinator serve -budgets budgets.yaml                 # standalone
-//	coordinator serve -etcd 127.0.0.1:2379 -advertise host:7070   # HA, one of several
+//	coordinator serve -budgets budgets.yaml -tls-cert c.pem -tls-key k.pem -tls-client-ca ca.pem   # standalone, mutual TLS
+//	coordinator serve -etcd 127.0.0.1:2379 -advertise host:7070 -tls-cert c.pem -tls-key k.pem -region-tokens tokens   # HA, one of several
 //	coordinator rules put -etcd 127.0.0.1:2379 -f budgets.yaml
 //	coordinator rules get -etcd 127.0.0.1:2379
 //	coordinator rules check -f budgets.yaml         # floors per region
@@ -13,6 +13,10 @@
 // revision the fencing term), the others redirect regions to it, and the
 // budgets document lives in etcd, watched and validated, so a change reaches
 // every region without a restart.
+//
+// Regions prove who they are with a client certificate (-tls-client-ca) or
+// a token (-region-tokens); a coordinator with neither does not start unless
+// given -insecure, which accepts a region by its name alone.
 package main
 
 import (
@@ -25,19 +29,21 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/allot-dev/allot/auth"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/httpserver"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/region"
 	"github.com/allot-dev/allot/rules"
@@ -102,6 +108,15 @@ func serve(args []string) error {
 	certFile := fs.String("tls-cert", "", "server certificate (PEM); enables TLS")
 	keyFile := fs.String("tls-key", "", "server key (PEM)")
 	clientCA := fs.String("tls-client-ca", "", "CA (PEM) for client certificates: mutual TLS, the certificate's common name is the region")
+	tokensFile := fs.String("region-tokens", "", "tokens file (\"<region> <token>\" or \"<region> sha256:<hex>\" a line): a region proves its name with its token (needs -tls-cert)")
+	insecure := fs.Bool("insecure", false, "accept a region by its name alone, without a certificate or token (any client that reaches -listen can speak for any region)")
+	takeover := fs.Duration("takeover-after", 0, "silence after which another stream of a region may take its stream's place (0: twice the lease refresh)")
+	lim := coordinator.DefaultLimits()
+	fs.IntVar(&lim.MaxMessageBytes, "max-message-bytes", lim.MaxMessageBytes, "largest lease message a region may send; a larger one ends its stream")
+	fs.IntVar(&lim.MaxReportKeys, "max-report-keys", lim.MaxReportKeys, "most keys of one region's message; beyond it those with the largest values are kept")
+	fs.IntVar(&lim.MaxKeyBytes, "max-key-bytes", lim.MaxKeyBytes, "longest key (rule and subject) a region may report; longer ones are dropped")
+	hc := httpserver.DefaultConfig()
+	hc.RegisterFlags(fs)
 	_ = fs.Parse(args)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if *advertise == "" {
@@ -112,9 +127,25 @@ func serve(args []string) error {
 		return errors.New("serve: give -budgets (standalone) or -etcd (HA)")
 	}
 
+	switch {
+	case *clientCA == "" && *tokensFile == "" && !*insecure:
+		return errors.New("serve: regions must prove who they are: give -tls-client-ca (mutual TLS) or -region-tokens with -tls-cert, or -insecure to accept a region by its name alone")
+	case *tokensFile != "" && *certFile == "" && !*insecure:
+		return fmt.Errorf("serve: -region-tokens=%q without -tls-cert would send tokens in clear; give -tls-cert and -tls-key (or -insecure)", *tokensFile)
+	case *clientCA != "" && *certFile == "":
+		return fmt.Errorf("serve: -tls-client-ca=%q needs -tls-cert and -tls-key", *clientCA)
+	}
 	cfg := coordinator.DefaultConfig()
 	cfg.Advertise = *advertise
 	cfg.Logger = log
+	cfg.Insecure, cfg.TakeoverAfter, cfg.Limits = *insecure, *takeover, lim
+	if *tokensFile != "" {
+		tk, err := auth.LoadTokens(*tokensFile)
+		if err != nil {
+			return fmt.Errorf("serve: -region-tokens: %w", err)
+		}
+		cfg.RegionTokens = tk
+	}
 	if *budgets != "" {
 		doc, err := coordinator.LoadDocument(*budgets)
 		if err != nil {
@@ -170,14 +201,20 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := coordinator.ServerOptions()
+	opts := lim.ServerOptions()
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
 	g := grpc.NewServer(opts...)
 	s.Register(g)
 	go func() { _ = g.Serve(lis) }()
-	hs := &http.Server{Addr: *httpAddr, Handler: s.Handler(nil), ReadHeaderTimeout: 5 * time.Second}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(coordinator.NewCollector(s))
+	hs, err := httpserver.New(hc, s.Handler(reg), nil)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	reg.MustRegister(httpserver.NewCollector(map[string]*httpserver.Server{"status": hs}))
 	hl, err := net.Listen("tcp", *httpAddr)
 	if err != nil {
 		return err
@@ -185,7 +222,7 @@ func serve(args []string) error {
 	go func() { _ = hs.Serve(hl) }()
 	go func() { _ = s.Run(ctx) }()
 	log.Info("coordinator: serving", "grpc", lis.Addr().String(), "http", hl.Addr().String(), "advertise", *advertise,
-		"mode", map[bool]string{true: "ha", false: "standalone"}[cli != nil], "budgets", len(cfg.Lease.Budgets))
+		"mode", map[bool]string{true: "ha", false: "standalone"}[cli != nil], "budgets", len(cfg.Lease.Budgets), "region_auth", s.AuthMode())
 
 	if cli != nil {
 		go func() {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,19 +10,23 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/auth"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/internal/leasetest"
+	"github.com/allot-dev/allot/internal/testenv"
 )
 
 // TestStandaloneProcess runs the binary in standalone mode on a budgets
-// file: a region is served above its floor, the status page shows it, and
-// SIGTERM expires the region's lease before the process exits.
+// file, regions proving themselves with tokens over TLS: a region is served
+// above its floor, the status page shows it, and SIGTERM expires the
+// region's lease before the process exits.
 func TestStandaloneProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
@@ -32,8 +37,16 @@ func TestStandaloneProcess(t *testing.T) {
 	if err := os.WriteFile(doc, []byte(haBudgets), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	ca := testenv.NewCA(t)
+	_, certFile, keyFile := ca.WriteFiles(t, dir, "coordinator")
+	tokens := filepath.Join(dir, "tokens")
+	const usToken = "us-token-0123456789abcdef"
+	if err := os.WriteFile(tokens, []byte("us "+usToken+"\neu eu-token-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	grpcAddr, httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	cmd := exec.Command(bin, "serve", "-budgets", doc, "-listen", grpcAddr, "-http", httpAddr)
+	cmd := exec.Command(bin, "serve", "-budgets", doc, "-listen", grpcAddr, "-http", httpAddr,
+		"-tls-cert", certFile, "-tls-key", keyFile, "-region-tokens", tokens)
 	logf, _ := os.Create(filepath.Join(dir, "coord.log"))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
@@ -43,7 +56,8 @@ func TestStandaloneProcess(t *testing.T) {
 
 	d, _ := coordinator.ParseDocument([]byte(haBudgets), "doc")
 	budgets, _ := d.Resolve(nil)
-	c, err := coordinator.NewClient(coordinator.ClientConfig{Addrs: []string{grpcAddr}, Region: "us"})
+	c, err := coordinator.NewClient(coordinator.ClientConfig{Addrs: []string{grpcAddr}, Region: "us",
+		TLS: &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}, Credentials: auth.Bearer(usToken, false)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,8 +84,8 @@ func TestStandaloneProcess(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(body), "api/t") || !strings.Contains(string(body), "Leader, term") {
-		t.Fatalf("status page lacks the hot key or the leadership:\n%s", body)
+	if !strings.Contains(string(body), "api/t") || !strings.Contains(string(body), "Leader, term") || !strings.Contains(string(body), "Region authentication: token.") {
+		t.Fatalf("status page lacks the hot key, the leadership or the authentication mode:\n%s", body)
 	}
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -92,3 +106,65 @@ func TestStandaloneProcess(t *testing.T) {
 		t.Fatalf("coordinator exited with %v", err)
 	}
 }
+
+// TestServeNeedsRegionAuth: a coordinator with neither mutual TLS nor
+// region tokens refuses to start unless told -insecure; then it warns at
+// start and says so on /status and in its metrics.
+func TestServeNeedsRegionAuth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	dir := t.TempDir()
+	bin := buildBinary(t, dir)
+	doc := filepath.Join(dir, "budgets.yaml")
+	if err := os.WriteFile(doc, []byte(haBudgets), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "serve", "-budgets", doc, "-listen", "127.0.0.1:0", "-http", "127.0.0.1:0").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "regions must prove who they are") {
+		t.Fatalf("serve without region authentication: %v\n%s", err, out)
+	}
+	out, err = exec.Command(bin, "serve", "-budgets", doc, "-region-tokens", doc, "-listen", "127.0.0.1:0").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "would send tokens in clear") {
+		t.Fatalf("serve with tokens and no TLS: %v\n%s", err, out)
+	}
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cmd := exec.Command(bin, "serve", "-budgets", doc, "-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "-http", httpAddr, "-insecure")
+	var log strings.Builder
+	var logMu sync.Mutex
+	cmd.Stderr = writerFunc(func(p []byte) (int, error) { logMu.Lock(); defer logMu.Unlock(); return log.Write(p) })
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	get := func(path string) string {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			resp, err := http.Get("http://" + httpAddr + path)
+			if err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				return string(b)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("GET %s: %v", path, err)
+			}
+			time.Sleep(20 * time.Millisecond) // the process is starting
+		}
+	}
+	if body := get("/status"); !strings.Contains(body, "insecure — regions are accepted by name alone") {
+		t.Errorf("/status does not show the insecure mode:\n%s", body)
+	}
+	if body := get("/metrics"); !strings.Contains(body, `allot_coordinator_auth_info{mode="insecure"} 1`) || !strings.Contains(body, `allot_http_connections{server="status"}`) {
+		t.Errorf("/metrics lacks the auth mode or the HTTP server's connections")
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	if !strings.Contains(log.String(), "level=WARN") || !strings.Contains(log.String(), "accepted by name alone (insecure)") {
+		t.Errorf("no warning at start:\n%s", log.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

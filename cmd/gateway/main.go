@@ -17,6 +17,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	_ "embed"
 	"encoding/json"
 	"errors"
@@ -37,14 +39,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/allot-dev/allot/auth"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/grpclimit"
 	"github.com/allot-dev/allot/httplimit"
+	"github.com/allot-dev/allot/httpserver"
 	"github.com/allot-dev/allot/limiter"
 	"github.com/allot-dev/allot/rls"
 	"github.com/allot-dev/allot/rules"
@@ -72,6 +77,14 @@ type options struct {
 	logLevel           string
 	check              bool
 	agentAddr          string
+	agentCA            string
+	bounds             limiter.Bounds
+	rlsUnknownDomain   string
+	rlsMaxDescriptors  int
+	memoryMaxKeys      int
+	http               httpserver.Config
+	allowTokens        string
+	agentTokenFile     string
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -86,14 +99,30 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.keys, "keys", "key-free=acme:free,key-pro=globex:pro", "API keys for -identity apikey: key=tenant:plan,...")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.agentAddr, "agent", "", "ask this allow API (an agent's or another gateway's gRPC address) instead of deciding here")
+	fs.StringVar(&o.agentCA, "agent-ca", "", "CA (PEM) the agent's certificate must chain to: speak TLS to -agent (default plaintext)")
 	fs.BoolVar(&o.check, "check", false, "validate the rules, print their budgets and exit (status 1 with every problem listed if invalid)")
+	o.bounds = limiter.DefaultBounds()
+	o.bounds.RegisterFlags(fs)
+	fs.StringVar(&o.rlsUnknownDomain, "rls-unknown-domain", string(rls.AllowUnknownDomain), "RLS requests for a domain the rules do not serve: allow (logged and counted) or deny (over the limit)")
+	fs.IntVar(&o.rlsMaxDescriptors, "rls-max-descriptors", rls.MaxDescriptors, "most descriptors in one RLS request")
+	fs.IntVar(&o.memoryMaxKeys, "memory-max-keys", bucket.DefaultMaxKeys, "most buckets the in-process store holds (without -redis); at the bound new keys get the rule's failure policy")
+	o.http = httpserver.DefaultConfig()
+	o.http.RegisterFlags(fs)
+	fs.StringVar(&o.allowTokens, "allow-tokens", "", "tokens file of the callers allowed to use this gateway's allow API (gRPC); empty: any caller that reaches it")
+	fs.StringVar(&o.agentTokenFile, "agent-token-file", "", "file holding this gateway's token for the -agent allow API (sent in clear: the agent is expected on the same host or network)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	return o, nil
+	if o.agentCA != "" && o.agentAddr == "" {
+		return o, fmt.Errorf("-agent-ca=%q needs -agent", o.agentCA)
+	}
+	if _, err := rls.ParseDomainAction(o.rlsUnknownDomain); err != nil {
+		return o, fmt.Errorf("-rls-unknown-domain: %w", err)
+	}
+	return o, o.bounds.Validate()
 }
 
 // Ready reports the addresses a started gateway listens on.
@@ -137,34 +166,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	} else {
 		cfg := rules.DefaultWatchConfig()
 		cfg.Logger = logger
-		reloads := make(chan *rules.Set, 1)
-		cfg.Notify = func(u rules.Update) {
-			if u.Changed {
-				select {
-				case reloads <- u.New:
-				default:
-				}
-			}
-		}
+		cfg.Notify = metrics.Reload // the rules in force and the reloads rejected
 		if watcher, err = rules.WatchFile(o.rulesPath, cfg); err != nil {
 			return err
 		}
 		src = watcher
 		metrics.SetRules(watcher.Current())
-		go func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case s := <-reloads:
-					metrics.SetRules(s)
-				}
-			}
-		}()
 	}
 
 	// Store: Redis shared by every gateway on it, or in process.
-	var store bucket.Store = bucket.NewMemory(bucket.MemoryOptions{})
+	mem := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: o.memoryMaxKeys})
+	var store bucket.Store = mem
 	storeName := "memory"
 	if o.redisAddr != "" {
 		client := redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true})
@@ -174,10 +186,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 			return err
 		}
 		store, storeName = rs, "redis "+o.redisAddr
+	} else {
+		reg.MustRegister(limiter.NewMemoryCollector(map[string]*bucket.Memory{"buckets": mem}))
 	}
 	var lim limiter.Limiter
 	local, err := limiter.New(limiter.Config{
-		Rules: src, Store: store, Logger: logger,
+		Rules: src, Store: store, Logger: logger, Bounds: o.bounds,
 		OnDecision: metrics.Decision, OnEvent: metrics.Event,
 	})
 	if err != nil {
@@ -187,7 +201,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	if o.agentAddr != "" {
 		// Decisions come from an agent's allow API; the rules above only
 		// serve -check and the RLS domain.
-		conn, err := grpc.NewClient(o.agentAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		creds := insecure.NewCredentials()
+		if o.agentCA != "" {
+			if creds, err = agentTLS(o.agentCA); err != nil {
+				return err
+			}
+		}
+		dial := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+		if o.agentTokenFile != "" {
+			tok, err := auth.ReadToken(o.agentTokenFile)
+			if err != nil {
+				return fmt.Errorf("-agent-token-file: %w", err)
+			}
+			// Without -agent-ca the token crosses in clear: the agent is
+			// expected on the same host or network.
+			dial = append(dial, grpc.WithPerRPCCredentials(auth.Bearer(tok, o.agentCA == "")))
+		}
+		conn, err := grpc.NewClient(o.agentAddr, dial...)
 		if err != nil {
 			return fmt.Errorf("-agent=%q: %w", o.agentAddr, err)
 		}
@@ -202,7 +232,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	if err != nil {
 		return err
 	}
-	mw, err := httplimit.Middleware(httplimit.Config{Limiter: lim, Identity: identity, Logger: logger})
+	mw, err := httplimit.Middleware(httplimit.Config{Limiter: lim, Identity: identity, Logger: logger, Bounds: o.bounds})
 	if err != nil {
 		return err
 	}
@@ -222,7 +252,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	if err != nil {
 		return err
 	}
-	httpSrv := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second}
+	httpSrv, err := httpserver.New(o.http, root, nil)
+	if err != nil {
+		hl.Close()
+		return err
+	}
+	reg.MustRegister(httpserver.NewCollector(map[string]*httpserver.Server{"gateway": httpSrv}))
 	errc := make(chan error, 3)
 	go func() { errc <- httpSrv.Serve(hl) }()
 
@@ -234,15 +269,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 			hl.Close()
 			return err
 		}
-		grpcSrv = grpc.NewServer()
+		var callers *auth.Callers
+		if o.allowTokens != "" {
+			tk, err := auth.LoadTokens(o.allowTokens)
+			if err != nil {
+				hl.Close()
+				return fmt.Errorf("-allow-tokens: %w", err)
+			}
+			callers = auth.NewCallers("allow", tk, nil)
+		} else {
+			callers = auth.NewCallers("allow", nil, nil)
+		}
+		reg.MustRegister(callers)
+		var gopts []grpc.ServerOption
+		if !callers.Open() {
+			gopts = append(gopts, grpc.UnaryInterceptor(callers.UnaryServerInterceptor(grpclimit.AllowServiceName)))
+		}
+		grpcSrv = grpc.NewServer(gopts...)
 		hs := health.NewServer()
 		healthpb.RegisterHealthServer(grpcSrv, hs)
-		rlsSrv, err := rls.New(rls.Config{Limiter: lim, Rules: src, Logger: logger})
+		rlsSrv, err := rls.New(rls.Config{Limiter: lim, Rules: src, Logger: logger, Bounds: o.bounds,
+			UnknownDomain: rls.DomainAction(o.rlsUnknownDomain), MaxDescriptors: o.rlsMaxDescriptors})
 		if err != nil {
 			return err
 		}
+		reg.MustRegister(rlsSrv)
 		rls.Register(grpcSrv, rlsSrv, hs)
-		allowSrv, err := grpclimit.NewAllowServer(lim)
+		allowSrv, err := grpclimit.NewAllowServer(lim, grpclimit.WithBounds(o.bounds))
 		if err != nil {
 			return err
 		}
@@ -274,6 +327,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	}
 	logger.Info("gateway: stopped")
 	return nil
+}
+
+// agentTLS is TLS to the agent, whose certificate must chain to the CA in
+// caFile and name the host of -agent (an agent beside the gateway, on
+// 127.0.0.1, has a certificate for 127.0.0.1).
+func agentTLS(caFile string) (credentials.TransportCredentials, error) {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("-agent-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("-agent-ca=%q: no certificate found", caFile)
+	}
+	return credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}), nil
 }
 
 // checkRules validates a rules file and prints its budgets.

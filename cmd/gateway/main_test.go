@@ -2,7 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
 	"io"
+	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,10 +21,16 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/grpclimit"
 	"github.com/allot-dev/allot/internal/testenv"
+	"github.com/allot-dev/allot/limiter"
+	"github.com/allot-dev/allot/rules"
 )
 
 // syncBuffer is a log sink tests can read while the gateway writes.
@@ -136,8 +149,9 @@ func TestREADMEExample(t *testing.T) {
 		`{"error":"request has no identity","retry_after":0}`)
 	check(t, "health is not limited", get(t, r, "/healthz"), 200, nil, "ok")
 	m := get(t, r, "/metrics")
+	digest := sha256.Sum256(exampleRules)
 	for _, want := range []string{
-		`allot_rules_info{version="example-1"} 1`,
+		`allot_rules_info{digest="sha256:` + hex.EncodeToString(digest[:])[:12] + `",version="example-1"} 1`,
 		`allot_decisions_total{reason="over-limit",result="denied",rule="api"} 1`,
 		`allot_decisions_total{reason="can-never-fit",result="denied",rule="api"} 1`,
 	} {
@@ -202,17 +216,56 @@ func TestRulesFileReload(t *testing.T) {
 	if err := os.WriteFile(path, []byte(edited), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("good edit", func() bool {
-		return strings.Contains(get(t, r, "/metrics").body, `allot_rules_info{version="example-2"} 1`)
-	})
+	digest := sha256.Sum256([]byte(edited))
+	info := `allot_rules_info{digest="sha256:` + hex.EncodeToString(digest[:])[:12] + `",version="example-2"} 1`
+	waitFor("good edit", func() bool { return strings.Contains(get(t, r, "/metrics").body, info) })
 	check(t, "after a good edit", get(t, r, "/items", "X-Tenant", "b"), 200, map[string]string{"X-RateLimit-Limit": "20"}, "")
 	if err := os.WriteFile(path, []byte(strings.Replace(edited, `"20 per minute"`, `"0 per minute"`, 1)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	waitFor("bad edit refused", func() bool { return strings.Contains(log.String(), "rules rejected") })
 	check(t, "after a bad edit", get(t, r, "/items", "X-Tenant", "c"), 200, map[string]string{"X-RateLimit-Limit": "20"}, "")
-	if !strings.Contains(get(t, r, "/metrics").body, `allot_rules_info{version="example-2"} 1`) {
+	m := get(t, r, "/metrics").body
+	if !strings.Contains(m, info) {
 		t.Error("the rules version moved on a refused edit")
+	}
+	if strings.Contains(m, "allot_rules_reload_failures_total 0") || !strings.Contains(m, "allot_rules_reload_failures_total") {
+		t.Errorf("the refused edit is not counted:\n%s", m)
+	}
+	// The broken file is polled every second but logged once (then once a
+	// minute): wait for three more polls to have failed.
+	waitFor("three more failed polls", func() bool {
+		for _, l := range strings.Split(get(t, r, "/metrics").body, "\n") {
+			var n int
+			if _, err := fmt.Sscanf(l, "allot_rules_reload_failures_total %d", &n); err == nil && n >= 4 {
+				return true
+			}
+		}
+		return false
+	})
+	if n := strings.Count(log.String(), "rules rejected"); n != 1 {
+		t.Errorf("a file failing the same way on every poll was logged %d times, want once", n)
+	}
+}
+
+// TestBounds: the gateway answers a subject over its bound and a header
+// over the header cap with 431, and a request at the bound as usual; the
+// 1 MB X-Tenant that used to be kept as a bucket key is never decided.
+func TestBounds(t *testing.T) {
+	r := start(t, "-max-subject-bytes", "64")
+	check(t, "a 64-byte tenant", get(t, r, "/items", "X-Tenant", strings.Repeat("t", 64)), 200, nil, "")
+	check(t, "a 65-byte tenant", get(t, r, "/items", "X-Tenant", strings.Repeat("t", 65)), 431, nil,
+		`{"error":"httplimit: subject has 65 bytes, more than the 64 allowed","retry_after":0}`)
+	got := get(t, r, "/items", "X-Tenant", strings.Repeat("t", 1<<20))
+	if got.status != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("a 1 MB X-Tenant: %d, want 431", got.status)
+	}
+	m := get(t, r, "/metrics").body
+	for _, want := range []string{`allot_memory_store_keys{store="buckets"} 1`, `allot_http_connections{server="gateway"}`,
+		`allot_rls_unmatched_domain_total{action="allowed",kind="unknown"} 0`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 }
 
@@ -253,6 +306,18 @@ func TestBadFlags(t *testing.T) {
 	}
 }
 
+// TestMissingRulesFile: a rules file that is not there is named once, as
+// not there, whether the gateway serves or checks it.
+func TestMissingRulesFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "absent.yaml")
+	for _, args := range [][]string{{"-rules", path}, {"-check", "-rules", path}} {
+		err := run(context.Background(), append([]string{"-http", "127.0.0.1:0", "-grpc", ""}, args...), io.Discard, io.Discard, nil)
+		if !errors.Is(err, fs.ErrNotExist) || strings.Count(err.Error(), path) != 1 || errors.Is(err, rules.ErrInvalid) {
+			t.Errorf("run(%q) = %v, want one naming %s once, not found and not invalid", args, err, path)
+		}
+	}
+}
+
 func TestCheck(t *testing.T) {
 	var out strings.Builder
 	if err := run(context.Background(), []string{"-check"}, &out, io.Discard, nil); err != nil {
@@ -275,6 +340,53 @@ func TestCheck(t *testing.T) {
 	err := run(context.Background(), []string{"-check", "-rules", path}, io.Discard, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), path+":3: rules[0].limit") || !strings.Contains(err.Error(), path+":4: rules[0].colour") {
 		t.Errorf("-check of a bad file: %v", err)
+	}
+}
+
+// TestAgentOverTLS: with -agent-ca the gateway speaks TLS to the allow API
+// and verifies the server against that CA; without it, or with another CA,
+// it cannot reach a TLS server and answers 503, never admitting.
+func TestAgentOverTLS(t *testing.T) {
+	ca := testenv.NewCA(t)
+	caFile, certFile, keyFile := ca.WriteFiles(t, t.TempDir(), "eu")
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := rules.Parse(exampleRules, "rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := limiter.New(limiter.Config{Rules: set, Store: bucket.NewMemory(bucket.MemoryOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, err := grpclimit.NewAllowServer(lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	grpclimit.RegisterAllow(gs, as, health.NewServer())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(l)
+	t.Cleanup(gs.Stop)
+
+	free := []string{"X-Tenant", "acme", "X-Plan", "free"}
+	tlsGW := start(t, "-agent", l.Addr().String(), "-agent-ca", caFile, "-grpc", "")
+	check(t, "TLS to the agent", get(t, tlsGW, "/items", free...), 200, map[string]string{"RateLimit": `"free";r=9;t=6`}, "")
+	plain := start(t, "-agent", l.Addr().String(), "-grpc", "")
+	check(t, "plaintext to a TLS agent", get(t, plain, "/items", free...), 503, nil, "")
+	otherCA, _, _ := testenv.NewCA(t).WriteFiles(t, t.TempDir(), "eu")
+	other := start(t, "-agent", l.Addr().String(), "-agent-ca", otherCA, "-grpc", "")
+	check(t, "TLS with another CA", get(t, other, "/items", free...), 503, nil, "")
+
+	for _, args := range [][]string{{"-agent-ca", caFile}, {"-agent", "127.0.0.1:1", "-agent-ca", filepath.Join(t.TempDir(), "absent.pem")}} {
+		if err := run(context.Background(), append([]string{"-http", "127.0.0.1:0", "-grpc", ""}, args...), io.Discard, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "-agent") {
+			t.Errorf("run(%q) = %v, want an error naming the flag", args, err)
+		}
 	}
 }
 
@@ -301,4 +413,30 @@ func TestAgentMode(t *testing.T) {
 	}
 	check(t, "agent gone", get(t, b, "/items", free...), 503, map[string]string{"Retry-After": "1"},
 		`{"error":"rate limiter unavailable","retry_after":1}`)
+}
+
+// TestAgentModeWithToken: a gateway whose allow API takes only listed
+// callers refuses a gateway without a token (its requests are 503: the
+// limiter is unavailable to it, never an admission) and serves one with
+// its token.
+func TestAgentModeWithToken(t *testing.T) {
+	dir := t.TempDir()
+	const tok = "gateway-b-0123456789abcdef"
+	callers, tokFile := filepath.Join(dir, "callers"), filepath.Join(dir, "token")
+	if err := os.WriteFile(callers, []byte("gateway-b "+tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokFile, []byte(tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := start(t, "-allow-tokens", callers)
+	free := []string{"X-Tenant", "acme", "X-Plan", "free"}
+	without := start(t, "-agent", a.GRPC, "-grpc", "")
+	check(t, "without a token", get(t, without, "/items", free...), 503, nil, "")
+	with := start(t, "-agent", a.GRPC, "-grpc", "", "-agent-token-file", tokFile)
+	check(t, "with the token", get(t, with, "/items", free...), 200, map[string]string{"RateLimit": `"free";r=9;t=6`}, "")
+	if m := get(t, a, "/metrics").body; !strings.Contains(m, `allot_auth_rejected_total{api="allow",transport="grpc"} 1`) ||
+		!strings.Contains(m, `allot_auth_info{api="allow",mode="token"} 1`) {
+		t.Errorf("/metrics lacks the refusal or the mode:\n%s", m)
+	}
 }

@@ -1,0 +1,35 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestRunRefusesBadInvocations(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("name: x\nregions: [{name: a}]\nrules: [{name: r, count: 1, period: 1s}]\nchaos: {expect: fail}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "no scenario given"},
+		{[]string{"-run", "(", "../../chaos/scenarios"}, "-run"},
+		{[]string{"-run", "nothing-matches-this", "../../chaos/scenarios"}, "no scenario selected"},
+		{[]string{bad}, "chaos.reason is empty"},
+		{[]string{filepath.Join(dir, "missing.yaml")}, "no such file"},
+		{[]string{"-judge", dir}, "scenario.yaml"},
+	} {
+		var out, errb bytes.Buffer
+		err := run(context.Background(), c.args, &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("chaos %q: %v, want an error naming %q", c.args, err, c.want)
+		}
+	}
+}
