@@ -159,7 +159,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}
 	re := regexp.MustCompile(`(?:Name:\s*|NewDesc\()"(allot_[a-z0-9_]+)"`)
-	for _, f := range []string{"coordinator/metrics.go", "region/metrics.go", "limiter/metrics.go"} {
+	for _, f := range []string{"coordinator/metrics.go", "agent/metrics.go", "limiter/metrics.go"} {
 		b, err := os.ReadFile(filepath.Join(repoRoot, f))
 		if err != nil {
 			t.Fatal(err)
