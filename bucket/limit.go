@@ -97,6 +97,11 @@ func (l Limit) Interval() time.Duration {
 	return time.Duration(ceilDiv(l.num, l.den)) * time.Microsecond
 }
 
+// IntervalFraction returns the emission interval as the exact reduced
+// fraction num/den of microseconds the bucket arithmetic uses, for a store
+// that runs the same arithmetic elsewhere (the Redis script).
+func (l Limit) IntervalFraction() (num, den int64) { return l.num, l.den }
+
 // IsZero reports whether l is the zero Limit.
 func (l Limit) IsZero() bool { return l == Limit{} }
 

@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -40,7 +41,11 @@ type Store interface {
 const DefaultAttemptWindow = 10 * time.Second
 
 // Rebaser is implemented by stores that can move a bucket to a new limit at
-// once (see Rebase). Both stores of this package implement it.
+// once (see Rebase). The in-process store and redisstore.Store implement
+// it.
 type Rebaser interface {
 	Rebase(ctx context.Context, key Key, from, to Limit) error
 }
+
+// IsUnavailable reports whether err means the store could not decide.
+func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }

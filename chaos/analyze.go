@@ -430,7 +430,8 @@ func (a *analysis) allocation(rd Round, ri int, k budgetKey) (rate, burst float6
 		if !s.Up {
 			continue
 		}
-		count, bu := float64(b.FloorCount(region)), float64(b.BurstOf(b.FloorCount(region)))
+		f := b.Floor(region)
+		count, bu := float64(f.Count), float64(f.Burst)
 		if e, has := s.Entries[name]; has && s.LeaseLive {
 			count, bu = float64(e[0]), float64(e[1])
 		}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/region"
+	"github.com/allot-dev/allot/agent"
 	"github.com/allot-dev/allot/sim"
 )
 
@@ -90,7 +90,7 @@ func TestScenarioErrorsNameTheField(t *testing.T) {
 // TestAgentDefaults keeps the harness's copy of the agent's settings that
 // have no flag equal to the agent's.
 func TestAgentDefaults(t *testing.T) {
-	ac := region.DefaultAgentConfig()
+	ac := agent.DefaultConfig()
 	if ac.Core.BatchTTL != agentBatchTTL || ac.Tick != agentTick || ac.FailoverPoll != agentFailoverPoll {
 		t.Fatalf("agent defaults batch TTL %s, tick %s, failover poll %s; the harness assumes %s, %s, %s",
 			ac.Core.BatchTTL, ac.Tick, ac.FailoverPoll, agentBatchTTL, agentTick, agentFailoverPoll)

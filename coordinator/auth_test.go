@@ -19,6 +19,7 @@ import (
 	"github.com/allot-dev/allot/auth"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/internal/leasetest"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/lease"
 )
@@ -106,12 +107,13 @@ func attempt(t *testing.T, c *Client, session uint64) error {
 	return err
 }
 
-// honest runs region a's Holder over c and drives the clock until a holds
-// at least 300 of key k, which only a live lease gives it: b and c never
-// connect, so once learning ends a gets the reserve (200) above its floor
-// (133), the floors of regions that never reported staying theirs.
+// honest runs region a over c, driven as an agent drives it
+// (internal/leasetest), and drives the clock until a holds at least 300 of
+// key k, which only a live lease gives it: b and c never connect, so once
+// learning ends a gets the reserve (200) above its floor (133), the floors
+// of regions that never reported staying theirs.
 type honest struct {
-	r   *region
+	r   *leasetest.Region
 	s   *Server
 	clk *clock.Manual
 	k   bucket.Key
@@ -119,18 +121,12 @@ type honest struct {
 
 func startHonest(t *testing.T, s *Server, clk *clock.Manual, c *Client) *honest {
 	t.Helper()
-	hc := lease.DefaultHolderConfig()
-	hc.Region, hc.Session, hc.Budgets = "a", 4242, testBudgets()
-	h, err := lease.NewHolder(hc, clk.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	r := &region{name: "a", h: h}
-	d := &HolderDriver{Client: c, Holder: h, Mu: &r.mu, Clock: clk, Tick: 5 * time.Millisecond, Redial: 20 * time.Millisecond}
-	go d.Run(ctx)
+	r := leasetest.Start(t, ctx, clk, "a", testBudgets(), c,
+		leasetest.Options{Tick: 100 * time.Millisecond, Redial: 20 * time.Millisecond, Seed: 4242})
 	x := &honest{r: r, s: s, clk: clk, k: bucket.Key{Rule: "api", Subject: "t1"}}
+	r.Demand(x.k, 500)
 	if err := s.BecomeLeader(1); err != nil {
 		t.Fatal(err)
 	}
@@ -138,18 +134,21 @@ func startHonest(t *testing.T, s *Server, clk *clock.Manual, c *Client) *honest 
 	return x
 }
 
-func (x *honest) alloc() bucket.Tokens { return x.r.alloc(x.clk.Now(), x.k).Count() }
+func (x *honest) alloc() bucket.Tokens { return x.r.Allocation(x.k).Count() }
 
-// step advances the clock by 100 ms at a time, keeping a's demand up,
-// until cond holds; it fails after max steps.
+// step advances the clock by 100 ms at a time, a tick of a's client,
+// waiting until its round is done, until cond holds; it fails after max
+// steps.
 func (x *honest) step(t *testing.T, max int, cond func() bool) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	for range max {
-		x.r.mu.Lock()
-		x.r.h.Demand(x.clk.Now(), x.k, 500)
-		x.r.mu.Unlock()
 		x.clk.Advance(100 * time.Millisecond)
 		x.s.Tick()
+		if err := x.clk.WaitForTimers(ctx, 1); err != nil {
+			t.Fatalf("a's client did not finish its round: %v", err)
+		}
 		time.Sleep(3 * time.Millisecond) // lets the stream carry messages; lease time is the manual clock
 		if cond() {
 			return
@@ -162,9 +161,7 @@ func (x *honest) step(t *testing.T, max int, cond func() bool) {
 // proved its region, and that a's lease lives with its 300 or more.
 func (x *honest) holds(t *testing.T, when string) {
 	t.Helper()
-	x.r.mu.Lock()
-	live := x.r.h.Status(x.clk.Now()).Live
-	x.r.mu.Unlock()
+	live := x.r.Status().Live
 	var view RegionView
 	for _, v := range x.s.Status(0).Regions {
 		if v.Region == "a" {
@@ -177,7 +174,7 @@ func (x *honest) holds(t *testing.T, when string) {
 	}
 }
 
-// impersonate makes n attempts with c while a's Holder keeps running, and
+// impersonate makes n attempts with c while a's client keeps running, and
 // checks each fails with code and that a keeps its stream and lease.
 func (x *honest) impersonate(t *testing.T, what string, c *Client, n int, code codes.Code) {
 	t.Helper()
@@ -255,7 +252,7 @@ func TestTakeover(t *testing.T) {
 	}
 	withToken, without := d.client("a", nil, "", tokA), d.client("a", nil, "", "")
 	seq := uint64(0)
-	open := func(c *Client, session uint64) *Stream {
+	open := func(c *Client, session uint64) lease.Stream {
 		t.Helper()
 		st, err := c.Connect(context.Background())
 		if err != nil {
@@ -268,7 +265,7 @@ func TestTakeover(t *testing.T) {
 		}
 		return st
 	}
-	served := func(st *Stream) {
+	served := func(st lease.Stream) {
 		t.Helper()
 		for range 50 {
 			clk.Advance(10 * time.Millisecond)
@@ -333,7 +330,7 @@ func TestTakeover(t *testing.T) {
 }
 
 // recvUntilEnd reads st until it ends.
-func recvUntilEnd(st *Stream) (lease.Message, error) {
+func recvUntilEnd(st lease.Stream) (lease.Message, error) {
 	for {
 		m, err := st.Recv()
 		if err != nil {
@@ -357,11 +354,9 @@ func TestInsecureHeldStream(t *testing.T) {
 	defer cancel()
 	regions := startRegions(t, ctx, clk, []string{addr}, "a")
 	k := bucket.Key{Rule: "api", Subject: "t1"}
+	regions["a"].Demand(k, 500)
 	want := func() bool {
-		regions["a"].mu.Lock()
-		regions["a"].h.Demand(clk.Now(), k, 500)
-		regions["a"].mu.Unlock()
-		return regions["a"].alloc(clk.Now(), k).Count() >= 300 // floor 133 + reserve 200: b and c never connect
+		return regions["a"].Allocation(k).Count() >= 300 // floor 133 + reserve 200: b and c never connect
 	}
 	drive(t, clk, []*Server{s}, regions, k, 400, want)
 	impostor, err := NewClient(ClientConfig{Addrs: []string{addr}, Region: "a"})
@@ -374,11 +369,9 @@ func TestInsecureHeldStream(t *testing.T) {
 			t.Fatalf("reconnect %d: %v; want AlreadyExists", i, err)
 		}
 		drive(t, clk, []*Server{s}, regions, k, 1, func() bool { return true })
-		regions["a"].mu.Lock()
-		live := regions["a"].h.Status(clk.Now()).Live
-		regions["a"].mu.Unlock()
+		live := regions["a"].Status().Live
 		if !live || !want() {
-			t.Fatalf("after reconnect %d the real region lost its lease (live %v, allocation %d)", i, live, regions["a"].alloc(clk.Now(), k).Count())
+			t.Fatalf("after reconnect %d the real region lost its lease (live %v, allocation %d)", i, live, regions["a"].Allocation(k).Count())
 		}
 	}
 }

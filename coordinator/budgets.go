@@ -80,7 +80,7 @@ type LeaseDocument struct {
 // RulesBudgets turns a rules set into budgets split among regions the way
 // regions split them (the agent's region.Budgets); the coordinator binary
 // supplies it so both sides name and size budgets identically.
-type RulesBudgets func(set *rules.Set, regions []string, weights []int64, reserve float64, policy lease.Policy) []lease.Budget
+type RulesBudgets func(set *rules.Set, regions []string, weights []int64, reserve float64, policy lease.AllocationPolicy) []lease.Budget
 
 // ErrInvalidDocument: a budgets document cannot be served. Every error
 // that rejects a document's content wraps it; one that cannot read the
@@ -220,7 +220,7 @@ func (d *Document) Resolve(fromRules RulesBudgets) ([]lease.Budget, error) {
 	if d.Reserve != nil {
 		reserve = *d.Reserve
 	}
-	policy, _ := lease.ParsePolicy(d.Policy) // check validated it
+	policy, _ := lease.ParseAllocationPolicy(d.Policy) // check validated it
 	var out []lease.Budget
 	// from names where each budget came from, for the backstop below.
 	var from []string
@@ -237,7 +237,7 @@ func (d *Document) Resolve(fromRules RulesBudgets) ([]lease.Budget, error) {
 			b.Reserve = *bd.Reserve
 		}
 		if bd.Policy != "" {
-			b.Policy, _ = lease.ParsePolicy(bd.Policy)
+			b.Policy, _ = lease.ParseAllocationPolicy(bd.Policy)
 		}
 		out = append(out, b)
 		from = append(from, fmt.Sprintf("budgets[%d]", i))
@@ -412,7 +412,7 @@ func (p *docParser) reserve(r *float64, field string) {
 }
 
 func (p *docParser) policy(s, field string) {
-	if _, err := lease.ParsePolicy(s); err != nil {
+	if _, err := lease.ParseAllocationPolicy(s); err != nil {
 		p.add(p.d.line(field), field, "unknown policy %q (want max-min, proportional or static)", s)
 	}
 }

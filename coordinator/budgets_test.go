@@ -182,7 +182,7 @@ rules: |
 		t.Fatal(err)
 	}
 	var got *rules.Set
-	bs, err := d.Resolve(func(set *rules.Set, regions []string, weights []int64, reserve float64, p lease.Policy) []lease.Budget {
+	bs, err := d.Resolve(func(set *rules.Set, regions []string, weights []int64, reserve float64, p lease.AllocationPolicy) []lease.Budget {
 		got = set
 		return []lease.Budget{{Rule: "api", Limit: bucket.PerMinute(600), Regions: regions, Reserve: reserve, Policy: p}}
 	})

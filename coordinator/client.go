@@ -54,7 +54,8 @@ func (c ClientConfig) Validate() error {
 	return nil
 }
 
-// Client opens lease streams to whichever coordinator leads: it tries the
+// Client opens lease streams to whichever coordinator leads (a
+// lease.Transport): it tries the
 // leader it last heard of, then every address in turn, and remembers the
 // leader a redirect names. It is the region side's transport: a region's
 // speaking agent calls Connect, exchanges lease.Messages on the Stream, and
@@ -68,6 +69,8 @@ type Client struct {
 	hint  string // the leader, as last heard
 	next  int    // where the round of addresses resumes
 }
+
+var _ lease.Transport = (*Client)(nil)
 
 // NewClient returns a Client; it dials lazily.
 func NewClient(cfg ClientConfig) (*Client, error) {
@@ -93,7 +96,7 @@ func (c *Client) Leader() string {
 // reach a follower, whose redirect ends it (Recv returns ErrRedirected) and
 // points the next Connect at the leader. It fails with ErrNoCoordinator
 // when no address accepts a stream.
-func (c *Client) Connect(ctx context.Context) (*Stream, error) {
+func (c *Client) Connect(ctx context.Context) (lease.Stream, error) {
 	c.mu.Lock()
 	order := make([]string, 0, len(c.cfg.Addrs)+1)
 	if c.hint != "" {

@@ -55,7 +55,7 @@ func FromProto(p *leasev1.Message) lease.Message {
 	for _, b := range p.GetBudgets() {
 		m.Budgets = append(m.Budgets, lease.Budget{Rule: b.GetRule(),
 			Limit:   bucket.Per(bucket.Tokens(b.GetCount()), us(b.GetPeriodUs())).WithBurst(bucket.Tokens(b.GetBurst())),
-			Regions: b.GetRegions(), Weights: b.GetWeights(), Reserve: b.GetReserve(), Policy: lease.Policy(b.GetPolicy())})
+			Regions: b.GetRegions(), Weights: b.GetWeights(), Reserve: b.GetReserve(), Policy: lease.AllocationPolicy(b.GetPolicy())})
 	}
 	if len(p.GetDemand()) > 0 {
 		m.Demand = make([]lease.Demand, len(p.Demand))

@@ -150,8 +150,8 @@ func (h *harness) check() error {
 			return fmt.Errorf("key %v: b and c hold %d (burst %d) of %d (burst %d)", k, sc, sb, cnt, burst)
 		}
 	}
-	if l, _ := h.honest["b"].Allocation(now, keyB); l.Count() < h.budget.FloorCount("b") {
-		return fmt.Errorf("b holds %d of the key it uses, below its floor %d", l.Count(), h.budget.FloorCount("b"))
+	if l, _ := h.honest["b"].Allocation(now, keyB); l.Count() < h.budget.Floor("b").Count {
+		return fmt.Errorf("b holds %d of the key it uses, below its floor %d", l.Count(), h.budget.Floor("b").Count)
 	}
 	return nil
 }

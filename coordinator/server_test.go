@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/internal/leasetest"
 	"github.com/allot-dev/allot/lease"
 )
 
@@ -56,57 +56,45 @@ func newTestServer(t *testing.T, clk clock.Clock, advertise string, opts ...func
 	return s
 }
 
-type region struct {
-	name string
-	mu   sync.Mutex
-	h    *lease.Holder
-}
-
-// startRegions runs a Holder per region over a Client to addrs.
-func startRegions(t *testing.T, ctx context.Context, clk clock.Clock, addrs []string, names ...string) map[string]*region {
+// startRegions runs a region per name over a Client to addrs, each driven
+// as an agent drives its end of the protocol (internal/leasetest), with a
+// tick of 100 ms on clk.
+func startRegions(t *testing.T, ctx context.Context, clk clock.Clock, addrs []string, names ...string) map[string]*leasetest.Region {
 	t.Helper()
-	out := map[string]*region{}
+	out := map[string]*leasetest.Region{}
 	for i, n := range names {
-		hc := lease.DefaultHolderConfig()
-		hc.Region, hc.Session, hc.Budgets = n, uint64(i+1), testBudgets()
-		h, err := lease.NewHolder(hc, clk.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
 		c, err := NewClient(ClientConfig{Addrs: addrs, Region: n, ConnectTimeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		r := &region{name: n, h: h}
-		d := &HolderDriver{Client: c, Holder: h, Mu: &r.mu, Clock: clk, Tick: 5 * time.Millisecond, Redial: 20 * time.Millisecond}
-		go d.Run(ctx)
-		out[n] = r
+		out[n] = leasetest.Start(t, ctx, clk, n, testBudgets(), c,
+			leasetest.Options{Tick: 100 * time.Millisecond, Redial: 20 * time.Millisecond, Seed: uint64(i + 1)})
 	}
 	return out
 }
 
-func (r *region) alloc(now time.Time, k bucket.Key) bucket.Limit {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	l, _ := r.h.Allocation(now, k)
-	return l
-}
-
-// drive advances the manual clock step by step (giving the goroutines a
-// moment of real time to carry messages) until cond holds, checking I1 on
-// the regions' side at every step. It fails after max steps.
-func drive(t *testing.T, clk *clock.Manual, servers []*Server, regions map[string]*region, k bucket.Key, max int, cond func() bool) {
+// drive advances the manual clock a tick at a time, waiting until every
+// region's client has done its round (its timer is pending again) and
+// giving the streams a moment of real time to carry the messages, until
+// cond holds, checking I1 on the regions' side at every step. It fails
+// after max steps.
+func drive(t *testing.T, clk *clock.Manual, servers []*Server, regions map[string]*leasetest.Region, k bucket.Key, max int, cond func() bool) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	for i := range max {
 		clk.Advance(100 * time.Millisecond)
 		for _, s := range servers {
 			s.Tick()
 		}
-		time.Sleep(3 * time.Millisecond) // lets the streams carry messages; lease time is the manual clock
+		if err := clk.WaitForTimers(ctx, len(regions)); err != nil {
+			t.Fatalf("step %d: the regions' clients did not finish their rounds: %v", i, err)
+		}
+		time.Sleep(3 * time.Millisecond) // real gRPC carries the messages; lease time is the manual clock
 		var sum bucket.Tokens
 		for _, r := range regions {
-			sum += r.alloc(clk.Now(), k).Count()
+			sum += r.Allocation(k).Count()
 		}
 		if sum > 600 {
 			t.Fatalf("step %d: regions hold %d > budget 600", i, sum)
@@ -135,14 +123,10 @@ func TestStandalone(t *testing.T) {
 	defer cancel()
 	regions := startRegions(t, ctx, clk, []string{deadAddr, addr}, "a", "b", "c")
 	k := bucket.Key{Rule: "api", Subject: "t1"}
-	regions["a"].mu.Lock()
-	regions["a"].h.Demand(clk.Now(), k, 500)
-	regions["a"].mu.Unlock()
+	regions["a"].Demand(k, 500)
 	drive(t, clk, []*Server{s}, regions, k, 400, func() bool {
-		regions["a"].mu.Lock()
-		regions["a"].h.Demand(clk.Now(), k, 500)
-		regions["a"].mu.Unlock()
-		return regions["a"].alloc(clk.Now(), k).Count() >= 500
+		regions["a"].Demand(k, 500)
+		return regions["a"].Allocation(k).Count() >= 500
 	})
 }
 
@@ -176,8 +160,8 @@ func TestRedirect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	if st.Addr() != leaderAddr {
-		t.Fatalf("second stream reaches %s, want the leader %s", st.Addr(), leaderAddr)
+	if got := st.(*Stream).Addr(); got != leaderAddr {
+		t.Fatalf("second stream reaches %s, want the leader %s", got, leaderAddr)
 	}
 	if err := st.Send(lease.Message{Type: lease.MsgHello, Region: "a", Session: 1, Seq: 1}); err != nil {
 		t.Fatal(err)
@@ -195,7 +179,7 @@ func TestRedirect(t *testing.T) {
 // leaderStream starts a test server that leads term 1 and returns a
 // stream to it as region, closed when the test ends, with the server and
 // its address.
-func leaderStream(t *testing.T, region string) (*Server, *Stream, string) {
+func leaderStream(t *testing.T, region string) (*Server, lease.Stream, string) {
 	t.Helper()
 	s := newTestServer(t, clock.NewManual(t0), "")
 	addr := startServer(t, s)
@@ -250,10 +234,8 @@ func TestStatusAndMetrics(t *testing.T) {
 	regions := startRegions(t, ctx, clk, []string{addr}, "a", "b", "c")
 	k := bucket.Key{Rule: "api", Subject: "t1"}
 	drive(t, clk, []*Server{s}, regions, k, 400, func() bool {
-		regions["a"].mu.Lock()
-		regions["a"].h.Demand(clk.Now(), k, 500)
-		regions["a"].mu.Unlock()
-		return regions["a"].alloc(clk.Now(), k).Count() >= 500
+		regions["a"].Demand(k, 500)
+		return regions["a"].Allocation(k).Count() >= 500
 	})
 	h := s.Handler(nil)
 	get := func(path string) (int, string) {

@@ -36,7 +36,7 @@ func TestMutualTLS(t *testing.T) {
 	defer g.Stop()
 	addr := lis.Addr().String()
 
-	dial := func(region, certName string) (*Stream, error) {
+	dial := func(region, certName string) (lease.Stream, error) {
 		tc := &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}
 		if certName != "" {
 			tc.Certificates = []tls.Certificate{ca.Issue(t, certName, x509.ExtKeyUsageClientAuth)}

@@ -160,7 +160,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}
 	re := regexp.MustCompile(`(?:Name:\s*|NewDesc\()"(allot_[a-z0-9_]+)"`)
-	for _, f := range []string{"coordinator/metrics.go", "region/metrics.go", "limiter/metrics.go", "auth/callers.go",
+	for _, f := range []string{"coordinator/metrics.go", "agent/metrics.go", "limiter/metrics.go", "auth/callers.go",
 		"httpserver/httpserver.go", "rls/rls.go", "cmd/agent/boundary.go"} {
 		b, err := os.ReadFile(filepath.Join(repoRoot, f))
 		if err != nil {

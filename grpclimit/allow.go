@@ -164,7 +164,7 @@ func DecisionFromProto(in *allotv1.AllowResponse) (limiter.Decision, error) {
 		Allowed: in.GetAllowed(), Remaining: bucket.Tokens(in.GetRemaining()),
 		RetryAfter: in.GetRetryAfter().AsDuration(), ResetAfter: in.GetResetAfter().AsDuration(),
 		Policy: in.GetPolicy(), Rule: in.GetRule(), Plan: in.GetPlan(), Cost: bucket.Tokens(in.GetCost()),
-		Shadow: in.GetShadow(), Fallback: rules.Policy(in.GetFallback()), Status: int(in.GetHttpStatus()),
+		Shadow: in.GetShadow(), Fallback: rules.FailurePolicy(in.GetFallback()), Status: int(in.GetHttpStatus()),
 		RulesVersion: in.GetRulesVersion(),
 	}
 	for r, p := range reasons {

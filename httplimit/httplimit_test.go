@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/bucket/storetest"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/httplimit"
@@ -256,7 +257,7 @@ func TestCostFuncAndAttemptHeader(t *testing.T) {
 // quota headers and the limiter counts it.
 func TestUnavailable(t *testing.T) {
 	srv := testenv.StartRedis(t)
-	rs, err := bucket.NewRedis(srv.Client(t), bucket.RedisOptions{Timeout: 200 * time.Millisecond})
+	rs, err := redisstore.New(srv.Client(t), redisstore.Options{Timeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

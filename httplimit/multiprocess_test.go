@@ -15,7 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/httplimit"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/limiter"
@@ -42,7 +42,7 @@ func serveChild(addr, prefix string) int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "child:", err); return 1 }
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	defer c.Close()
-	store, err := bucket.NewRedis(c, bucket.RedisOptions{Prefix: prefix})
+	store, err := redisstore.New(c, redisstore.Options{Prefix: prefix})
 	if err != nil {
 		return fail(err)
 	}

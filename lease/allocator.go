@@ -150,7 +150,7 @@ type region struct {
 	leaseEnd  time.Time // until when it may use anything above its floors
 	commitEnd time.Time // until when its lent floors stay lent
 	lapsed    bool      // leaseEnd passed, slots capped at floors
-	settled   bool      // lapsed and commitEnd passed, slots at floors
+	floored   bool      // lapsed and commitEnd passed, slots at floors
 
 	grant  uint64
 	grants [32]grantRec
@@ -203,8 +203,8 @@ func (a *Allocator) setBudgets(bs []Budget) {
 		bud.fill = mulDiv(int64(b.Limit.Period()), int64(b.Limit.Burst()), bud.count)
 		for i, name := range b.Regions {
 			bud.regions = append(bud.regions, a.region(name))
-			bud.floors = append(bud.floors, int64(b.FloorCount(name)))
-			bud.weights = append(bud.weights, b.weight(i))
+			bud.floors = append(bud.floors, int64(b.Floor(name).Count))
+			bud.weights = append(bud.weights, b.Split().weight(i))
 		}
 		a.budgets[b.Rule] = bud
 		maxN = max(maxN, len(b.Regions))
@@ -356,7 +356,7 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 	r.needFull = true
 	// The hello's entries are held until at most TTL after it was sent.
 	r.leaseEnd = maxTime(r.leaseEnd, now.Add(a.cfg.TTL+a.cfg.Drift))
-	r.lapsed, r.settled = false, false
+	r.lapsed, r.floored = false, false
 	for _, e := range m.Entries {
 		k, i := a.slotFor(now, e.Key, r, -1)
 		if k == nil {
@@ -529,8 +529,8 @@ func (a *Allocator) Tick(now time.Time) {
 			a.lapse(now, r)
 			a.recheck = len(a.starved) > 0 // what it held may be free now
 		}
-		if r.lapsed && !r.settled && !now.Before(r.commitEnd) {
-			a.settle(r)
+		if r.lapsed && !r.floored && !now.Before(r.commitEnd) {
+			a.restoreFloors(r)
 			a.recheck = len(a.starved) > 0
 		}
 	}
@@ -594,7 +594,7 @@ func (a *Allocator) canGrant(now time.Time, r *region) bool {
 	return r.known && !r.released && now.Sub(r.heard) < a.cfg.TTL
 }
 
-// lapse settles r's slots once its lease may have expired everywhere: the
+// lapse caps r's slots once its lease may have expired everywhere: the
 // region now uses at most min(floor, what it held) while its lends hold, and
 // its floor after.
 func (a *Allocator) lapse(now time.Time, r *region) {
@@ -625,10 +625,10 @@ func (a *Allocator) lapse(now time.Time, r *region) {
 	}
 }
 
-// settle returns a lapsed region's slots to its floors once its lends have
-// ended: that is all it may use now.
-func (a *Allocator) settle(r *region) {
-	r.settled = true
+// restoreFloors returns a lapsed region's slots to its floors once its
+// lends have ended: that is all it may use now.
+func (a *Allocator) restoreFloors(r *region) {
+	r.floored = true
 	for _, k := range a.keys {
 		if i := slices.Index(k.bud.regions, r); i >= 0 {
 			s := &k.slots[i]
@@ -844,7 +844,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want []int64) {
 	bud := k.bud
 	if bud.b.Policy == Static {
-		W := bud.b.totalWeight()
+		W := bud.b.Split().totalWeight()
 		for i := range tgt {
 			if tgt[i] < 0 {
 				tgt[i] = mulDiv(bud.count, bud.weights[i], W)
@@ -1049,10 +1049,10 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 		r.unackedSince = now
 	}
 	r.version = m.Version
-	// Whatever this grant carries must be settled again if the lease has
+	// Whatever this grant carries must be capped again if the lease has
 	// run out: the next Tick caps it at the floors before any renewal.
 	if len(m.Entries) > 0 || renew {
-		r.lapsed, r.settled = false, false
+		r.lapsed, r.floored = false, false
 	}
 	r.grant++
 	m.Grant = r.grant

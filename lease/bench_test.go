@@ -11,7 +11,7 @@ import (
 
 // benchAllocator returns an Allocator past its learning period with nRegions
 // regions that said hello and nKeys hot keys, each wanted by two regions
-// above their floors, settled: every grant acknowledged. reports are the
+// above their floors, at rest: every grant acknowledged. reports are the
 // regions' periodic reports, to be re-sent every round to keep demand
 // fresh.
 func benchAllocator(b *testing.B, nRegions, nKeys int) (*Allocator, time.Time, []Message) {

@@ -12,14 +12,14 @@ import (
 	"github.com/allot-dev/allot/bucket"
 )
 
-// Policy chooses how a budget is split among regions that want it.
-type Policy uint8
+// AllocationPolicy chooses how a budget is split among regions that want it.
+type AllocationPolicy uint8
 
 const (
 	// MaxMin is max-min fair share: no region gets more than it wants, and
 	// the rest is split so that the smallest shares are as large as
 	// possible (by weight).
-	MaxMin Policy = iota
+	MaxMin AllocationPolicy = iota
 	// Proportional splits a contended budget in proportion to demand.
 	Proportional
 	// Static gives each region Count×weight/Σweight whatever the demand.
@@ -27,7 +27,7 @@ const (
 )
 
 // String returns the policy's configuration name.
-func (p Policy) String() string {
+func (p AllocationPolicy) String() string {
 	switch p {
 	case MaxMin:
 		return "max-min"
@@ -39,8 +39,8 @@ func (p Policy) String() string {
 	return fmt.Sprintf("policy(%d)", uint8(p))
 }
 
-// ParsePolicy parses "max-min" (or ""), "proportional" or "static".
-func ParsePolicy(s string) (Policy, error) {
+// ParseAllocationPolicy parses "max-min" (or ""), "proportional" or "static".
+func ParseAllocationPolicy(s string) (AllocationPolicy, error) {
 	switch strings.ToLower(s) {
 	case "", "max-min", "maxmin":
 		return MaxMin, nil
@@ -55,6 +55,65 @@ func ParsePolicy(s string) (Policy, error) {
 // DefaultReserve is the share of a budget held back from floors so the
 // coordinator can grant a newly hot key at once, without asking anyone.
 const DefaultReserve = 1.0 / 3
+
+// Split says how a global budget divides into floors: the budget minus a
+// reserve, shared by Regions in proportion to Weights. A Budget carries one
+// (Budget.Split); a region that knows only the split and a key's global
+// limit (the agents' decision core) computes the same floors with it.
+type Split struct {
+	// Regions share the budget, each once.
+	Regions []string
+	// Weights are the regions' floor weights, in Regions order; nil means
+	// equal weights.
+	Weights []int64
+	// Reserve is the fraction of the budget kept out of floors, in [0, 1).
+	Reserve float64
+}
+
+// Floor is a region's static share of a budget: what it may use for every
+// key with no lease (invariant I5).
+type Floor struct {
+	// Count is (Count − ⌈Count×Reserve⌉)×weight/Σweight of the budget,
+	// rounded down so floors never sum above the budget.
+	Count bucket.Tokens
+	// Burst is Burst×Count/budget Count, rounded down likewise.
+	Burst bucket.Tokens
+	// Limit is Count per the budget's period with burst Burst; the zero
+	// Limit, "admit nothing", when either is 0.
+	Limit bucket.Limit
+}
+
+// Floor returns region's floor of a budget whose global limit is global:
+// the one place the floor formula is written. It is the zero Floor for a
+// region not in s.Regions.
+func (s Split) Floor(region string, global bucket.Limit) Floor {
+	i := slices.Index(s.Regions, region)
+	if i < 0 {
+		return Floor{}
+	}
+	c := bucket.Tokens(mulDiv(int64(global.Count()-reserveCount(global, s.Reserve)), s.weight(i), s.totalWeight()))
+	b := burstOf(global, c)
+	return Floor{Count: c, Burst: b, Limit: limitOf(global.Period(), c, b)}
+}
+
+// weight returns region i's weight.
+func (s Split) weight(i int) int64 {
+	if s.Weights == nil {
+		return 1
+	}
+	return s.Weights[i]
+}
+
+func (s Split) totalWeight() int64 {
+	if s.Weights == nil {
+		return int64(len(s.Regions))
+	}
+	var t int64
+	for _, w := range s.Weights {
+		t += w
+	}
+	return t
+}
 
 // Budget is a global limit shared by regions. Every subject of Rule has its
 // own bucket with this Limit; Regions split it.
@@ -72,7 +131,7 @@ type Budget struct {
 	// [0, 1). DefaultReserve is a good start.
 	Reserve float64
 	// Policy splits the budget among regions that want it.
-	Policy Policy
+	Policy AllocationPolicy
 }
 
 // Validate reports the first problem with b, naming the field and value.
@@ -115,52 +174,35 @@ func (b Budget) Validate() error {
 	return nil
 }
 
-// weight returns region i's weight.
-func (b Budget) weight(i int) int64 {
-	if b.Weights == nil {
-		return 1
-	}
-	return b.Weights[i]
-}
-
-func (b Budget) totalWeight() int64 {
-	if b.Weights == nil {
-		return int64(len(b.Regions))
-	}
-	var s int64
-	for _, w := range b.Weights {
-		s += w
-	}
-	return s
+// Split returns how the budget divides into floors.
+func (b Budget) Split() Split {
+	return Split{Regions: b.Regions, Weights: b.Weights, Reserve: b.Reserve}
 }
 
 // ReserveCount is the part of the budget's Count kept out of floors:
 // ⌈Count×Reserve⌉.
-func (b Budget) ReserveCount() bucket.Tokens {
-	c := float64(b.Limit.Count())
-	r := bucket.Tokens(math.Ceil(c * b.Reserve))
-	return min(max(r, 0), b.Limit.Count())
+func (b Budget) ReserveCount() bucket.Tokens { return reserveCount(b.Limit, b.Reserve) }
+
+func reserveCount(global bucket.Limit, reserve float64) bucket.Tokens {
+	c := float64(global.Count())
+	r := bucket.Tokens(math.Ceil(c * reserve))
+	return min(max(r, 0), global.Count())
 }
 
-// FloorCount returns region's floor: (Count − ReserveCount)×weight/Σweight,
-// rounded down so floors never sum above the budget. It is 0 for a region
+// Floor returns region's floor (Split.Floor); the zero Floor for a region
 // not in the budget.
-func (b Budget) FloorCount(region string) bucket.Tokens {
-	i := slices.Index(b.Regions, region)
-	if i < 0 {
-		return 0
-	}
-	return bucket.Tokens(mulDiv(int64(b.Limit.Count()-b.ReserveCount()), b.weight(i), b.totalWeight()))
-}
+func (b Budget) Floor(region string) Floor { return b.Split().Floor(region, b.Limit) }
 
 // BurstOf is the burst that goes with an allocation of count:
 // Burst×count/Count rounded down, so bursts sum within the budget's burst
 // whenever counts sum within its count.
-func (b Budget) BurstOf(count bucket.Tokens) bucket.Tokens {
+func (b Budget) BurstOf(count bucket.Tokens) bucket.Tokens { return burstOf(b.Limit, count) }
+
+func burstOf(global bucket.Limit, count bucket.Tokens) bucket.Tokens {
 	if count <= 0 {
 		return 0
 	}
-	return bucket.Tokens(mulDiv(int64(b.Limit.Burst()), int64(count), int64(b.Limit.Count())))
+	return bucket.Tokens(mulDiv(int64(global.Burst()), int64(count), int64(global.Count())))
 }
 
 // LimitOf is the bucket.Limit a region enforces for an allocation of count:

@@ -173,8 +173,8 @@ func (h *Holder) SetBudgets(bs []Budget) error {
 func (h *Holder) setBudgets(bs []Budget) {
 	h.budgets = make(map[string]*holderBudget, len(bs))
 	for _, b := range bs {
-		f := b.FloorCount(h.cfg.Region)
-		h.budgets[b.Rule] = &holderBudget{b: b, floor: f, burst: b.BurstOf(f), limit: b.LimitOf(f), period: b.Limit.Period()}
+		f := b.Floor(h.cfg.Region)
+		h.budgets[b.Rule] = &holderBudget{b: b, floor: f.Count, burst: f.Burst, limit: f.Limit, period: b.Limit.Period()}
 	}
 }
 

@@ -46,10 +46,10 @@ func measureConfig(regions []string) Config {
 	return cfg
 }
 
-// settleTime shifts demand from wantsBefore to wantsAfter and returns how
+// convergeTime shifts demand from wantsBefore to wantsAfter and returns how
 // long until every region with demand holds at least 95% of its max-min
 // fair share of the true demand.
-func settleTime(t *testing.T, regions []string, before, after []int64, loss float64) time.Duration {
+func convergeTime(t *testing.T, regions []string, before, after []int64, loss float64) time.Duration {
 	cfg := measureConfig(regions)
 	c := newCluster(t, cfg)
 	if loss > 0 {
@@ -65,7 +65,7 @@ func settleTime(t *testing.T, regions []string, before, after []int64, loss floa
 		}
 	}
 	setDemand(before)
-	for range 300 { // 30 s: past learning, settled
+	for range 300 { // 30 s: past learning, at rest
 		c.step(100 * time.Millisecond)
 	}
 	setDemand(after)
@@ -87,7 +87,7 @@ func settleTime(t *testing.T, regions []string, before, after []int64, loss floa
 			return c.now.Sub(start)
 		}
 	}
-	t.Fatalf("no settling within 60 s\n%s", c.show())
+	t.Fatalf("no convergence within 60 s\n%s", c.show())
 	return 0
 }
 
@@ -110,9 +110,9 @@ func TestConvergence(t *testing.T) {
 	}
 	refresh := DefaultConfig().Refresh
 	for _, tc := range cases {
-		d := settleTime(t, tc.regions, tc.before, tc.after, tc.loss)
+		d := convergeTime(t, tc.regions, tc.before, tc.after, tc.loss)
 		n := float64(d) / float64(refresh)
-		t.Logf("%s: settled within 5%% of fair share in %s = %.2f refresh intervals", tc.name, d, n)
+		t.Logf("%s: converged to within 5%% of fair share in %s = %.2f refresh intervals", tc.name, d, n)
 		if n > 3 {
 			t.Errorf("%s: %.2f refresh intervals > 3", tc.name, n)
 		}

@@ -48,7 +48,7 @@ func propertyConfig(rng *rand.Rand) Config {
 	regions := []string{"a", "b", "c", "d"}[:2+rng.IntN(3)]
 	cfg.Budgets = []Budget{
 		{Rule: "api", Limit: bucket.PerMinute(bucket.Tokens(100 + rng.IntN(10000))).WithBurst(bucket.Tokens(10 + rng.IntN(500))),
-			Regions: regions, Reserve: []float64{0, 0.2, DefaultReserve, 0.9}[rng.IntN(4)], Policy: Policy(rng.IntN(3))},
+			Regions: regions, Reserve: []float64{0, 0.2, DefaultReserve, 0.9}[rng.IntN(4)], Policy: AllocationPolicy(rng.IntN(3))},
 		{Rule: "w", Limit: bucket.PerSecond(bucket.Tokens(10 + rng.IntN(1000))), Regions: regions[1:],
 			Weights: weights(rng, len(regions)-1), Reserve: rng.Float64() * 0.5},
 	}

@@ -145,7 +145,7 @@ func parseBudget(a map[string]string) (Budget, error) {
 			b.Weights = append(b.Weights, n)
 		}
 	}
-	if b.Policy, err = ParsePolicy(a["policy"]); err != nil {
+	if b.Policy, err = ParseAllocationPolicy(a["policy"]); err != nil {
 		return Budget{}, err
 	}
 	return b, b.Validate()
@@ -206,8 +206,8 @@ func (s *scenario) do(t *testing.T, line string) (string, error) {
 		for _, b := range s.cfg.Budgets {
 			fmt.Fprintf(&sb, "%s: %s reserve=%d floors:", b.Rule, b.Limit, b.ReserveCount())
 			for _, r := range b.Regions {
-				f := b.FloorCount(r)
-				fmt.Fprintf(&sb, " %s=%d/%d", r, f, b.BurstOf(f))
+				f := b.Floor(r)
+				fmt.Fprintf(&sb, " %s=%d/%d", r, f.Count, f.Burst)
 			}
 			sb.WriteString("\n")
 		}

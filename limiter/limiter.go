@@ -5,7 +5,7 @@
 // StoreLimiter, the implementation here, resolves a request against the
 // rules in force (rule, subject, plan, cost), then charges one bucket in a
 // bucket.Store keyed bucket.Key{Rule: rule name, Subject: subject}. It does
-// not know what the store is: the in-process bucket.Memory, bucket.Redis
+// not know what the store is: the in-process bucket.Memory, redisstore.Store
 // (exact within a region), or a regional agent that substitutes its leased
 // share of the global budget. When the store answers bucket.ErrUnavailable
 // the rule's failure policy decides: fail closed (deny), fail open (admit
@@ -112,7 +112,7 @@ type Decision struct {
 	Shadow bool
 	// Fallback is the failure policy applied when the store was
 	// unavailable; empty otherwise.
-	Fallback rules.Policy
+	Fallback rules.FailurePolicy
 	// Status is the HTTP status the rules ask for this denial (no_identity's
 	// status); 0 lets the transport choose.
 	Status int

@@ -69,7 +69,7 @@ func (m *RulesMetrics) SetRules(s *rules.Set) {
 }
 
 // Reload records one reload attempt; it fits rules.WatchConfig.Notify and
-// rules.NewHolder's notify.
+// rules.NewReloader's notify.
 func (m *RulesMetrics) Reload(u rules.Update) {
 	switch {
 	case u.Err != nil:

@@ -81,7 +81,7 @@ func TestRulesMetrics(t *testing.T) {
 	if a.Version() != b.Version() || a.Digest() == b.Digest() {
 		t.Fatalf("test setup: versions %q %q, digests equal %v", a.Version(), b.Version(), a.Digest() == b.Digest())
 	}
-	h := rules.NewHolder(a, quiet, m.Reload)
+	h := rules.NewReloader(a, quiet, m.Reload)
 	m.SetRules(a)
 	h.Apply([]byte("plans: [this is not a plan"), "bad.yaml")
 	h.Apply([]byte("plans: [this is not a plan"), "bad.yaml")

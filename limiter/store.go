@@ -39,7 +39,7 @@ func RuleEmergencyLimit(r *rules.Rule, _ bucket.Key, normal bucket.Limit) bucket
 
 // Config configures a StoreLimiter.
 type Config struct {
-	// Rules gives the rules in force; a *rules.Set, a *rules.Holder or a
+	// Rules gives the rules in force; a *rules.Set, a *rules.Reloader or a
 	// *rules.FileWatcher. Required.
 	Rules rules.Source
 	// Store holds the buckets of global- and region-scoped rules. Required.

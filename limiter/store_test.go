@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/bucket/storetest"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/internal/testenv"
@@ -337,7 +338,7 @@ func TestAttemptIDIsIdempotent(t *testing.T) {
 }
 
 func TestReloadAppliesToNextDecision(t *testing.T) {
-	h := rules.NewHolder(parse(t, testRules), quiet, nil)
+	h := rules.NewReloader(parse(t, testRules), quiet, nil)
 	e := newEnv(t, testRules, func(c *limiter.Config) { c.Rules = h })
 	if d := e.allow(t, limiter.Request{Subject: "a", Descriptor: path("/x")}); d.Limit != bucket.PerMinute(10) {
 		t.Fatalf("before: %+v", d)
@@ -393,7 +394,7 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 // configured function.
 func TestFailurePolicies(t *testing.T) {
 	srv := testenv.StartRedis(t)
-	rs, err := bucket.NewRedis(srv.Client(t), bucket.RedisOptions{Timeout: 200 * time.Millisecond})
+	rs, err := redisstore.New(srv.Client(t), redisstore.Options{Timeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -469,7 +470,7 @@ func TestFailurePolicies(t *testing.T) {
 func TestRedisBacked(t *testing.T) {
 	c := testenv.RedisClient(t)
 	clk := clock.NewManual(t0)
-	rs, err := bucket.NewRedis(c, bucket.RedisOptions{Prefix: "limiter-test:" + time.Now().Format("150405.000000000") + ":", Now: clk.Now})
+	rs, err := redisstore.New(c, redisstore.Options{Prefix: "limiter-test:" + time.Now().Format("150405.000000000") + ":", Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,7 +497,7 @@ func TestRedisBacked(t *testing.T) {
 // swapped underneath (same quota, new version each time): exactly the
 // quota is admitted, and every decision names a version that was in force.
 func TestConcurrentWithReloads(t *testing.T) {
-	h := rules.NewHolder(parse(t, testRules), quiet, nil)
+	h := rules.NewReloader(parse(t, testRules), quiet, nil)
 	e := newEnv(t, testRules, func(c *limiter.Config) { c.Rules = h })
 	versions := map[string]bool{"test-1": true}
 	var vmu sync.Mutex

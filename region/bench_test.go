@@ -8,6 +8,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/lease"
@@ -20,7 +21,7 @@ func benchStore(b *testing.B, st bucket.Store) (*Store, bucket.Limit) {
 	b.Helper()
 	cfg := DefaultConfig()
 	cfg.Region = "a"
-	cfg.Floors = FloorSpec{Regions: []string{"a", "b", "c"}}
+	cfg.Floors = lease.Split{Regions: []string{"a", "b", "c"}}
 	view := NewTableView("a", cfg.Floors)
 	now := time.Now()
 	view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: now.Add(time.Hour), HoldUntil: now.Add(time.Hour),
@@ -113,7 +114,7 @@ func BenchmarkAllowHotKey(b *testing.B) {
 // (one script call per decision).
 func BenchmarkRedisOpsPerThousand(b *testing.B) {
 	c := testenv.RedisClient(b)
-	rs, err := bucket.NewRedis(c, bucket.RedisOptions{Prefix: "bench-region:"})
+	rs, err := redisstore.New(c, redisstore.Options{Prefix: "bench-region:"})
 	if err != nil {
 		b.Fatal(err)
 	}

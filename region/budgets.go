@@ -6,45 +6,27 @@ import (
 	"github.com/allot-dev/allot/rules"
 )
 
-// BudgetName names the global budget of a plan rule under one plan:
-// "rule/plan". A fixed rule's budget is named after the rule alone.
-func BudgetName(rule, plan string) string { return rule + "/" + plan }
-
-// Budgets lists the global budgets of a rules set as the lease protocol
-// sees them: one per fixed global rule (named after the rule) and one per
-// plan of each global plan rule (named by BudgetName), split by spec. Rules
-// of region or local scope are never leased. Two plans with the same limit
-// share the first one's budget, as they share a bucket at the edge.
-func Budgets(set *rules.Set, spec FloorSpec, policy lease.Policy) []lease.Budget {
+// Budgets lists the budgets of a rules set that the lease protocol splits
+// across regions: the set's global budgets (rules.Set.Budgets, the one
+// enumeration), each named by its Name and split by split. Rules of region
+// or local scope are never leased. The coordinator builds its budgets with
+// the same function, so both sides name and size them alike.
+func Budgets(set *rules.Set, split lease.Split, policy lease.AllocationPolicy) []lease.Budget {
 	var out []lease.Budget
-	add := func(name string, l bucket.Limit) {
-		out = append(out, lease.Budget{Rule: name, Limit: l, Regions: append([]string(nil), spec.Regions...),
-			Weights: append([]int64(nil), spec.Weights...), Reserve: spec.Reserve, Policy: policy})
-	}
-	for _, r := range set.Rules() {
-		if r.Scope != rules.ScopeGlobal && r.Scope != "" {
+	for _, b := range set.Budgets() {
+		if !b.Global() {
 			continue
 		}
-		if r.Source == rules.Fixed {
-			add(r.Name, r.Limit)
-			continue
-		}
-		seen := map[bucket.Limit]bool{}
-		for _, p := range set.Plans() {
-			if seen[p.Limit] {
-				continue
-			}
-			seen[p.Limit] = true
-			add(BudgetName(r.Name, p.Name), p.Limit)
-		}
+		out = append(out, lease.Budget{Rule: b.Name, Limit: b.Limit, Regions: append([]string(nil), split.Regions...),
+			Weights: append([]int64(nil), split.Weights...), Reserve: split.Reserve, Policy: policy})
 	}
 	return out
 }
 
 // Namer maps the key the edge charges (rule name, subject) and the limit it
-// charges it under to the key of the global budget it belongs to: a plan
-// rule's bucket is charged under its plan's budget, which the limit
-// identifies. It is immutable and safe for concurrent use.
+// charges it under to the key of the budget it belongs to: a plan rule's
+// bucket is charged under its plan's budget, which the limit identifies. It
+// is immutable and safe for concurrent use.
 type Namer struct {
 	byLimit map[ruleLimit]string
 }
@@ -61,15 +43,9 @@ func NewNamer(set *rules.Set) *Namer {
 	if set == nil {
 		return n
 	}
-	for _, r := range set.Rules() {
-		if r.Source != rules.FromPlan {
-			continue
-		}
-		for _, p := range set.Plans() {
-			k := ruleLimit{r.Name, p.Limit}
-			if _, ok := n.byLimit[k]; !ok {
-				n.byLimit[k] = BudgetName(r.Name, p.Name)
-			}
+	for _, b := range set.Budgets() {
+		if len(b.Plans) > 0 {
+			n.byLimit[ruleLimit{b.Rule, b.Limit}] = b.Name
 		}
 	}
 	return n

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/rules"
 )
 
@@ -18,7 +19,7 @@ type RuleConfig struct {
 	// given).
 	Scope rules.Scope
 	// OnUnavailable is the failure policy when the store cannot decide.
-	OnUnavailable rules.Policy
+	OnUnavailable rules.FailurePolicy
 	// EmergencyLimit, when set, caps the emergency limit of each bucket
 	// before it is divided among the region's live agents.
 	EmergencyLimit bucket.Limit
@@ -27,26 +28,15 @@ type RuleConfig struct {
 	EmptyOnFailover bool
 }
 
-// FloorSpec says how a global budget splits into floors: the budget minus a
-// reserve, shared by Regions in proportion to Weights. It must match the
-// coordinator's budgets (lease.Budget) so that floors sum within the budget.
-type FloorSpec struct {
-	// Regions share the budget; nil means this region alone (floor = the
-	// whole budget minus the reserve).
-	Regions []string
-	// Weights are the regions' weights, in Regions order; nil means equal.
-	Weights []int64
-	// Reserve is the fraction of the budget held back from floors.
-	Reserve float64
-}
-
 // Config configures a Core. Build it with DefaultConfig and change what you
 // need; NewCore calls Validate.
 type Config struct {
 	// Region is this region's name.
 	Region string
-	// Floors splits every global budget into floors.
-	Floors FloorSpec
+	// Floors splits every global budget into floors; a nil Regions means
+	// this region alone (its floor is the whole budget minus the reserve).
+	// It must match the coordinator's budgets so floors sum within them.
+	Floors lease.Split
 	// Rules holds per-rule settings by rule (budget) name; a rule not listed
 	// gets DefaultRule.
 	Rules map[string]RuleConfig
@@ -129,7 +119,7 @@ func (c Config) Validate() error {
 	case c.Shards < 1:
 		return fmt.Errorf("%w: shards=%d must be ≥ 1", ErrInvalidConfig, c.Shards)
 	}
-	if err := c.Floors.validate(c.Region); err != nil {
+	if err := validateFloors(c.Floors, c.Region); err != nil {
 		return err
 	}
 	if err := c.DefaultRule.validate("default"); err != nil {
@@ -143,7 +133,8 @@ func (c Config) Validate() error {
 	return nil
 }
 
-func (f FloorSpec) validate(region string) error {
+// validateFloors reports the first problem with a Config's split.
+func validateFloors(f lease.Split, region string) error {
 	if math.IsNaN(f.Reserve) || f.Reserve < 0 || f.Reserve >= 1 {
 		return fmt.Errorf("%w: floors reserve=%v must be in [0, 1)", ErrInvalidConfig, f.Reserve)
 	}
@@ -205,9 +196,10 @@ var (
 )
 
 // RuleConfigs derives per-rule settings from a rules set: scope, failure
-// policy and emergency limit of every rule, under the names Budgets gives
-// them. emptyOnFailover lists rules (or "*" for all) that start buckets
-// empty after a detected Redis failover.
+// policy and emergency limit of every rule, under the rule's name and the
+// name of each of its budgets (rules.Set.Budgets). emptyOnFailover lists
+// rules (or "*" for all) that start buckets empty after a detected Redis
+// failover.
 func RuleConfigs(set *rules.Set, emptyOnFailover []string) map[string]RuleConfig {
 	all := false
 	empty := map[string]bool{}
@@ -226,11 +218,9 @@ func RuleConfigs(set *rules.Set, emptyOnFailover []string) map[string]RuleConfig
 			rc.OnUnavailable = rules.FailClosed
 		}
 		out[r.Name] = rc
-		if r.Source == rules.FromPlan {
-			for _, p := range set.Plans() {
-				out[BudgetName(r.Name, p.Name)] = rc
-			}
-		}
+	}
+	for _, b := range set.Budgets() {
+		out[b.Name] = out[b.Rule]
 	}
 	return out
 }

@@ -113,7 +113,7 @@ func newFixture(t *testing.T, mod func(*Config)) *fixture {
 	clk := clock.NewManual(t0)
 	cfg := DefaultConfig()
 	cfg.Region = "a"
-	cfg.Floors = FloorSpec{Regions: []string{"a", "b", "c"}}
+	cfg.Floors = lease.Split{Regions: []string{"a", "b", "c"}}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -213,9 +213,9 @@ func TestTableViewMatchesHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := NewTableView("a", FloorSpec{Regions: b.Regions, Reserve: b.Reserve})
+	v := NewTableView("a", lease.Split{Regions: b.Regions, Reserve: b.Reserve})
 	v.Set(TableOf("a", "agent-1", 1, h.Snapshot(), t0))
-	ha := NewHolderAllocations(h, "a", []lease.Budget{b})
+	floor := b.Floor("a").Limit
 	for _, at := range []time.Duration{0, 9 * time.Second, 10 * time.Second, 24 * time.Second, 25 * time.Second, time.Minute} {
 		now := t0.Add(at)
 		for _, s := range []string{"x", "y", "z", "cold"} {
@@ -224,9 +224,8 @@ func TestTableViewMatchesHolder(t *testing.T) {
 			if got != want {
 				t.Errorf("at +%s key %s: view %v, holder %v", at, s, got, want)
 			}
-			got2, hot2, _ := ha.Allocation(now, key(s), global300)
-			if got2 != want || hot2 != hot {
-				t.Errorf("at +%s key %s: HolderAllocations %v hot %v, view %v hot %v", at, s, got2, hot2, got, hot)
+			if hot != (want != floor) {
+				t.Errorf("at +%s key %s: view says hot %v for %v, the floor being %v", at, s, hot, got, floor)
 			}
 		}
 	}

@@ -26,11 +26,15 @@ import (
 // The coordinator keeps state only for keys some region presses on, so its
 // memory still follows hot keys; the report's size follows the keys the
 // region uses.
-func (c *Core) Demand(now time.Time) []KeyDemand {
+func (c *Core) Demand(now time.Time) []KeyDemand { return c.AppendDemand(nil, now) }
+
+// AppendDemand is Demand appending to dst, for a driver that reuses its
+// buffer tick after tick.
+func (c *Core) AppendDemand(dst []KeyDemand, now time.Time) []KeyDemand {
 	c.demandMu.Lock()
 	defer c.demandMu.Unlock()
 	order := c.sortedKeys()
-	out := make([]KeyDemand, 0, len(order))
+	out := slices.Grow(dst, len(order))
 	down := c.breaker.State(now) != BreakerClosed
 	for _, ks := range order {
 		if ks.gone.Load() || ks.rs.Load().cfg.Scope != rules.ScopeGlobal {
@@ -55,25 +59,137 @@ func (c *Core) Demand(now time.Time) []KeyDemand {
 	return out
 }
 
-// sortedKeys returns every key state the core holds, sorted by key,
-// rebuilding the list only when keys were created or dropped since. A key
-// created while it is rebuilt moves keysVer again, so the next call
-// rebuilds; one dropped is marked gone. Requires that c.demandMu is held.
+// sortedKeys returns every key state the core holds, sorted by key: the
+// order kept from the last call, less the keys dropped since (marked gone),
+// merged with the keys created since, sorted on their own. A key created
+// while it runs is merged at the next call. Requires that c.demandMu is
+// held.
 func (c *Core) sortedKeys() []*keyState {
-	ver := c.keysVer.Load()
-	if c.demandOrder != nil && ver == c.demandVer {
+	c.newMu.Lock()
+	fresh := c.newKeys
+	c.newKeys = nil
+	c.newMu.Unlock()
+	if len(fresh) == 0 && c.dropped.Load() == 0 {
 		return c.demandOrder
 	}
-	order := c.demandOrder[:0]
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.RLock()
-		for _, ks := range s.keys {
-			order = append(order, ks)
+	c.dropped.Store(0)
+	byKey := func(a, b *keyState) int { return cmpKey(a.key, b.key) }
+	slices.SortFunc(fresh, byKey)
+	old, out := c.demandOrder, c.spareOrder[:0]
+	i, j := 0, 0
+	for i < len(old) || j < len(fresh) {
+		var ks *keyState
+		switch {
+		case j == len(fresh) || i < len(old) && byKey(old[i], fresh[j]) <= 0:
+			ks, i = old[i], i+1
+		default:
+			ks, j = fresh[j], j+1
 		}
-		s.mu.RUnlock()
+		if !ks.gone.Load() {
+			out = append(out, ks)
+		}
 	}
-	slices.SortFunc(order, func(a, b *keyState) int { return cmpKey(a.key, b.key) })
-	c.demandOrder, c.demandVer = order, ver
-	return order
+	clear(old)
+	c.demandOrder, c.spareOrder = out, old[:0]
+	return out
+}
+
+// sampleEvery is how often a key's short-term demand estimate takes in its
+// arrivals on the decision path (Tick samples every key too): often enough
+// that a flash crowd is batched within moments.
+const sampleEvery = 10 * time.Millisecond
+
+// demandWindow is the shortest window the reported demand is measured
+// over, so that arrivals bunched in one short sample do not read as a
+// higher rate.
+const demandWindow = 100 * time.Millisecond
+
+// sample takes ks's arrivals into its demand estimates when sampleEvery
+// has passed, and decides whether the key is batched. The short-term
+// estimate, which sizes batches, rises at once (a flash crowd is batched
+// within one sample) and decays with DemandHalfLife. The reported demand is
+// a plain moving average with half-life DemandHalfLife, which starts at the
+// first window's rate (a key new or idle again is reported at its full rate
+// within one window). It does not rise at once: a rise-at-once estimate
+// turns every bunch of arrivals in one window (a few costly requests, the
+// on-phase of on/off traffic) into a peak a hundred times the key's use,
+// the coordinator moves allocations after those peaks, and every move
+// costs the region that gains capacity the burst it adds, since an
+// increase arrives spent.
+func (c *Core) sample(ks *keyState, now time.Time) {
+	nowUS := now.UnixMicro()
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	c.sampleLocked(ks, nowUS)
+}
+
+// ewma moves est toward the rate inst seen over dt µs: at once when inst is
+// higher, with half-life hl µs when lower.
+func ewma(est, inst float64, dt, hl int64) float64 {
+	est = average(est, inst, dt, hl)
+	if inst > est {
+		est = inst
+	}
+	return est
+}
+
+// average moves est toward the rate inst seen over dt µs with half-life hl
+// µs, both ways; an estimate of 0 (nothing seen yet, or decayed to nothing)
+// starts at inst.
+func average(est, inst float64, dt, hl int64) float64 {
+	if est == 0 {
+		return inst
+	}
+	decay := math.Exp2(-float64(dt) / float64(hl))
+	est = est*decay + inst*(1-decay)
+	if est < 1e-9 {
+		est = 0
+	}
+	return est
+}
+
+// sampleLocked requires that ks.mu is held.
+func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
+	dt := nowUS - ks.lastSample
+	if dt < sampleEvery.Microseconds() {
+		return
+	}
+	if n := ks.takeCount(); n > 0 {
+		ks.rs.Load().admitted[PathBatch].Add(n)
+	}
+	hl := c.cfg.DemandHalfLife.Microseconds()
+	spent := ks.given - ks.back - ks.held()
+	a := ks.arrived.Swap(0) + max(spent-ks.lastSpent, 0)
+	ks.lastSpent = spent
+	ks.rate = ewma(ks.rate, float64(a)/(float64(dt)/1e6), dt, hl)
+	ks.lastSample = nowUS
+	ks.winTokens += a
+	if w := nowUS - ks.winStart; w >= demandWindow.Microseconds() {
+		ks.demand = average(ks.demand, float64(ks.winTokens)/(float64(w)/1e6), w, hl)
+		ks.winStart, ks.winTokens = nowUS, 0
+	}
+	if a > 0 {
+		ks.lastActive = nowUS
+	}
+	batch := ks.rate*c.cfg.BatchWindow.Seconds() >= c.batchMinus
+	if ac := ks.alloc.Load(); ac != nil && batch {
+		batch = float64(ac.limit.Burst())*c.cfg.BatchMaxFraction >= c.batchMinus
+	}
+	if batch && !ks.batched.Load() {
+		c.hot[hotSlot(ks.key)].Store(ks)
+	}
+	ks.batched.Store(batch)
+}
+
+// KeyDemand is one key's local demand.
+type KeyDemand struct {
+	Key bucket.Key
+	// Want is the demand in tokens per the budget's period.
+	Want bucket.Tokens
+	// Rate is the demand in tokens per second.
+	Rate float64
+	// Alloc is the region's allocation for the key; Hot is set when it is a
+	// coordinator entry.
+	Alloc bucket.Limit
+	Hot   bool
 }

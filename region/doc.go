@@ -1,5 +1,6 @@
-// Package region is the regional agent: it decides requests locally from the
-// region's leased slice of every global budget.
+// Package region is the regional agent's deterministic core: it decides
+// requests locally from the region's leased slice of every global budget,
+// and holds the region's end of the lease protocol.
 //
 // # Model
 //
@@ -10,9 +11,9 @@
 // that allocation exactly in its regional store (the regional Redis, through
 // bucket.Store): every read-refill-check-debit is one atomic script there.
 //
-// Core is the deterministic decision core. It takes time as an argument,
-// starts no goroutines and reads no clock, so the simulator drives the same
-// code the agent runs. For each request it
+// Core is the decision core. It takes time as an argument, starts no
+// goroutines and reads no clock, so the simulator drives the same code the
+// agent runs. For each request it
 //
 //   - resolves the key's allocation (Allocations: a Table of the region's
 //     lease, or floors alone), caching it per key until the table changes or
@@ -36,9 +37,12 @@
 // edge (package limiter) plugs it in unchanged, passing each rule's global
 // limit; the Store substitutes the region's allocation for that key.
 //
-// Agent is the driver: it runs the Core's ticks, keeps membership of the
-// region's agents (memberlist), elects the one speaking agent that holds the
-// region's lease (lease.Holder) and publishes the allocation table to the
-// regional Redis so every agent of the region uses the same one, detects
-// Redis failovers and exports Prometheus metrics.
+// The speaking agent's protocol (which agent speaks: SpeakerOf) and the
+// Settler, which applies allocation changes to the regional buckets, are
+// here too, as deterministic code. The drivers that run all of it with
+// goroutines, a clock, memberlist, the shared table in Redis, the gRPC
+// lease stream and metrics are package agent. region imports the standard
+// library and allot's own bucket, lease, rules and clock packages only, so
+// the simulator, which imports it, runs the agent's logic without any of
+// the drivers' dependencies.
 package region

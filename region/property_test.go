@@ -28,12 +28,12 @@ func TestRegionNeverExceedsItsLargestAllocation(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 99))
 			clk := clock.NewManual(t0)
 			store := newCounting(bucket.NewMemory(bucket.MemoryOptions{Clock: clk}))
-			view := NewTableView("a", FloorSpec{Regions: []string{"a", "b"}})
+			view := NewTableView("a", lease.Split{Regions: []string{"a", "b"}})
 			var cores []*Core
 			for i := 0; i < 3; i++ {
 				cfg := DefaultConfig()
 				cfg.Region = "a"
-				cfg.Floors = FloorSpec{Regions: []string{"a", "b"}}
+				cfg.Floors = lease.Split{Regions: []string{"a", "b"}}
 				cfg.DefaultRule = RuleConfig{OnUnavailable: rules.FailClosed}
 				cfg.BreakerFailures, cfg.BreakerBackoff = 2, 50*time.Millisecond
 				c, err := NewCore(cfg, store, view)

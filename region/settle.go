@@ -2,6 +2,8 @@ package region
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -14,22 +16,54 @@ import (
 // arrives spent, a decrease clamps: bucket.Rebase), but GCRA applies a
 // change lazily, at the key's next request: until then a bucket whose
 // allocation shrank goes on refilling at its old rate, while the rate it
-// gave up is in use elsewhere. So the speaking agent applies every change
-// of a key's allocation to its regional bucket the moment it happens
-// (grants, and the lease's or a hold's end), once per region, before it
-// publishes the table the others decide with; acknowledgements wait for
-// that table (see speaker.step). A Settler does the applying; it is
-// deterministic (time is an argument) so the simulator drives the same
-// code.
+// gave up is in use elsewhere. So the speaking agent settles every change
+// of a key's allocation, applying it to its regional bucket the moment it
+// happens (grants, and the lease's or a hold's end), once per region,
+// before it publishes the table the others decide with; acknowledgements
+// wait for that table (see Speaker). "Settle" means this and nothing else
+// in allot.
 
-// Settler applies a region's allocation changes to its regional buckets.
-// It remembers the allocation last applied to each key (absent: the
-// budget's floor). It is not safe for concurrent use; the speaker calls it
-// under its lock.
+// Change is one key's allocation change to settle: its regional bucket
+// moves from limit From to limit To.
+type Change struct {
+	Key      bucket.Key
+	From, To bucket.Limit
+}
+
+// ErrNotRebaser is returned by Change.Apply on a store that cannot rebase a
+// bucket (both bucket stores can).
+var ErrNotRebaser = errors.New("region: store does not implement bucket.Rebaser")
+
+// Apply settles c in st: an allocation from nothing takes all of the new
+// burst out (it arrives spent), a change to nothing writes nothing, and
+// every other change rebases the bucket (bucket.Rebaser). The error is the
+// store's; the caller reports the change back as unsettled.
+func (c Change) Apply(ctx context.Context, st bucket.Store) error {
+	switch {
+	case c.To.IsZero():
+		return nil // admits nothing; nothing to write
+	case c.From.IsZero():
+		_, err := st.TakeUpTo(ctx, c.Key, c.To, c.To.Burst())
+		return err
+	}
+	rb, ok := st.(bucket.Rebaser)
+	if !ok {
+		return fmt.Errorf("%w: %T", ErrNotRebaser, st)
+	}
+	return rb.Rebase(ctx, c.Key, c.From, c.To)
+}
+
+// Settler works out which allocation changes of a region's lease.Holder
+// are still to be applied to the regional buckets. It remembers the
+// allocation applied to each key (absent: the budget's floor). It does no
+// I/O: its caller applies the changes (Change.Apply) and reports those that
+// failed (Unsettle), which are listed again at the next call. It is not
+// safe for concurrent use; the Speaker holds it.
 type Settler struct {
 	region  string
 	floors  map[string]bucket.Limit
 	applied map[bucket.Key]bucket.Limit
+	keys    []bucket.Key // Changes' buffer
 }
 
 // NewSettler returns a Settler for region serving budgets, with nothing
@@ -63,15 +97,11 @@ func (s *Settler) Resume(now time.Time, h *lease.Holder) {
 	}
 }
 
-// Settle applies every allocation of h that changed since the last call to
-// st's buckets at now, and returns how many keys it moved. Keys whose
-// store call fails keep their old applied limit and are tried again at the
-// next call.
-func (s *Settler) Settle(ctx context.Context, now time.Time, h *lease.Holder, st bucket.Store) (applied int) {
-	if st == nil || h == nil {
-		return 0
-	}
-	var keys []bucket.Key
+// Changes returns, in key order, every allocation of h at now that differs
+// from the one applied, and records each as applied: the caller applies
+// them at once and reports any that failed with Unsettle.
+func (s *Settler) Changes(now time.Time, h *lease.Holder) []Change {
+	keys := s.keys[:0]
 	for _, e := range h.Table() {
 		keys = append(keys, e.Key)
 	}
@@ -80,6 +110,7 @@ func (s *Settler) Settle(ctx context.Context, now time.Time, h *lease.Holder, st
 	}
 	slices.SortFunc(keys, cmpKey)
 	keys = slices.Compact(keys)
+	var out []Change
 	for _, k := range keys {
 		floor, ok := s.floors[k.Rule]
 		if !ok {
@@ -96,17 +127,29 @@ func (s *Settler) Settle(ctx context.Context, now time.Time, h *lease.Holder, st
 		if l == prev {
 			continue
 		}
-		if !settleBucket(ctx, st, k, prev, l) {
-			continue
-		}
-		applied++
-		if l == floor {
-			delete(s.applied, k)
-		} else {
-			s.applied[k] = l
-		}
+		out = append(out, Change{Key: k, From: prev, To: l})
+		s.record(k, l, floor)
 	}
-	return applied
+	s.keys = keys[:0]
+	return out
+}
+
+// Unsettle reports that c could not be applied: its bucket still has the
+// limit c.From, and the change is listed again by the next Changes.
+func (s *Settler) Unsettle(c Change) {
+	floor, ok := s.floors[c.Key.Rule]
+	if !ok {
+		return
+	}
+	s.record(c.Key, c.From, floor)
+}
+
+func (s *Settler) record(k bucket.Key, l, floor bucket.Limit) {
+	if l == floor {
+		delete(s.applied, k)
+	} else {
+		s.applied[k] = l
+	}
 }
 
 // Applied returns the allocation last applied to key's bucket, ok false
@@ -116,38 +159,11 @@ func (s *Settler) Applied(k bucket.Key) (bucket.Limit, bool) {
 	return l, ok
 }
 
-// settleLocked applies every changed allocation to the regional buckets at
-// now. Requires s.mu.
-func (s *speaker) settleLocked(ctx context.Context, now time.Time) {
-	if s.store == nil || s.settler == nil {
-		return
-	}
-	s.settler.Settle(ctx, now, s.holder, s.store)
-}
-
-// settleBucket moves key's regional bucket from limit prev to l now. It
-// reports whether the store answered.
-func settleBucket(ctx context.Context, st bucket.Store, k bucket.Key, prev, l bucket.Limit) bool {
-	switch {
-	case l.IsZero():
-		return true // admits nothing; nothing to write
-	case prev.IsZero():
-		// From nothing: all of the new allocation arrives spent.
-		_, err := st.TakeUpTo(ctx, k, l, l.Burst())
-		return err == nil
-	}
-	rb, ok := st.(bucket.Rebaser)
-	if !ok {
-		return false // NewAgent refuses such a store; the simulator's implements it
-	}
-	return rb.Rebase(ctx, k, prev, l) == nil
-}
-
 // floorsOf returns each budget's floor limit in region.
 func floorsOf(region string, bs []lease.Budget) map[string]bucket.Limit {
 	m := make(map[string]bucket.Limit, len(bs))
 	for _, b := range bs {
-		m[b.Rule] = b.LimitOf(b.FloorCount(region))
+		m[b.Rule] = b.Floor(region).Limit
 	}
 	return m
 }

@@ -37,6 +37,20 @@ func settlerGrant(ver, base, seq uint64, full bool, es ...lease.Entry) lease.Mes
 		Full: full, Renew: true, TTL: d.TTL, Hold: d.Hold, Refresh: d.Refresh, Drift: d.Drift, Entries: es}
 }
 
+// settle applies every change s lists to st, as the Speaker's driver
+// does, and returns how many it applied.
+func settle(ctx context.Context, s *Settler, now time.Time, h *lease.Holder, st bucket.Store) int {
+	n := 0
+	for _, c := range s.Changes(now, h) {
+		if c.Apply(ctx, st) != nil {
+			s.Unsettle(c)
+			continue
+		}
+		n++
+	}
+	return n
+}
+
 // TestSettlerIncreaseArrivesSpent: a bucket never touched holds its floor's
 // burst (100); settled to an allocation of 200 it holds 100, not 200.
 func TestSettlerIncreaseArrivesSpent(t *testing.T) {
@@ -46,7 +60,7 @@ func TestSettlerIncreaseArrivesSpent(t *testing.T) {
 	if err := h.Step(clk.Now(), settlerGrant(1, 0, hello.Seq, true, lease.Entry{Key: settleKey, Count: 200, Burst: 200})); err != nil {
 		t.Fatal(err)
 	}
-	if n := s.Settle(ctx, clk.Now(), h, st); n != 1 {
+	if n := settle(ctx, s, clk.Now(), h, st); n != 1 {
 		t.Fatalf("settled %d keys, want 1", n)
 	}
 	big := budgets[0].LimitOf(200)
@@ -60,7 +74,7 @@ func TestSettlerIncreaseArrivesSpent(t *testing.T) {
 	if d.Remaining != 100 {
 		t.Fatalf("after the increase the bucket holds %d, want the floor's 100", d.Remaining)
 	}
-	if n := s.Settle(ctx, clk.Now(), h, st); n != 0 {
+	if n := settle(ctx, s, clk.Now(), h, st); n != 0 {
 		t.Fatalf("settled %d keys again with nothing changed", n)
 	}
 }
@@ -75,7 +89,7 @@ func TestSettlerDecreaseRefillsAtTheNewRate(t *testing.T) {
 	if err := h.Step(clk.Now(), settlerGrant(1, 0, hello.Seq, true, lease.Entry{Key: settleKey, Count: 200, Burst: 200})); err != nil {
 		t.Fatal(err)
 	}
-	s.Settle(ctx, clk.Now(), h, st)
+	settle(ctx, s, clk.Now(), h, st)
 	big, small := budgets[0].LimitOf(200), budgets[0].LimitOf(50)
 	if _, err := st.TakeUpTo(ctx, settleKey, big, 200); err != nil {
 		t.Fatal(err)
@@ -86,7 +100,7 @@ func TestSettlerDecreaseRefillsAtTheNewRate(t *testing.T) {
 	if l, _ := h.Allocation(clk.Now(), settleKey); l != small {
 		t.Fatalf("holder allocation %v, want %v", l, small)
 	}
-	if n := s.Settle(ctx, clk.Now(), h, st); n != 1 {
+	if n := settle(ctx, s, clk.Now(), h, st); n != 1 {
 		t.Fatalf("settled %d keys, want 1", n)
 	}
 	clk.Advance(500 * time.Millisecond)
@@ -111,7 +125,7 @@ func TestSettlerDecreaseRefillsAtTheNewRate(t *testing.T) {
 	if l, _ := h.Allocation(clk.Now(), settleKey); l != budgets[0].LimitOf(100) {
 		t.Fatalf("after the lease: allocation %v, want the floor", l)
 	}
-	if n := s.Settle(ctx, clk.Now(), h, st); n != 1 {
+	if n := settle(ctx, s, clk.Now(), h, st); n != 1 {
 		t.Fatalf("at the lease's end settled %d keys, want 1", n)
 	}
 	if l, ok := s.Applied(settleKey); ok {
@@ -131,7 +145,37 @@ func TestSettlerResume(t *testing.T) {
 	if l, ok := s.Applied(settleKey); !ok || l != budgets[0].LimitOf(200) {
 		t.Fatalf("resumed: applied %v, %v", l, ok)
 	}
-	if n := s.Settle(context.Background(), clk.Now(), h, st); n != 0 {
+	if n := settle(context.Background(), s, clk.Now(), h, st); n != 0 {
 		t.Fatalf("resumed: settled %d keys, want 0", n)
+	}
+}
+
+// TestSettlerRetriesWhatFailed: a change the store did not take keeps the
+// old limit applied and is listed again, with the same From, until it is
+// taken.
+func TestSettlerRetriesWhatFailed(t *testing.T) {
+	h, clk, st, s, budgets := settlerFixture(t)
+	hello := h.Ready()[0]
+	if err := h.Step(clk.Now(), settlerGrant(1, 0, hello.Seq, true, lease.Entry{Key: settleKey, Count: 200, Burst: 200})); err != nil {
+		t.Fatal(err)
+	}
+	cs := s.Changes(clk.Now(), h)
+	floor, big := budgets[0].LimitOf(100), budgets[0].LimitOf(200)
+	if len(cs) != 1 || cs[0] != (Change{Key: settleKey, From: floor, To: big}) {
+		t.Fatalf("changes %+v, want the one from the floor to 200", cs)
+	}
+	s.Unsettle(cs[0])
+	if _, ok := s.Applied(settleKey); ok {
+		t.Fatal("an unsettled change counts as applied")
+	}
+	again := s.Changes(clk.Now(), h)
+	if len(again) != 1 || again[0] != cs[0] {
+		t.Fatalf("after a failure: changes %+v, want %+v again", again, cs[0])
+	}
+	if err := again[0].Apply(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s.Changes(clk.Now(), h)); n != 0 {
+		t.Fatalf("%d changes after the retry was taken, want 0", n)
 	}
 }

@@ -2,6 +2,9 @@ package region
 
 import (
 	"cmp"
+	"encoding/json"
+	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -61,6 +64,38 @@ func TableOf(region, speaker string, pub uint64, st lease.HolderState, now time.
 	return t
 }
 
+// tableJSON is a Table as the agents store it in the regional Redis.
+type tableJSON struct {
+	Region    string        `json:"region"`
+	Speaker   string        `json:"speaker"`
+	Pub       uint64        `json:"pub"`
+	Term      uint64        `json:"term"`
+	Version   uint64        `json:"version"`
+	LeaseEnd  time.Time     `json:"lease_end"`
+	HoldUntil time.Time     `json:"hold_until"`
+	Released  bool          `json:"released"`
+	Written   time.Time     `json:"written"`
+	Entries   []lease.Entry `json:"entries"`
+}
+
+// MarshalJSON encodes t as the agents store it.
+func (t *Table) MarshalJSON() ([]byte, error) {
+	return json.Marshal(tableJSON{Region: t.Region, Speaker: t.Speaker, Pub: t.Pub, Term: t.Term, Version: t.Version,
+		LeaseEnd: t.LeaseEnd, HoldUntil: t.HoldUntil, Released: t.Released, Written: t.Written, Entries: t.Entries})
+}
+
+// UnmarshalJSON decodes a table MarshalJSON wrote.
+func (t *Table) UnmarshalJSON(b []byte) error {
+	var j tableJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return fmt.Errorf("region: decode table: %w", err)
+	}
+	*t = Table{Region: j.Region, Speaker: j.Speaker, Pub: j.Pub, Term: j.Term, Version: j.Version,
+		LeaseEnd: j.LeaseEnd, HoldUntil: j.HoldUntil, Released: j.Released, Written: j.Written, Entries: j.Entries}
+	t.build()
+	return nil
+}
+
 // HolderState returns the table as a lease.HolderState for session, so a
 // new speaking agent can resume the region's lease (lease.RestoreHolder).
 func (t *Table) HolderState(session uint64) lease.HolderState {
@@ -94,44 +129,53 @@ func (t *Table) Same(u *Table) bool {
 // Live reports whether the table's lease lives at now.
 func (t *Table) Live(now time.Time) bool { return t != nil && !t.Released && now.Before(t.LeaseEnd) }
 
-// floors computes a region's floor of a global budget from a FloorSpec,
-// with the lease package's formula, caching the last answers.
+// floors computes a region's floor of a global budget from the split
+// (lease.Split.Floor), caching the last answers.
 type floors struct {
 	region string
-	spec   FloorSpec
-	mu     sync.Mutex
-	cache  map[bucket.Limit]floorLimit
+	split  lease.Split
+	// last is the floor computed last and cache every floor computed, an
+	// immutable map replaced on each addition: both are read without a
+	// lock, and limits come from rules, so additions are rare.
+	last  atomic.Pointer[floorOf]
+	cache atomic.Pointer[map[bucket.Limit]lease.Floor]
+	mu    sync.Mutex // serializes additions
 }
 
-type floorLimit struct {
-	count, burst bucket.Tokens
-	limit        bucket.Limit
+type floorOf struct {
+	global bucket.Limit
+	floor  lease.Floor
 }
 
-func newFloors(region string, spec FloorSpec) *floors {
-	if spec.Regions == nil {
-		spec.Regions = []string{region}
+func newFloors(region string, split lease.Split) *floors {
+	if split.Regions == nil {
+		split.Regions = []string{region}
 	}
-	return &floors{region: region, spec: spec, cache: map[bucket.Limit]floorLimit{}}
+	return &floors{region: region, split: split}
 }
 
 // of returns the region's floor of global.
-func (f *floors) of(global bucket.Limit) floorLimit {
-	f.mu.Lock()
-	fl, ok := f.cache[global]
-	f.mu.Unlock()
-	if ok {
-		return fl
+func (f *floors) of(global bucket.Limit) lease.Floor {
+	if l := f.last.Load(); l != nil && l.global == global {
+		return l.floor
 	}
-	b := lease.Budget{Rule: "floor", Limit: global, Regions: f.spec.Regions, Weights: f.spec.Weights, Reserve: f.spec.Reserve}
-	c := b.FloorCount(f.region)
-	fl = floorLimit{count: c, burst: b.BurstOf(c), limit: b.LimitOf(c)}
-	f.mu.Lock()
-	if len(f.cache) > 4096 {
-		clear(f.cache) // limits come from rules: a few; never grow without bound
+	if m := f.cache.Load(); m != nil {
+		if fl, ok := (*m)[global]; ok {
+			return fl
+		}
 	}
-	f.cache[global] = fl
-	f.mu.Unlock()
+	fl := f.split.Floor(f.region, global)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var m map[bucket.Limit]lease.Floor
+	if old := f.cache.Load(); old != nil && len(*old) < 4096 { // never grow without bound
+		m = maps.Clone(*old)
+	} else {
+		m = map[bucket.Limit]lease.Floor{}
+	}
+	m[global] = fl
+	f.cache.Store(&m)
+	f.last.Store(&floorOf{global: global, floor: fl})
 	return fl
 }
 
@@ -148,8 +192,8 @@ type TableView struct {
 var _ Allocations = (*TableView)(nil)
 
 // NewTableView returns a view with no table: every key at its floor.
-func NewTableView(region string, spec FloorSpec) *TableView {
-	return &TableView{floors: newFloors(region, spec)}
+func NewTableView(region string, split lease.Split) *TableView {
+	return &TableView{floors: newFloors(region, split)}
 }
 
 // Set installs t if it supersedes the current table and reports whether it
@@ -177,7 +221,7 @@ func (v *TableView) Table() *Table { return v.cur.Load() }
 func (v *TableView) Epoch() uint64 { return v.epoch.Load() }
 
 // Floor returns the region's floor of global.
-func (v *TableView) Floor(global bucket.Limit) bucket.Limit { return v.floors.of(global).limit }
+func (v *TableView) Floor(global bucket.Limit) bucket.Limit { return v.floors.of(global).Limit }
 
 // Allocation implements Allocations with the Holder's rule: a key's entry
 // while the lease lives; after it, an entry below the floor (a lent floor)
@@ -186,20 +230,20 @@ func (v *TableView) Allocation(now time.Time, key bucket.Key, global bucket.Limi
 	fl := v.floors.of(global)
 	t := v.cur.Load()
 	if t == nil {
-		return fl.limit, false, farFuture
+		return fl.Limit, false, farFuture
 	}
 	i, ok := t.index[key]
 	if !ok {
-		return fl.limit, false, farFuture
+		return fl.Limit, false, farFuture
 	}
 	e := t.Entries[i]
 	if !t.Released && now.Before(t.LeaseEnd) {
 		return entryLimit(global, e.Count, e.Burst), true, t.LeaseEnd
 	}
-	if e.Count < fl.count && now.Before(t.HoldUntil) {
-		return entryLimit(global, e.Count, min(e.Burst, fl.burst)), true, t.HoldUntil
+	if e.Count < fl.Count && now.Before(t.HoldUntil) {
+		return entryLimit(global, e.Count, min(e.Burst, fl.Burst)), true, t.HoldUntil
 	}
-	return fl.limit, false, farFuture
+	return fl.Limit, false, farFuture
 }
 
 func entryLimit(global bucket.Limit, count, burst bucket.Tokens) bucket.Limit {
@@ -207,79 +251,4 @@ func entryLimit(global bucket.Limit, count, burst bucket.Tokens) bucket.Limit {
 		return bucket.Limit{}
 	}
 	return bucket.Per(count, global.Period()).WithBurst(burst)
-}
-
-// HolderAllocations adapts a lease.Holder to Allocations for a driver that
-// holds the Holder itself (the simulator, a single-agent region). Calls are
-// serialized by a mutex; the driver calls Touch after every Step, Tick or
-// Release of the Holder so that cached answers are dropped, and must hold
-// no other lock on the Holder meanwhile.
-type HolderAllocations struct {
-	mu     sync.Mutex
-	h      *lease.Holder
-	region string
-	floors map[string]bucket.Limit // by budget rule
-	epoch  atomic.Uint64
-}
-
-// NewHolderAllocations returns the Allocations of h, a Holder of region
-// serving budgets.
-func NewHolderAllocations(h *lease.Holder, region string, budgets []lease.Budget) *HolderAllocations {
-	a := &HolderAllocations{h: h, region: region, floors: map[string]bucket.Limit{}}
-	for _, b := range budgets {
-		a.floors[b.Rule] = b.LimitOf(b.FloorCount(region))
-	}
-	return a
-}
-
-// Touch marks that the Holder changed.
-func (a *HolderAllocations) Touch() { a.epoch.Add(1) }
-
-// Epoch implements Allocations.
-func (a *HolderAllocations) Epoch() uint64 { return a.epoch.Load() }
-
-// Lock runs fn with the Holder while no decision reads it, then Touches.
-func (a *HolderAllocations) Lock(fn func(h *lease.Holder)) {
-	a.mu.Lock()
-	fn(a.h)
-	a.mu.Unlock()
-	a.Touch()
-}
-
-// Allocation implements Allocations. Keys of rules the Holder has no
-// budget for get the global limit itself.
-func (a *HolderAllocations) Allocation(now time.Time, key bucket.Key, global bucket.Limit) (bucket.Limit, bool, time.Time) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	l, ok := a.h.Allocation(now, key)
-	if !ok {
-		return global, false, farFuture
-	}
-	st := a.h.Status(now)
-	until := farFuture
-	if st.Live {
-		until = st.LeaseEnd
-	} else if now.Before(st.HoldUntil) {
-		until = st.HoldUntil
-	}
-	return l, l != a.floors[key.Rule], until
-}
-
-// emergencyLimit is the region's allocation a divided among live agents,
-// capped by the rule's emergency limit: count and burst rounded down, so
-// the agents' emergency buckets together never exceed the allocation.
-func emergencyLimit(a bucket.Limit, rc *RuleConfig, live int) bucket.Limit {
-	if a.IsZero() {
-		return a
-	}
-	if el := rc.EmergencyLimit; !el.IsZero() && el.Rate() < a.Rate() {
-		a = el
-	}
-	live = max(live, 1)
-	c := a.Count() / bucket.Tokens(live)
-	b := a.Burst() / bucket.Tokens(live)
-	if c <= 0 || b <= 0 {
-		return bucket.Limit{}
-	}
-	return bucket.Per(c, a.Period()).WithBurst(b)
 }

@@ -34,12 +34,12 @@ rules:
 	r, _ := set.Match(d)
 	fmt.Println(set.Version(), r.Name, r.CostOf(d))
 	for _, b := range set.Budgets() {
-		fmt.Println(b.Rule, b.Plan, rules.FormatQuota(b.Limit), b.Scope)
+		fmt.Println(b.Name, rules.FormatQuota(b.Limit), b.Scope)
 	}
 	// Output:
 	// 2026-11-30 api 50
-	// api free 10 per minute global
-	// api pro 100 per second, burst 300 global
+	// api/free 10 per minute global
+	// api/pro 100 per second, burst 300 global
 }
 
 func ExampleParse_problems() {

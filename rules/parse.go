@@ -630,7 +630,7 @@ func (p *parser) costs(n *yaml.Node, field string, r *Rule) {
 func (p *parser) failure(n *yaml.Node, field string, r *Rule) {
 	policy := func(vn *yaml.Node, f string) {
 		if v, ok := p.str(vn, f); ok {
-			switch pol := Policy(v); pol {
+			switch pol := FailurePolicy(v); pol {
 			case FailClosed, FailOpen, Emergency:
 				r.Failure.Policy = pol
 			default:

@@ -14,11 +14,11 @@ import (
 	"github.com/allot-dev/allot/clock"
 )
 
-// Holder keeps the current Set and replaces it only with a valid one: a
+// Reloader keeps the current Set and replaces it only with a valid one: a
 // rejected update leaves the last good rules in force. It is a Source and is
 // safe for concurrent use. Updates can come from a file (FileWatcher), from
 // etcd, or from anything else that has the bytes.
-type Holder struct {
+type Reloader struct {
 	cur    atomic.Pointer[Set]
 	mu     sync.Mutex // serializes Apply
 	logger *slog.Logger
@@ -86,28 +86,28 @@ type Update struct {
 	Err error
 }
 
-// NewHolder returns a Holder holding initial, which must not be nil. The
+// NewReloader returns a Reloader holding initial, which must not be nil. The
 // logger (nil for slog.Default) records every change and rejection with the
 // rules' version; notify, when non-nil, is called after every Apply.
-func NewHolder(initial *Set, logger *slog.Logger, notify func(Update)) *Holder {
+func NewReloader(initial *Set, logger *slog.Logger, notify func(Update)) *Reloader {
 	if initial == nil {
-		panic("rules: NewHolder with a nil Set")
+		panic("rules: NewReloader with a nil Set")
 	}
 	if logger == nil {
 		logger = slog.Default()
 	}
-	h := &Holder{logger: logger, notify: notify}
+	h := &Reloader{logger: logger, notify: notify}
 	h.cur.Store(initial)
 	return h
 }
 
 // Current returns the rules in force.
-func (h *Holder) Current() *Set { return h.cur.Load() }
+func (h *Reloader) Current() *Set { return h.cur.Load() }
 
 // Apply parses data (named name in errors) and, when it is valid and differs
 // from the current rules, puts it in force. A rejected update keeps the
 // current rules and returns the *ValidationError.
-func (h *Holder) Apply(data []byte, name string) Update {
+func (h *Reloader) Apply(data []byte, name string) Update {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	old := h.cur.Load()
@@ -129,7 +129,7 @@ func (h *Holder) Apply(data []byte, name string) Update {
 	return h.done(u)
 }
 
-func (h *Holder) done(u Update) Update {
+func (h *Reloader) done(u Update) Update {
 	if u.Err == nil {
 		h.fails.reset()
 	}
@@ -139,12 +139,12 @@ func (h *Holder) done(u Update) Update {
 	return u
 }
 
-// FileWatcher reloads a rules file into a Holder when the file changes (it
+// FileWatcher reloads a rules file into a Reloader when the file changes (it
 // polls the file's contents) and on SIGHUP.
 type FileWatcher struct {
-	Holder *Holder
-	path   string
-	cfg    WatchConfig
+	Reloader *Reloader
+	path     string
+	cfg      WatchConfig
 }
 
 // WatchConfig configures a FileWatcher.
@@ -188,7 +188,7 @@ func (c WatchConfig) Validate() error {
 }
 
 // WatchFile loads the rules file at path, which must be valid, and returns a
-// FileWatcher whose Holder serves it. Call Run to follow changes.
+// FileWatcher whose Reloader serves it. Call Run to follow changes.
 func WatchFile(path string, cfg WatchConfig) (*FileWatcher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -197,13 +197,13 @@ func WatchFile(path string, cfg WatchConfig) (*FileWatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := NewHolder(s, cfg.Logger, cfg.Notify)
+	h := NewReloader(s, cfg.Logger, cfg.Notify)
 	h.fails.clock, h.fails.every = cfg.Clock, cfg.RepeatEvery
-	return &FileWatcher{Holder: h, path: path, cfg: cfg}, nil
+	return &FileWatcher{Reloader: h, path: path, cfg: cfg}, nil
 }
 
 // Current returns the rules in force.
-func (w *FileWatcher) Current() *Set { return w.Holder.Current() }
+func (w *FileWatcher) Current() *Set { return w.Reloader.Current() }
 
 // Reload reads the file now and applies it. A file that cannot be read is
 // rejected like an invalid one: the last good rules stay.
@@ -213,12 +213,12 @@ func (w *FileWatcher) Reload() Update {
 		err = fmt.Errorf("rules: %s is %d bytes, more than the %d allowed", w.path, len(data), MaxFileSize)
 	}
 	if err != nil {
-		cur := w.Holder.Current()
-		w.Holder.fails.log(w.Holder.logger, "rules reload failed; keeping the last good rules", err,
+		cur := w.Reloader.Current()
+		w.Reloader.fails.log(w.Reloader.logger, "rules reload failed; keeping the last good rules", err,
 			"source", w.path, "version", cur.Version())
-		return w.Holder.done(Update{Old: cur, New: cur, Err: fmt.Errorf("rules: reload %s: %w", w.path, err)})
+		return w.Reloader.done(Update{Old: cur, New: cur, Err: fmt.Errorf("rules: reload %s: %w", w.path, err)})
 	}
-	return w.Holder.Apply(data, w.path)
+	return w.Reloader.Apply(data, w.path)
 }
 
 // Run polls the file every Interval, and reloads on SIGHUP when configured,

@@ -35,7 +35,7 @@
 // A later control plane reads Budgets to split the global ones across
 // regions; Parse takes bytes so rules can come from etcd as well as a file.
 //
-// A Set is immutable once parsed and safe for concurrent use. Holder and
+// A Set is immutable once parsed and safe for concurrent use. Reloader and
 // FileWatcher swap Sets on reload and keep the last good one when a new
 // version is rejected.
 package rules
@@ -43,6 +43,7 @@ package rules
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"sort"
 	"strings"
 
@@ -84,17 +85,17 @@ const (
 	ScopeLocal Scope = "local"
 )
 
-// Policy is what a rule does when its store is unavailable.
-type Policy string
+// FailurePolicy is what a rule does when its store is unavailable.
+type FailurePolicy string
 
 const (
 	// FailClosed denies (HTTP 503). The default: it never overshoots.
-	FailClosed Policy = "fail_closed"
+	FailClosed FailurePolicy = "fail_closed"
 	// FailOpen admits and counts each admission; overshoot is unbounded and
 	// reported as such.
-	FailOpen Policy = "fail_open"
+	FailOpen FailurePolicy = "fail_open"
 	// Emergency enforces a limit in process until the store is back.
-	Emergency Policy = "emergency"
+	Emergency FailurePolicy = "emergency"
 )
 
 // LimitSource says where a rule's limit comes from.
@@ -204,7 +205,7 @@ type Cost struct {
 
 // Failure is a rule's failure policy.
 type Failure struct {
-	Policy Policy
+	Policy FailurePolicy
 	// Limit is the emergency limit per bucket; zero means the rule's normal
 	// limit for that bucket. The limiter may divide it further (by the
 	// number of live processes in a region).
@@ -382,12 +383,21 @@ func (s *Set) Match(d Descriptor) (*Rule, bool) {
 // Current returns s itself, so a fixed Set is a Source.
 func (s *Set) Current() *Set { return s }
 
-// Budget is one global budget the set defines: a rule under one plan (for a
-// plan rule) or alone (for a fixed rule). A control plane splits the global
-// ones across regions; every bucket key of the rule and plan has this limit.
-type Budget struct {
-	Rule   string
-	Plan   string // empty for a fixed rule
+// RuleBudget is one budget the set defines: a fixed rule's, or a plan
+// rule's under one plan. Every bucket key the edge charges under the rule
+// at this limit belongs to it. A control plane splits the budgets of global
+// scope across regions (lease.Budget, named Name); the others are enforced
+// whole in each region or process.
+type RuleBudget struct {
+	// Name names the budget: the rule's name for a fixed rule, else
+	// BudgetName(rule, the first of Plans).
+	Name string
+	Rule string
+	// Plans are the plans charged to this budget, in plan order; empty for
+	// a fixed rule. Plans with equal limits share one budget: the edge
+	// charges a plan rule's key {rule, subject} at the plan's limit, so it
+	// cannot tell such plans apart, and neither may the budgets.
+	Plans  []string
 	Limit  bucket.Limit
 	Scope  Scope
 	Shared bool
@@ -395,16 +405,35 @@ type Budget struct {
 	Failure Failure
 }
 
-// Budgets lists every budget in rule order, then plan order.
-func (s *Set) Budgets() []Budget {
-	var out []Budget
+// Global reports whether the budget is split across regions (scope
+// global, the default).
+func (b RuleBudget) Global() bool { return b.Scope == ScopeGlobal || b.Scope == "" }
+
+// BudgetName names the budget of a plan rule under one plan: "rule/plan".
+// A fixed rule's budget is named after the rule alone.
+func BudgetName(rule, plan string) string { return rule + "/" + plan }
+
+// Budgets lists every budget of the set, in rule order, then plan order:
+// one per fixed rule, one per distinct limit among the plans of a plan
+// rule. It is the one enumeration of a set's budgets: the edge's key
+// naming, the agents' and the coordinator's lease budgets and the check
+// commands all read it.
+func (s *Set) Budgets() []RuleBudget {
+	var out []RuleBudget
 	for _, r := range s.rules {
+		b := RuleBudget{Name: r.Name, Rule: r.Name, Limit: r.Limit, Scope: r.Scope, Shared: r.Shared, Failure: r.Failure}
 		if r.Source == Fixed {
-			out = append(out, Budget{Rule: r.Name, Limit: r.Limit, Scope: r.Scope, Shared: r.Shared, Failure: r.Failure})
+			out = append(out, b)
 			continue
 		}
+		first := len(out)
 		for _, p := range s.planOrder {
-			out = append(out, Budget{Rule: r.Name, Plan: p.Name, Limit: p.Limit, Scope: r.Scope, Shared: r.Shared, Failure: r.Failure})
+			if i := slices.IndexFunc(out[first:], func(o RuleBudget) bool { return o.Limit == p.Limit }); i >= 0 {
+				out[first+i].Plans = append(out[first+i].Plans, p.Name)
+				continue
+			}
+			b.Name, b.Plans, b.Limit = BudgetName(r.Name, p.Name), []string{p.Name}, p.Limit
+			out = append(out, b)
 		}
 	}
 	return out
@@ -442,7 +471,7 @@ func (s *Set) LimitFor(r *Rule, plan string) Resolution {
 	return res
 }
 
-// Source gives the current rules. Holder and FileWatcher swap the Set they
+// Source gives the current rules. Reloader and FileWatcher swap the Set they
 // return on reload; a *Set is a Source that never changes.
 type Source interface {
 	Current() *Set

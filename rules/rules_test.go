@@ -167,18 +167,40 @@ func TestBudgets(t *testing.T) {
 	s := mustLoad(t, "testdata/example.yaml")
 	var got []string
 	for _, b := range s.Budgets() {
-		got = append(got, b.Rule+"/"+b.Plan+"/"+FormatQuota(b.Limit)+"/"+string(b.Scope))
+		got = append(got, fmt.Sprintf("%s %s %v %s %s %v", b.Name, b.Rule, b.Plans, FormatQuota(b.Limit), b.Scope, b.Global()))
 	}
 	want := []string{
-		"export/free/10 per minute/global",
-		"export/pro/100 per second, burst 300/global",
-		"api/free/10 per minute/global",
-		"api/pro/100 per second, burst 300/global",
-		"login//5 per minute/region",
-		"search-total//1000 per second/local",
+		"export/free export [free] 10 per minute global true",
+		"export/pro export [pro] 100 per second, burst 300 global true",
+		"api/free api [free] 10 per minute global true",
+		"api/pro api [pro] 100 per second, burst 300 global true",
+		"login login [] 5 per minute region false",
+		"search-total search-total [] 1000 per second local false",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("Budgets():\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestBudgetsSharePlansWithEqualLimits: the edge charges a plan rule's key
+// at its plan's limit, so plans with equal limits are one budget, named
+// after the first of them.
+func TestBudgetsSharePlansWithEqualLimits(t *testing.T) {
+	s, err := Parse([]byte(`
+default_plan: free
+plans: {free: "10 per minute", trial: "10 per minute", pro: "100 per second"}
+rules: [{name: api, limit: plan}]
+`), "plans.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, b := range s.Budgets() {
+		got = append(got, fmt.Sprintf("%s %v %s", b.Name, b.Plans, FormatQuota(b.Limit)))
+	}
+	want := "api/free [free trial] 10 per minute\napi/pro [pro] 100 per second"
+	if strings.Join(got, "\n") != want {
+		t.Errorf("Budgets():\n%s\nwant:\n%s", strings.Join(got, "\n"), want)
 	}
 }
 
@@ -324,14 +346,14 @@ func TestVersionDefaultsToDigest(t *testing.T) {
 	}
 }
 
-func TestHolderKeepsLastGoodRules(t *testing.T) {
+func TestReloaderKeepsLastGoodRules(t *testing.T) {
 	good := []byte("version: v1\nrules:\n  - name: a\n    limit: \"1/s\"\n")
 	s, err := Parse(good, "mem")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var updates []Update
-	h := NewHolder(s, quiet, func(u Update) { updates = append(updates, u) })
+	h := NewReloader(s, quiet, func(u Update) { updates = append(updates, u) })
 	if u := h.Apply(good, "mem"); u.Changed || u.Err != nil {
 		t.Errorf("identical bytes: %+v", u)
 	}

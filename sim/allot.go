@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/region"
 	"github.com/allot-dev/allot/rules"
 )
@@ -16,17 +17,18 @@ import (
 // allot is the system under test, built from the real code: per region,
 // agents each running a region.Core (allocations per key, exact buckets,
 // token batches, failure policies, circuit breaker, failover draining)
-// against the regional Redis model, and the lease protocol (leasePlane:
-// lease.Holder per region, lease.Allocator on the coordinator leader)
-// moving allocations between regions.
+// against the regional Redis model, each deciding with its own
+// region.TableView of the table the region's speaking agent publishes, and
+// the lease protocol (leasePlane: the speaking agent's region.Speaker per
+// region, lease.Allocator on the coordinator leader) moving allocations
+// between regions.
 type allot struct {
 	si     int
 	w      *world
 	plane  *leasePlane
 	redis  []*regionalRedis
 	agents [][]*agentRT
-	rr     []int // round-robin position per region
-	allocs []*region.HolderAllocations
+	rr     []int           // round-robin position per region
 	cfg    []region.Config // per region
 	ctx    context.Context
 
@@ -46,9 +48,21 @@ type allot struct {
 
 // agentRT is one agent process of a region.
 type agentRT struct {
+	name  string
 	alive bool
 	core  *region.Core
 	store *simStore
+	// view is the agent's view of the region's table: the speaking agent
+	// sets it as it publishes, the others load it at their ticks.
+	view *region.TableView
+	// speakAfter is when the agent may speak for the region: an agent
+	// that restarts waits first, as the agent's SpeakerWait.
+	speakAfter Micros
+	// demand and items are the tick's buffers; items alternates between
+	// two so the report stored in the shared store is never written over.
+	demand []region.KeyDemand
+	items  [2][]region.DemandItem
+	flip   int
 }
 
 // simStore is an agent's bucket.Store: the regional Redis model reached
@@ -99,11 +113,6 @@ func newAllot(w *world) error {
 	a.failovers = make([]int, n)
 	a.batched = make([]bool, len(w.rules))
 	a.si = w.addSystem(a)
-	p, err := newPlane(w, a)
-	if err != nil {
-		return err
-	}
-	a.plane = p
 	for r := range w.regions {
 		cfg := region.DefaultConfig()
 		cfg.Region = w.regions[r].name
@@ -111,7 +120,7 @@ func newAllot(w *world) error {
 		if len(w.rules) > 0 {
 			reserve = w.rules[0].spec.Reserve
 		}
-		cfg.Floors = region.FloorSpec{Regions: names, Reserve: reserve}
+		cfg.Floors = lease.Split{Regions: names, Reserve: reserve}
 		cfg.Rules = map[string]region.RuleConfig{}
 		for _, ru := range w.rules {
 			cfg.Rules[ru.spec.Name] = region.RuleConfig{Scope: rules.ScopeGlobal, OnUnavailable: policyOf(ru.spec.Policy),
@@ -123,10 +132,9 @@ func newAllot(w *world) error {
 		cfg.BreakerMaxBackoff = max(cfg.BreakerMaxBackoff, ag.BreakerBackoff)
 		cfg.Shards = 1 // one goroutine drives it
 		a.cfg = append(a.cfg, cfg)
-		a.allocs = append(a.allocs, region.NewHolderAllocations(p.holders[r], cfg.Region, p.budgets))
 		var ags []*agentRT
 		for i := 0; i < w.regions[r].agents; i++ {
-			rt := &agentRT{alive: true, store: &simStore{a: a, region: r, agent: i}}
+			rt := &agentRT{name: fmt.Sprintf("%s-%03d", cfg.Region, i), alive: true, store: &simStore{a: a, region: r, agent: i}}
 			if err := a.startCore(r, rt); err != nil {
 				return err
 			}
@@ -138,11 +146,17 @@ func newAllot(w *world) error {
 	for r := range w.regions {
 		a.setLive(r)
 	}
+	p, err := newPlane(w, a)
+	if err != nil {
+		return err
+	}
+	a.plane = p
+	p.start(w, 0)
 	return nil
 }
 
 // rule policies map onto the rules package's names.
-func policyOf(p string) rules.Policy {
+func policyOf(p string) rules.FailurePolicy {
 	switch p {
 	case PolicyOpen:
 		return rules.FailOpen
@@ -152,8 +166,11 @@ func policyOf(p string) rules.Policy {
 	return rules.FailClosed
 }
 
+// startCore starts agent rt of region r afresh: a new core, and a view
+// with no table until it loads the shared one.
 func (a *allot) startCore(r int, rt *agentRT) error {
-	c, err := region.NewCore(a.cfg[r], rt.store, a.allocs[r])
+	rt.view = region.NewTableView(a.cfg[r].Region, a.cfg[r].Floors)
+	c, err := region.NewCore(a.cfg[r], rt.store, rt.view)
 	if err != nil {
 		return fmt.Errorf("sim: region core for %s: %w", a.cfg[r].Region, err)
 	}
@@ -330,12 +347,37 @@ func (s *simStore) Peek(_ context.Context, key bucket.Key, l bucket.Limit) (buck
 	return s.a.redis[s.region].peek(s.budget(key), at, l), nil
 }
 
+// tick is agent ai of region r's periodic work at t, as the agent's
+// driver does it: tick the core; unless it speaks, load the shared table;
+// write its demand report, with the publication it decides with.
+func (a *allot) tick(w *world, r, ai int, t Micros) {
+	ag := a.agents[r][ai]
+	now := w.regions[r].agent.at(t)
+	ag.core.Tick(a.ctx, now)
+	rp := a.plane.regions[r]
+	if rp.speaker != ai {
+		if tb, ok := rp.shared.loadTable(w, a.plane, r, ai, t); ok && tb != nil {
+			ag.view.Set(tb)
+		}
+	}
+	ag.demand = ag.core.AppendDemand(ag.demand[:0], now)
+	ag.flip ^= 1
+	rep := region.AppendReport(ag.items[ag.flip], ag.name, now, ag.demand)
+	ag.items[ag.flip] = rep.Keys
+	if tb := ag.view.Table(); tb != nil {
+		rep.Pub, rep.Speaker = tb.Pub, tb.Speaker
+	}
+	if !rp.shared.putDemand(w, a.plane, r, ai, t, rep) {
+		ag.flip ^= 1 // not stored: the stored report keeps its buffer
+	}
+}
+
 func (a *allot) handle(w *world, e *event) {
 	switch e.sub {
 	case alTick:
 		r, ai := int(e.aux), int(e.agt)
 		if ag := a.agents[r][ai]; ag.alive {
-			ag.core.Tick(a.ctx, w.regions[r].agent.at(e.at))
+			a.tick(w, r, ai, e.at)
 		}
 		w.at(e.at+coreTick, a.si, event{sub: alTick, aux: e.aux, agt: e.agt})
 	case alFailoverDetected:
@@ -360,6 +402,7 @@ func (a *allot) fault(w *world, f *FaultSpec, start bool) {
 			t := us(f.At)
 			down := us(w.sc.Redis.Failover)
 			a.redis[r].failover(t, down)
+			a.plane.regions[r].shared.failover(t, us(w.sc.Redis.Lag))
 			a.failovers[r]++
 			w.at(t+down, a.si, event{sub: alFailoverDetected, aux: int32(r)})
 		}
@@ -375,6 +418,7 @@ func (a *allot) fault(w *world, f *FaultSpec, start bool) {
 			ag.alive = false
 		} else {
 			ag.alive = true
+			ag.speakAfter = w.eng.now + speakerWait
 			if err := a.startCore(r, ag); err != nil {
 				panic(err) // the config was validated at start
 			}

@@ -17,11 +17,14 @@
 // The simulator drives the real code: every agent is a region.Core deciding
 // through a bucket.Store on a model of its regional Redis, whose buckets are
 // bucket.Decide, TakeUpTo, Return and Peek on bucket.State at the primary's
-// clock, as the Lua script evaluates them; every region holds a lease.Holder
-// and the coordinator leader runs a lease.Allocator, exchanging their
-// messages over the simulated network. The simulator itself models only
-// what is not code in the project: the network, the Redis server and its
-// replication, the clocks, the traffic and the measurement.
+// clock, as the Lua script evaluates them, and with the region's table as
+// it last loaded it from the regional Redis; every region's speaking agent
+// runs a region.Speaker, driven as the agent's lease client drives it
+// (settle, publish the table, send), and the coordinator leader runs a
+// lease.Allocator, exchanging their messages over the simulated network.
+// The simulator itself models only what is not code in the project: the
+// network, the Redis server and its replication, the clocks, membership,
+// the traffic and the measurement.
 //
 // What it measures, per budget: overshoot (the largest amount by which the
 // tokens admitted in any window [s,e] exceed B + R·(e−s), computed exactly

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
@@ -13,46 +13,45 @@ import (
 	"github.com/allot-dev/allot/region"
 )
 
-// leasePlane drives the real lease protocol: a lease.Holder per region
-// (held by the region's speaking agent, at the region's clock) and a
-// lease.Allocator on the coordinator leader (at the clock of the region it
-// runs in), exchanging lease.Messages over the simulated network. Agents
-// decide with Holder.Allocation.
+// leasePlane drives the real lease protocol: per region, the speaking
+// agent's region.Speaker (at the region's clock), and a lease.Allocator on
+// the coordinator leader (at the clock of the region it runs in),
+// exchanging lease.Messages over the simulated network. It is the
+// Speaker's driver, as agent.LeaseClient is in the agent: it feeds it the
+// coordinator's messages, ticks it with the agents' demand reports read
+// from the region's shared store and the live agents, and carries out its
+// Ready in order: settle in the regional Redis model, publish the table to
+// the shared store (where the agents load it at their ticks), send.
 type leasePlane struct {
 	a       *allot
 	budgets []lease.Budget
 	cfg     lease.Config
-	subject [][]string // [rule][key] → subject
+	spkCfg  region.SpeakerConfig // Region and Agent set per speaker
 	keys    []bucket.Key
 	floors  [][]bucket.Limit // [region][rule]
 
-	holders []*lease.Holder
-	speaker []int // speaking agent per region, −1 when none is alive
+	regions []*regionPlane
 	coords  []coordinator
 	leader  int // −1 during an election
 	term    uint64
-
-	// The allocation cache: Holder.Allocation answers change only when the
-	// Holder steps or ticks, or when its lease or hold ends, so each
-	// region keeps the answers it gave until then.
-	epoch      []uint32
-	validUntil []Micros // agent-local µs
-	cacheLim   [][]bucket.Limit
-	cacheEp    [][]uint32
 
 	msgs       int64
 	tracked    []int // per rule: the budget whose allocation is charted
 	allocBins  [][][]float64
 	stepErrors int64
-	// settlers apply, per region, the Holder's allocation changes to the
-	// regional buckets (region.Settler, as the speaking agent); stores are the
-	// regional Redis models they write to; settleAt the pending settle
-	// event.
-	settlers []*region.Settler
-	stores   []*regionStore
-	settleAt []Micros
-	// demandSum and demandTmp are demand's merge buffers.
-	demandSum, demandTmp []keyWant
+	// rng draws the control plane's own randomness (sessions, the shared
+	// store's losses), apart from the decision path's stream.
+	rng *rand.Rand
+}
+
+// regionPlane is one region's end of the lease protocol.
+type regionPlane struct {
+	sp      *region.Speaker // nil while no agent speaks
+	speaker int             // the speaking agent, −1 when none
+	shared  *sharedStore
+	store   *regionStore
+	// view follows the region's publications, for the allocation chart.
+	view *region.TableView
 }
 
 type coordinator struct {
@@ -62,23 +61,29 @@ type coordinator struct {
 
 // Plane event kinds, carried in event.flag under alPlane.
 const (
-	plHolderTick int8 = iota
+	plSpeakerTick int8 = iota
 	plAllocTick
 	plToCoord
 	plToRegion
 	plElected
 	plReconnect
-	plSettle
 )
 
-// tickEvery is how often the drivers tick the state machines and the
-// speaking agent gathers its region's demand: well inside the refresh
-// interval, as a real driver's timer would.
+// tickEvery is how often the coordinator's driver ticks the Allocator.
 const tickEvery = 200_000 // µs
+
+// speakerTick is how often the speaking agent ticks its Speaker and
+// gathers its region's demand, as agent.DefaultSpeakerConfig's Tick.
+const speakerTick = 100_000 // µs
+
+// speakerWait is how long a restarted agent waits before it may speak
+// (agent.DefaultConfig's SpeakerWait); meanwhile it is live, so the agent
+// that spoke stops, and nobody speaks.
+const speakerWait = 1_500_000 // µs
 
 func newPlane(w *world, a *allot) (*leasePlane, error) {
 	sc := w.sc
-	p := &leasePlane{a: a, leader: 0, term: 1}
+	p := &leasePlane{a: a, leader: 0, term: 1, rng: rand.New(rand.NewPCG(w.seed, 0x6c65617365))} // "lease"
 	var names []string
 	for _, r := range w.regions {
 		names = append(names, r.name)
@@ -86,12 +91,9 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 	for _, r := range w.rules {
 		p.budgets = append(p.budgets, lease.Budget{Rule: r.spec.Name, Limit: r.limit, Regions: names,
 			Reserve: r.spec.Reserve, Policy: lease.MaxMin})
-		subs := make([]string, r.keys)
-		for k := range subs {
-			subs[k] = "s" + strconv.Itoa(k)
-			p.keys = append(p.keys, bucket.Key{Rule: r.spec.Name, Subject: subs[k]})
+		for k := 0; k < r.keys; k++ {
+			p.keys = append(p.keys, bucket.Key{Rule: r.spec.Name, Subject: "s" + strconv.Itoa(k)})
 		}
-		p.subject = append(p.subject, subs)
 		tr := 0
 		for _, ts := range sc.Traffic {
 			if ts.Rule == r.spec.Name && ts.Key != nil {
@@ -112,54 +114,30 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 		return nil, fmt.Errorf("sim: scenario %s: coordinator: %w", sc.Name, err)
 	}
 	p.cfg = cfg
+	p.spkCfg = region.DefaultSpeakerConfig()
+	p.spkCfg.Budgets, p.spkCfg.Drift, p.spkCfg.Refresh = p.budgets, cfg.Drift, cfg.Refresh
 	for _, name := range sc.Coordinator.Regions {
 		p.coords = append(p.coords, coordinator{region: sc.regionIndex(name)})
 	}
-	c0 := &p.coords[0]
 	alloc, err := lease.NewAllocator(cfg, p.term, p.coordNow(w, 0, 0))
 	if err != nil {
 		return nil, fmt.Errorf("sim: new allocator: %w", err)
 	}
-	c0.alloc = alloc
-	n := len(w.regions)
-	p.epoch = make([]uint32, n)
-	p.settleAt = make([]Micros, n)
-	for r := range p.settleAt {
-		p.settleAt[r] = -1
-	}
+	p.coords[0].alloc = alloc
 	for r := range w.regions {
-		p.settlers = append(p.settlers, region.NewSettler(w.regions[r].name, p.budgets))
-		p.stores = append(p.stores, &regionStore{p: p, rd: a.redis[r]})
-	}
-	p.validUntil = make([]Micros, n)
-	for r := range w.regions {
-		hc := lease.DefaultHolderConfig()
-		hc.Region = w.regions[r].name
-		hc.Session = w.sysRng[a.si].Uint64() | 1
-		hc.Budgets = p.budgets
-		hc.Drift = cfg.Drift
-		hc.Refresh = cfg.Refresh
-		h, err := lease.NewHolder(hc, p.regionNow(w, r, 0))
-		if err != nil {
-			return nil, fmt.Errorf("sim: new holder for %s: %w", hc.Region, err)
-		}
-		p.holders = append(p.holders, h)
-		p.speaker = append(p.speaker, 0)
 		fl := make([]bucket.Limit, len(w.rules))
 		for i, b := range p.budgets {
-			fl[i] = b.LimitOf(b.FloorCount(hc.Region))
+			fl[i] = b.Floor(w.regions[r].name).Limit
 		}
 		p.floors = append(p.floors, fl)
-		p.cacheLim = append(p.cacheLim, make([]bucket.Limit, w.nb))
-		p.cacheEp = append(p.cacheEp, make([]uint32, w.nb))
-		p.epoch[r] = 1
+		p.regions = append(p.regions, &regionPlane{speaker: -1, shared: newSharedStore(w.regions[r].agents),
+			store: &regionStore{p: p, rd: a.redis[r], r: r}, view: region.NewTableView(w.regions[r].name, a.cfg[r].Floors)})
 		// Stagger the regions' ticks so they do not all fire at once.
-		w.at(Micros(r+1)*997, a.si, event{sub: alPlane, flag: plHolderTick, aux: int32(r)})
-		p.flushHolder(w, r, 0)
+		w.at(Micros(r+1)*997, a.si, event{sub: alPlane, flag: plSpeakerTick, aux: int32(r)})
 	}
 	p.allocBins = make([][][]float64, len(w.rules))
 	for i := range p.allocBins {
-		p.allocBins[i] = make([][]float64, n)
+		p.allocBins[i] = make([][]float64, len(w.regions))
 		for r := range p.allocBins[i] {
 			p.allocBins[i][r] = make([]float64, w.sc.Bins)
 		}
@@ -168,147 +146,126 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 	return p, nil
 }
 
+// start makes every region's first speaker at t: the agents of a fresh
+// region all start together, so none waits.
+func (p *leasePlane) start(w *world, t Micros) {
+	for r := range p.regions {
+		p.elect(w, r, t)
+	}
+}
+
 func (p *leasePlane) regionNow(w *world, r int, t Micros) time.Time { return w.regions[r].agent.at(t) }
 
 func (p *leasePlane) coordNow(w *world, c int, t Micros) time.Time {
 	return w.regions[p.coords[c].region].agent.at(t)
 }
 
-// limit is Holder.Allocation, cached until the Holder changes or its
-// lease or hold ends.
-func (p *leasePlane) limit(r, b int) (bucket.Limit, bool) {
-	w := p.a.w
-	now := w.regions[r].agent.local(w.eng.now)
-	if now >= p.validUntil[r] {
-		p.invalidate(w, r, w.eng.now)
-	}
-	if p.cacheEp[r][b] != p.epoch[r] {
-		l, _ := p.holders[r].Allocation(wall(now), p.keys[b])
-		p.cacheLim[r][b] = l
-		p.cacheEp[r][b] = p.epoch[r]
-	}
-	l := p.cacheLim[r][b]
-	return l, l != p.floors[r][w.ruleIdx[b]]
-}
-
-// invalidate starts a new cache epoch for region r, works out until when
-// (on the region's clock) its answers stay valid, and settles the region's
-// buckets.
-func (p *leasePlane) invalidate(w *world, r int, t Micros) {
-	p.epoch[r]++
-	if r < len(p.a.allocs) {
-		p.a.allocs[r].Touch()
-	}
-	local := w.regions[r].agent.local(t)
-	st := p.holders[r].Status(wall(local))
-	until := Micros(math.MaxInt64)
-	for _, x := range []time.Time{st.LeaseEnd, st.HoldUntil} {
-		if x.IsZero() {
-			continue
-		}
-		if v := x.UnixMicro() - epochMicros; v > local && v < until {
-			until = v
-		}
-	}
-	p.validUntil[r] = until
-	p.settle(w, r, t)
-	if until != math.MaxInt64 {
-		at := w.regions[r].agent.virtual(until) + 1
-		if at > t && at != p.settleAt[r] {
-			p.settleAt[r] = at
-			w.at(at, p.a.si, event{sub: alPlane, flag: plSettle, aux: int32(r)})
-		}
-	}
-}
-
-// settle has region r's Settler apply every changed allocation of its
-// Holder to the regional buckets at t, as the speaking agent does before it
-// publishes the table and acknowledges (region.Settler). When no primary
-// answers (a failover) it settles again when one does.
-func (p *leasePlane) settle(w *world, r int, t Micros) {
-	s := p.stores[r]
-	s.t, s.down = t, false
-	p.settlers[r].Settle(context.Background(), p.regionNow(w, r, t), p.holders[r], s)
-	if s.down {
-		if at := s.rd.downUntil; at > t && at != p.settleAt[r] {
-			p.settleAt[r] = at
-			w.at(at, p.a.si, event{sub: alPlane, flag: plSettle, aux: int32(r)})
-		}
-	}
-}
-
-// demand reports the region's demand to its Holder: the sum over its live
-// agents of what each core says it should report (region.Core.Demand), in
-// tokens per the budget's period, in key order. In the agent this travels
-// to the speaking agent through the regional Redis. Each core lists its
-// keys sorted, so the sums are a merge of sorted lists, into buffers the
-// plane reuses.
-func (p *leasePlane) demand(w *world, r int, t Micros) {
-	now := p.regionNow(w, r, t)
-	sum := p.demandSum[:0]
+// elect makes the agent that should speak for region r at t do so, as
+// membership would: the live agent with the lowest name (region.SpeakerOf),
+// once it has waited speakerWait since it started. A new speaker restores
+// its Speaker from the newer of the shared table and its own view, under a
+// new session, and opens a stream.
+func (p *leasePlane) elect(w *world, r int, t Micros) {
+	rp := p.regions[r]
+	want := -1
+	var live []string
 	for _, ag := range p.a.agents[r] {
-		if !ag.alive {
-			continue
-		}
-		sum, p.demandTmp = mergeDemand(p.demandTmp[:0], sum, ag.core.Demand(now)), sum
-	}
-	for _, d := range sum {
-		p.holders[r].Demand(now, d.key, d.want)
-	}
-	p.demandSum = sum[:0]
-}
-
-// keyWant is one key's demand summed over a region's agents.
-type keyWant struct {
-	key  bucket.Key
-	want bucket.Tokens
-}
-
-// mergeDemand appends to dst the merge of acc and ds, both sorted by key
-// with no key twice, adding the wants of a key in both.
-func mergeDemand(dst, acc []keyWant, ds []region.KeyDemand) []keyWant {
-	i, j := 0, 0
-	for i < len(acc) && j < len(ds) {
-		switch c := cmpKey(acc[i].key, ds[j].Key); {
-		case c < 0:
-			dst = append(dst, acc[i])
-			i++
-		case c > 0:
-			dst = append(dst, keyWant{ds[j].Key, ds[j].Want})
-			j++
-		default:
-			dst = append(dst, keyWant{acc[i].key, acc[i].want + ds[j].Want})
-			i++
-			j++
+		if ag.alive {
+			live = append(live, ag.name)
 		}
 	}
-	dst = append(dst, acc[i:]...)
-	for ; j < len(ds); j++ {
-		dst = append(dst, keyWant{ds[j].Key, ds[j].Want})
+	if name := region.SpeakerOf(live); name != "" {
+		for i, ag := range p.a.agents[r] {
+			if ag.name == name && ag.speakAfter <= t {
+				want = i
+			}
+		}
 	}
-	return dst
+	if want == rp.speaker {
+		return
+	}
+	rp.sp, rp.speaker = nil, want
+	if want < 0 {
+		return
+	}
+	ag := p.a.agents[r][want]
+	now := p.regionNow(w, r, t)
+	tb := ag.view.Table()
+	if st, ok := rp.shared.loadTable(w, p, r, want, t); ok && st != nil && (tb == nil || st.Newer(tb)) {
+		tb = st
+	}
+	cfg := p.spkCfg
+	cfg.Region, cfg.Agent = w.regions[r].name, ag.name
+	sp, err := region.RestoreSpeaker(cfg, p.rng.Uint64()|1, tb, now)
+	if err != nil {
+		panic(fmt.Sprintf("sim: speaker for %s: %v", cfg.Region, err)) // the config was validated
+	}
+	rp.sp = sp
+	if p.leader >= 0 {
+		sp.Connected(now)
+	}
+	p.carry(w, r, t)
 }
 
-// cmpKey orders keys by rule, then subject, as the cores list them.
-func cmpKey(x, y bucket.Key) int {
-	if x.Rule != y.Rule {
-		return strings.Compare(x.Rule, y.Rule)
+// carry carries out region r's Speaker's Ready at t, in its order: settle
+// in the regional Redis model, publish to the shared store and the
+// speaking agent's view, send to the leader.
+func (p *leasePlane) carry(w *world, r int, t Micros) {
+	rp := p.regions[r]
+	ag := p.a.agents[r][rp.speaker]
+	for range 2 {
+		rd := rp.sp.Ready()
+		var o region.Outcome
+		if len(rd.Settle) > 0 {
+			rp.store.t, rp.store.from = t, rp.speaker
+			for _, c := range rd.Settle {
+				if c.Apply(context.Background(), rp.store) != nil {
+					o.Unsettled = append(o.Unsettled, c)
+				}
+			}
+		}
+		if tb := rd.Publish; tb != nil {
+			if stored, ok := rp.shared.publish(w, p, r, rp.speaker, t, tb); ok && stored >= tb.Pub {
+				o.Refused, o.StoredPub = true, stored
+			}
+			ag.view.Set(tb)
+			rp.view.Set(tb)
+		}
+		rp.sp.Advance(o)
+		for _, m := range rd.Send {
+			p.msgs++
+			if p.leader < 0 {
+				continue // no leader: the stream is down
+			}
+			if at, ok := w.net.send(w.sysRng[p.a.si], p.agentNode(r), p.coordNode(p.leader), t); ok {
+				w.at(at, p.a.si, event{sub: alPlane, flag: plToCoord, agt: int32(p.leader), p: m})
+			}
+		}
+		if !o.Refused {
+			return
+		}
 	}
-	return strings.Compare(x.Subject, y.Subject)
 }
 
 func (p *leasePlane) handle(w *world, e *event) {
 	t := e.at
 	switch e.flag {
-	case plHolderTick:
+	case plSpeakerTick:
 		r := int(e.aux)
-		if p.speaker[r] >= 0 {
-			p.demand(w, r, t)
-			p.holders[r].Tick(p.regionNow(w, r, t))
-			p.flushHolder(w, r, t)
+		p.elect(w, r, t)
+		if rp := p.regions[r]; rp.sp != nil {
+			var live []string
+			for _, ag := range p.a.agents[r] {
+				if ag.alive {
+					live = append(live, ag.name)
+				}
+			}
+			reports, _ := rp.shared.demands(w, p, r, rp.speaker, t)
+			rp.sp.Tick(p.regionNow(w, r, t), reports, live)
+			p.carry(w, r, t)
 		}
 		p.sample(w, r, t)
-		w.at(t+tickEvery, p.a.si, event{sub: alPlane, flag: plHolderTick, aux: e.aux})
+		w.at(t+speakerTick, p.a.si, event{sub: alPlane, flag: plSpeakerTick, aux: e.aux})
 	case plAllocTick:
 		if p.leader >= 0 {
 			p.coords[p.leader].alloc.Tick(p.coordNow(w, p.leader, t))
@@ -327,18 +284,18 @@ func (p *leasePlane) handle(w *world, e *event) {
 		p.flushAlloc(w, t)
 	case plToRegion:
 		r := int(e.aux)
-		if p.speaker[r] < 0 || int(e.agt) != p.speaker[r] {
+		rp := p.regions[r]
+		if rp.sp == nil || int(e.agt) != rp.speaker {
 			return // the speaking agent it was sent to is gone
 		}
 		m := e.p.(lease.Message)
 		if w.opts.CorruptGrants && m.Type == lease.MsgGrant {
 			m = corruptGrant(p, m)
 		}
-		if err := p.holders[r].Step(p.regionNow(w, r, t), m); err != nil {
+		if err := rp.sp.Step(p.regionNow(w, r, t), m); err != nil {
 			p.stepErrors++
 		}
-		p.invalidate(w, r, t)
-		p.flushHolder(w, r, t)
+		p.carry(w, r, t)
 	case plElected:
 		c := int(e.agt)
 		p.term++
@@ -350,25 +307,19 @@ func (p *leasePlane) handle(w *world, e *event) {
 		p.leader = c
 		// The regions' transports find the new leader through the other
 		// addresses they were given and open a new stream.
-		for r := range w.regions {
-			if p.speaker[r] < 0 {
+		for r, rp := range p.regions {
+			if rp.sp == nil {
 				continue
 			}
 			if at, ok := w.net.send(w.sysRng[p.a.si], p.coordNode(c), p.agentNode(r), t); ok {
 				w.at(at, p.a.si, event{sub: alPlane, flag: plReconnect, aux: int32(r)})
 			}
 		}
-	case plSettle:
-		r := int(e.aux)
-		if p.settleAt[r] == t {
-			p.settleAt[r] = -1
-		}
-		p.invalidate(w, r, t)
 	case plReconnect:
 		r := int(e.aux)
-		if p.speaker[r] >= 0 {
-			p.holders[r].Reconnect(p.regionNow(w, r, t))
-			p.flushHolder(w, r, t)
+		if rp := p.regions[r]; rp.sp != nil {
+			rp.sp.Connected(p.regionNow(w, r, t))
+			p.carry(w, r, t)
 		}
 	}
 }
@@ -411,28 +362,11 @@ func (p *leasePlane) budgetOf(w *world, k bucket.Key) (int, bool) {
 }
 
 func (p *leasePlane) agentNode(r int) node {
-	return node{kind: kindAgent, region: r, idx: max(p.speaker[r], 0)}
+	return node{kind: kindAgent, region: r, idx: max(p.regions[r].speaker, 0)}
 }
 
 func (p *leasePlane) coordNode(c int) node {
 	return node{kind: kindCoordinator, region: p.coords[c].region, idx: c}
-}
-
-// flushHolder sends region r's queued messages to the leader.
-func (p *leasePlane) flushHolder(w *world, r int, t Micros) {
-	h := p.holders[r]
-	if !h.HasReady() {
-		return
-	}
-	for _, m := range h.Ready() {
-		p.msgs++
-		if p.leader < 0 {
-			continue // no leader: the stream is down
-		}
-		if at, ok := w.net.send(w.sysRng[p.a.si], p.agentNode(r), p.coordNode(p.leader), t); ok {
-			w.at(at, p.a.si, event{sub: alPlane, flag: plToCoord, agt: int32(p.leader), p: m})
-		}
-	}
 }
 
 // flushAlloc sends the leader's queued messages to the regions.
@@ -444,23 +378,25 @@ func (p *leasePlane) flushAlloc(w *world, t Micros) {
 	for _, m := range a.Ready() {
 		p.msgs++
 		r := w.sc.regionIndex(m.Region)
-		if r < 0 || p.speaker[r] < 0 {
+		if r < 0 || p.regions[r].sp == nil {
 			continue
 		}
 		if at, ok := w.net.send(w.sysRng[p.a.si], p.coordNode(p.leader), p.agentNode(r), t); ok {
-			w.at(at, p.a.si, event{sub: alPlane, flag: plToRegion, aux: int32(r), agt: int32(p.speaker[r]), p: m})
+			w.at(at, p.a.si, event{sub: alPlane, flag: plToRegion, aux: int32(r), agt: int32(p.regions[r].speaker), p: m})
 		}
 	}
 }
 
-// sample records the tracked budgets' allocations for the chart.
+// sample records the tracked budgets' allocations in region r, as its
+// latest table gives them, for the chart.
 func (p *leasePlane) sample(w *world, r int, t Micros) {
 	bin := int(t / (w.end / Micros(w.sc.Bins)))
 	if bin >= w.sc.Bins || t > w.end {
 		return
 	}
+	now := p.regionNow(w, r, t)
 	for ri, b := range p.tracked {
-		l, _ := p.limit(r, b)
+		l, _, _ := p.regions[r].view.Allocation(now, p.keys[b], w.rules[ri].limit)
 		p.allocBins[ri][r][bin] = round(l.Rate(), 3)
 	}
 }
@@ -477,21 +413,10 @@ func (p *leasePlane) fault(w *world, f *FaultSpec, start bool) {
 		p.leader = -1
 		w.at(t+us(w.sc.Coordinator.Election), p.a.si, event{sub: alPlane, flag: plElected, agt: int32(next)})
 	case FaultAgentCrash:
-		r := w.sc.regionIndex(f.Region)
-		old := p.speaker[r]
-		p.speaker[r] = -1
-		for i, ag := range p.a.agents[r] {
-			if ag.alive {
-				p.speaker[r] = i
-				break
-			}
-		}
-		if p.speaker[r] >= 0 && p.speaker[r] != old {
-			// Another agent speaks for the region now; the table lives in
-			// the regional Redis, so it resumes the same lease.
-			p.holders[r].Reconnect(p.regionNow(w, r, t))
-			p.flushHolder(w, r, t)
-		}
+		// The crashed agent no longer speaks; another live agent takes over
+		// from the shared table, or, when one returns, it speaks again
+		// once it has waited.
+		p.elect(w, w.sc.regionIndex(f.Region), t)
 	}
 }
 

@@ -21,7 +21,7 @@ type Options struct {
 	UnsafeSkipEscrow bool
 	// CorruptGrants rewrites every grant on its way to a region so that it
 	// hands the region the whole budget for each key it names: a fault of
-	// the simulated wire, which the real Holder and regional code then
+	// the simulated wire, which the real Speaker and regional code then
 	// act on. Tests only; it proves the simulator catches allocations that
 	// add up to more than the budget.
 	CorruptGrants bool

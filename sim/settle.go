@@ -8,16 +8,18 @@ import (
 )
 
 // regionStore is one region's Redis model seen as a bucket.Store and a
-// bucket.Rebaser, at the virtual instant t the lease plane sets before
-// each call: the store region.Settler applies allocation changes to. Its
-// keys are the plane's budget keys. A call while no primary answers fails
-// with bucket.ErrUnavailable and sets down, so the plane settles again
-// when one does.
+// bucket.Rebaser by the speaking agent, at the virtual instant t the lease
+// plane sets before each call: the store its Speaker's changes are settled
+// in (region.Change.Apply). Its keys are the plane's budget keys. A call
+// the speaking agent cannot get through (a partition, loss, a failover's
+// downtime) fails with bucket.ErrUnavailable; the Speaker lists the change
+// again at its next Ready.
 type regionStore struct {
 	p    *leasePlane
 	rd   *regionalRedis
-	t    Micros
-	down bool
+	r    int    // the region
+	from int    // the speaking agent
+	t    Micros // the virtual instant of the calls
 }
 
 var (
@@ -26,15 +28,15 @@ var (
 )
 
 // budget returns key's budget index, or an error when the key is unknown
-// or no primary answers at s.t.
+// or the speaking agent does not reach a primary at s.t.
 func (s *regionStore) budget(key bucket.Key) (int, error) {
-	b, ok := s.p.budgetOf(s.p.a.w, key)
+	w := s.p.a.w
+	b, ok := s.p.budgetOf(w, key)
 	if !ok {
 		return 0, fmt.Errorf("sim: regional store: unknown key %s/%s", key.Rule, key.Subject)
 	}
-	if !s.rd.up(s.t) {
-		s.down = true
-		return 0, fmt.Errorf("sim: regional store: failover until %d µs: %w", s.rd.downUntil, bucket.ErrUnavailable)
+	if !s.p.reachShared(w, s.r, s.from, s.t) {
+		return 0, fmt.Errorf("sim: regional store of %s unreachable from agent %d at %d µs: %w", w.regions[s.r].name, s.from, s.t, bucket.ErrUnavailable)
 	}
 	return b, nil
 }

@@ -173,7 +173,7 @@ func TestAgentCoordinatorAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := coordinator.DefaultConfig()
-	cfg.Lease.Budgets = region.Budgets(set, region.FloorSpec{Regions: []string{"eu", "us"}, Reserve: lease.DefaultReserve}, lease.MaxMin)
+	cfg.Lease.Budgets = region.Budgets(set, lease.Split{Regions: []string{"eu", "us"}, Reserve: lease.DefaultReserve}, lease.MaxMin)
 	// Short leases: the leader learns for TTL + 2×drift while us never
 	// connects, and only then renews eu's lease.
 	cfg.Lease.TTL, cfg.Lease.Refresh, cfg.Lease.Drift, cfg.Lease.Hold, cfg.Lease.DemandTTL = 2*time.Second, 500*time.Millisecond, 100*time.Millisecond, 3500*time.Millisecond, 1200*time.Millisecond
@@ -270,7 +270,7 @@ func TestAgentCoordinatorCA(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := coordinator.DefaultConfig()
-	cfg.Lease.Budgets = region.Budgets(set, region.FloorSpec{Regions: []string{"eu", "us"}, Reserve: lease.DefaultReserve}, lease.MaxMin)
+	cfg.Lease.Budgets = region.Budgets(set, lease.Split{Regions: []string{"eu", "us"}, Reserve: lease.DefaultReserve}, lease.MaxMin)
 	cfg.Lease.TTL, cfg.Lease.Refresh, cfg.Lease.Drift, cfg.Lease.Hold, cfg.Lease.DemandTTL = 2*time.Second, 500*time.Millisecond, 100*time.Millisecond, 3500*time.Millisecond, 1200*time.Millisecond
 	cfg.RequireClientCert, cfg.Logger = true, slog.New(slog.DiscardHandler)
 	s, err := coordinator.NewServer(cfg)

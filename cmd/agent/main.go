@@ -48,9 +48,11 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/allot-dev/allot/agent"
 	allotv1 "github.com/allot-dev/allot/api/allot/v1"
 	"github.com/allot-dev/allot/auth"
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/grpclimit"
 	"github.com/allot-dev/allot/httpserver"
@@ -196,7 +198,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer stop()
 
 	// Floors: the regions sharing every budget.
-	spec := region.FloorSpec{Regions: split(o.regions), Reserve: o.reserve}
+	spec := lease.Split{Regions: split(o.regions), Reserve: o.reserve}
 	for _, w := range split(o.weights) {
 		n, err := strconv.ParseInt(w, 10, 64)
 		if err != nil {
@@ -204,12 +206,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		}
 		spec.Weights = append(spec.Weights, n)
 	}
-	policy, err := lease.ParsePolicy(o.policy)
+	policy, err := lease.ParseAllocationPolicy(o.policy)
 	if err != nil {
 		return fmt.Errorf("-allocation-policy: %w", err)
 	}
 
-	cfg := region.DefaultAgentConfig()
+	cfg := agent.DefaultConfig()
 	cfg.Name = o.name
 	cfg.Core.Region = o.region
 	cfg.Core.Floors = spec
@@ -220,15 +222,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	emptyOn := split(o.failoverEmpty)
 
 	// Rules, reloaded on change and SIGHUP.
-	var agent *region.Agent
+	var ag *agent.Agent
 	var rulesMetrics *limiter.RulesMetrics
 	watcher, err := rules.WatchFile(o.rulesPath, rules.WatchConfig{Interval: time.Second, SIGHUP: true, Logger: logger,
 		Notify: func(u rules.Update) {
 			if rulesMetrics != nil {
 				rulesMetrics.Reload(u)
 			}
-			if u.Changed && agent != nil {
-				if err := agent.SetRules(u.New, emptyOn); err != nil {
+			if u.Changed && ag != nil {
+				if err := ag.SetRules(u.New, emptyOn); err != nil {
 					logger.Error("agent: rules change not applied to the lease", "err", err)
 				}
 			}
@@ -240,7 +242,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	cfg.Core.Rules = region.RuleConfigs(set, emptyOn)
 	cfg.Speaker.Budgets = region.Budgets(set, spec, policy)
 
-	deps := region.AgentDeps{Logger: logger, Namer: region.NewNamer(set), Seed: uint64(time.Now().UnixNano())}
+	deps := agent.Deps{Logger: logger, Namer: region.NewNamer(set), Seed: uint64(time.Now().UnixNano())}
 	// TLS.
 	var serverTLS, clientTLS *tls.Config
 	if o.tlsCert != "" {
@@ -257,21 +259,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			if err != nil {
 				return err
 			}
-			// bucket.NewUniversalClient's settings, plus TLS.
+			// redisstore.NewUniversalClient's settings, plus TLS.
 			c = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs, MasterName: o.redisMaster,
 				Password: o.redisPass, ContextTimeoutEnabled: true, TLSConfig: rt})
 		} else {
-			c = bucket.NewUniversalClient(addrs, o.redisMaster, o.redisPass)
+			c = redisstore.NewUniversalClient(addrs, o.redisMaster, o.redisPass)
 		}
 		defer c.Close()
-		rs, err := bucket.NewRedis(c, bucket.RedisOptions{Prefix: o.redisPrefix, Timeout: o.redisTimeout})
+		rs, err := redisstore.New(c, redisstore.Options{Prefix: o.redisPrefix, Timeout: o.redisTimeout})
 		if err != nil {
 			return err
 		}
 		deps.Store, deps.Redis = rs, c
 		// The table and demand reports are off the decision path: they may
 		// wait longer than a decision would.
-		deps.Shared = region.NewRedisShared(c, o.redisPrefix, o.region, max(o.redisTimeout, time.Second), time.Hour)
+		deps.Shared = agent.NewRedisShared(c, o.redisPrefix, o.region, max(o.redisTimeout, time.Second), time.Hour)
 		logger.Info("agent: regional store is Redis", "addrs", addrs, "sentinel_master", o.redisMaster)
 	} else {
 		mem := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: o.b.memoryMaxKeys})
@@ -285,12 +287,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		if err != nil {
 			return fmt.Errorf("-gossip-bind=%q: %w", o.gossipBind, err)
 		}
-		gc := region.DefaultGossipConfig()
+		gc := agent.DefaultGossipConfig()
 		gc.Name, gc.Region, gc.BindAddr, gc.Join = o.name, o.region, host, split(o.gossipJoin)
 		if gc.BindPort, err = strconv.Atoi(port); err != nil {
 			return fmt.Errorf("-gossip-bind=%q: port: %w", o.gossipBind, err)
 		}
-		g, err := region.StartGossip(gc)
+		g, err := agent.StartGossip(gc)
 		if err != nil {
 			return err
 		}
@@ -311,14 +313,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			return err
 		}
 		defer client.Close()
-		deps.Transport = coordTransport{client}
+		deps.Transport = client
 		logger.Info("agent: leasing from the coordinators", "addrs", addrs, "regions", spec.Regions, "auth", coordAuth)
 	} else {
 		logger.Info("agent: no coordinator configured; running on floors alone")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	deps.Metrics = region.NewMetrics(reg)
+	deps.Metrics = agent.NewMetrics(reg)
 	if rulesMetrics, err = limiter.NewRulesMetrics(reg); err != nil {
 		return err
 	}
@@ -333,11 +335,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	reg.MustRegister(callers)
 
-	agent, err = region.NewAgent(cfg, deps)
+	ag, err = agent.New(cfg, deps)
 	if err != nil {
 		return err
 	}
-	lim, err := limiter.New(limiter.Config{Rules: watcher, Store: agent.Store(), Logger: logger, Bounds: o.b.bounds})
+	lim, err := limiter.New(limiter.Config{Rules: watcher, Store: ag.Store(), Logger: logger, Bounds: o.b.bounds})
 	if err != nil {
 		return err
 	}
@@ -371,7 +373,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("-http-listen=%q: %w", o.httpListen, err)
 	}
 	info := map[string]any{"coordinator_auth": coordAuth, "allow_auth": callers.Mode()}
-	hsrv, err := httpserver.New(o.b.http, mux(lim, agent, reg, watcher, callers, o.b, info), serverTLS)
+	hsrv, err := httpserver.New(o.b.http, mux(lim, ag, reg, watcher, callers, o.b, info), serverTLS)
 	if err != nil {
 		return err
 	}
@@ -379,7 +381,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	agentDone := make(chan struct{})
-	go func() { defer close(agentDone); agent.Run(runCtx) }()
+	go func() { defer close(agentDone); ag.Run(runCtx) }()
 	go watcher.Run(runCtx)
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(gl) }()
@@ -411,17 +413,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		serveErr = nil
 	}
 	return serveErr
-}
-
-// coordTransport adapts the coordinator client to region.LeaseTransport.
-type coordTransport struct{ c *coordinator.Client }
-
-func (t coordTransport) Connect(ctx context.Context) (region.LeaseStream, error) {
-	s, err := t.c.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
 }
 
 func loadTLS(certFile, keyFile, caFile string) (server, client *tls.Config, err error) {
@@ -474,14 +465,14 @@ func certPool(flag, file string) (*x509.CertPool, error) {
 
 // mux serves the HTTP endpoints; info is added to /status, and callers
 // guards /v1/allow.
-func mux(lim limiter.Limiter, agent *region.Agent, reg *prometheus.Registry, src rules.Source, callers *auth.Callers, b boundary, info map[string]any) *http.ServeMux {
+func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rules.Source, callers *auth.Callers, b boundary, info map[string]any) *http.ServeMux {
 	m := http.NewServeMux()
 	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
 	m.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		st := agent.Status()
+		st := ag.Status()
 		if st.Breaker == region.BreakerOpen {
 			http.Error(w, "regional store unavailable (circuit breaker open)", http.StatusServiceUnavailable)
 			return
@@ -489,11 +480,11 @@ func mux(lim limiter.Limiter, agent *region.Agent, reg *prometheus.Registry, src
 		w.Write([]byte("ready\n"))
 	})
 	m.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		st := agent.Status()
+		st := ag.Status()
 		out := map[string]any{
 			"region": st.Region, "agent": st.Agent, "members": st.Members, "speaking": st.Speaking,
 			"lease_live": st.LeaseLive, "breaker": st.Breaker.String(), "rules_version": src.Current().Version(),
-			"stats": agent.Core().Stats(),
+			"stats": ag.Core().Stats(),
 		}
 		for k, v := range info {
 			out[k] = v

@@ -17,8 +17,8 @@ import (
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/internal/leasetest"
 	"github.com/allot-dev/allot/internal/testenv"
-	"github.com/allot-dev/allot/lease"
 )
 
 // freePort and testEtcd name the shared test helpers for this package's
@@ -120,48 +120,33 @@ func TestHAFailover(t *testing.T) {
 	budgets, _ := doc.Resolve(nil)
 	budget := budgets[0].Limit
 
-	// Simulated regions: a Holder each behind a Client that knows all
-	// three addresses, every region pressing on one key.
+	// Regions, each driven as an agent drives its end of the protocol,
+	// behind a Client that knows all three addresses, every region
+	// pressing on one key.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	key := bucket.Key{Rule: "api", Subject: "tenant"}
-	type reg struct {
-		mu sync.Mutex
-		h  *lease.Holder
-	}
-	regs := map[string]*reg{}
+	regs := map[string]*leasetest.Region{}
 	want := map[string]bucket.Tokens{"us": 300, "eu": 150, "ap": 60}
 	for i, name := range []string{"us", "eu", "ap"} {
-		hc := lease.DefaultHolderConfig()
-		hc.Region, hc.Session, hc.Budgets = name, uint64(i+1), budgets
-		hc.Drift, hc.Refresh = 100*time.Millisecond, 500*time.Millisecond
-		h, err := lease.NewHolder(hc, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
 		c, err := coordinator.NewClient(coordinator.ClientConfig{Addrs: addrs, Region: name, ConnectTimeout: 500 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		r := &reg{h: h}
-		regs[name] = r
-		d := &coordinator.HolderDriver{Client: c, Holder: h, Mu: &r.mu, Clock: clock.Real{}, Tick: 20 * time.Millisecond, Redial: 100 * time.Millisecond}
-		go d.Run(ctx)
+		regs[name] = leasetest.Start(t, ctx, clock.Real{}, name, budgets, c, leasetest.Options{Tick: 20 * time.Millisecond,
+			Redial: 100 * time.Millisecond, Refresh: 500 * time.Millisecond, Drift: 100 * time.Millisecond, Seed: uint64(i + 1)})
+		regs[name].Demand(key, want[name])
 	}
 	// sample checks I1 on the regions' side and returns each region's
 	// allocation and term.
 	var maxSum bucket.Tokens
 	sample := func() (map[string]bucket.Tokens, map[string]uint64) {
-		now := time.Now()
 		counts, terms := map[string]bucket.Tokens{}, map[string]uint64{}
 		var sum, burst bucket.Tokens
 		for name, r := range regs {
-			r.mu.Lock()
-			r.h.Demand(now, key, want[name])
-			l, _ := r.h.Allocation(now, key)
-			terms[name] = r.h.Status(now).Term
-			r.mu.Unlock()
+			l := r.Allocation(key)
+			terms[name] = r.Status().Term
 			counts[name] = l.Count()
 			sum += l.Count()
 			burst += l.Burst()
@@ -226,9 +211,7 @@ func TestHAFailover(t *testing.T) {
 	}
 	until("regions on the new budget", 10*time.Second, func(map[string]bucket.Tokens, map[string]uint64) bool {
 		for _, r := range regs {
-			r.mu.Lock()
-			bs := r.h.Budgets()
-			r.mu.Unlock()
+			bs := r.Budgets()
 			if len(bs) != 1 || bs[0].Limit.Count() != 300 {
 				return false
 			}

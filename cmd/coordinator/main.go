@@ -82,8 +82,8 @@ func usage() {
 }
 
 // fromRules sizes the budgets of a rules file exactly as regions do.
-func fromRules(set *rules.Set, regions []string, weights []int64, reserve float64, p lease.Policy) []lease.Budget {
-	return region.Budgets(set, region.FloorSpec{Regions: regions, Weights: weights, Reserve: reserve}, p)
+func fromRules(set *rules.Set, regions []string, weights []int64, reserve float64, p lease.AllocationPolicy) []lease.Budget {
+	return region.Budgets(set, lease.Split{Regions: regions, Weights: weights, Reserve: reserve}, p)
 }
 
 func etcdEndpoints(flagValue string) []string {
@@ -344,9 +344,9 @@ func check(path string, out io.Writer) error {
 		fmt.Fprintf(out, "%s: %s, %s, reserve %d, floors:", b.Rule, b.Limit, b.Policy, b.ReserveCount())
 		var sum bucket.Tokens
 		for _, r := range b.Regions {
-			f := b.FloorCount(r)
-			sum += f
-			fmt.Fprintf(out, " %s=%d/%d", r, f, b.BurstOf(f))
+			f := b.Floor(r)
+			sum += f.Count
+			fmt.Fprintf(out, " %s=%d/%d", r, f.Count, f.Burst)
 		}
 		fmt.Fprintf(out, " (Σ %d of %d)\n", sum, b.Limit.Count())
 	}

@@ -19,8 +19,8 @@ import (
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/internal/leasetest"
 	"github.com/allot-dev/allot/internal/testenv"
-	"github.com/allot-dev/allot/lease"
 )
 
 // TestStandaloneProcess runs the binary in standalone mode on a budgets
@@ -56,32 +56,20 @@ func TestStandaloneProcess(t *testing.T) {
 
 	d, _ := coordinator.ParseDocument([]byte(haBudgets), "doc")
 	budgets, _ := d.Resolve(nil)
-	hc := lease.DefaultHolderConfig()
-	hc.Region, hc.Session, hc.Budgets = "us", 1, budgets
-	hc.Drift, hc.Refresh = 100*time.Millisecond, 500*time.Millisecond
-	h, err := lease.NewHolder(hc, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
 	c, err := coordinator.NewClient(coordinator.ClientConfig{Addrs: []string{grpcAddr}, Region: "us",
 		TLS: &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}, Credentials: auth.Bearer(usToken, false)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	var mu sync.Mutex
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	drv := &coordinator.HolderDriver{Client: c, Holder: h, Mu: &mu, Clock: clock.Real{}, Tick: 20 * time.Millisecond, Redial: 100 * time.Millisecond}
-	go drv.Run(ctx)
+	us := leasetest.Start(t, ctx, clock.Real{}, "us", budgets, c, leasetest.Options{Tick: 20 * time.Millisecond,
+		Redial: 100 * time.Millisecond, Refresh: 500 * time.Millisecond, Drift: 100 * time.Millisecond, Seed: 1})
 	key := bucket.Key{Rule: "api", Subject: "t"}
+	us.Demand(key, 300)
 	alloc := func() (bucket.Tokens, bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		now := time.Now()
-		h.Demand(now, key, 300)
-		l, _ := h.Allocation(now, key)
-		return l.Count(), h.Status(now).Live
+		return us.Allocation(key).Count(), us.Status().Live
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for n, _ := alloc(); n < 300; n, _ = alloc() {
@@ -106,7 +94,7 @@ func TestStandaloneProcess(t *testing.T) {
 	deadline = time.Now().Add(5 * time.Second)
 	for {
 		n, live := alloc()
-		if !live && n == budgets[0].FloorCount("us") {
+		if !live && n == budgets[0].Floor("us").Count {
 			break
 		}
 		if time.Now().After(deadline) {

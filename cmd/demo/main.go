@@ -29,6 +29,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/allot-dev/allot/agent"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/lease"
@@ -90,9 +91,9 @@ func run() error {
 
 type demoRegion struct {
 	name    string
-	agents  []*region.Agent
+	agents  []*agent.Agent
 	lims    []*limiter.StoreLimiter
-	gossip  []*region.Gossip
+	gossip  []*agent.Gossip
 	slots   []atomic.Int64 // admitted per slot
 	offered atomic.Int64
 	allowed atomic.Int64
@@ -112,7 +113,7 @@ rules:
 	if err != nil {
 		return err
 	}
-	spec := region.FloorSpec{Regions: o.regions, Reserve: lease.DefaultReserve}
+	spec := lease.Split{Regions: o.regions, Reserve: lease.DefaultReserve}
 	budgets := region.Budgets(set, spec, lease.MaxMin)
 	global := budgets[0].Limit
 
@@ -157,18 +158,18 @@ rules:
 	for ri, name := range o.regions {
 		dr := &demoRegion{name: name, slots: make([]atomic.Int64, nslots)}
 		store := bucket.NewMemory(bucket.MemoryOptions{}) // the region's store, shared by its agents as a regional Redis would be
-		shared := region.NewMemShared()
-		var static *region.StaticMembership
+		shared := agent.NewMemShared()
+		var static *agent.StaticMembership
 		for i := 0; i < o.agents; i++ {
 			an := fmt.Sprintf("%s-agent-%d", name, i)
-			var mem region.Membership
+			var mem agent.Membership
 			if o.gossip {
-				gc := region.DefaultGossipConfig()
+				gc := agent.DefaultGossipConfig()
 				gc.Name, gc.Region = an, name
 				if i > 0 {
 					gc.Join = []string{dr.gossip[0].Addr()}
 				}
-				g, err := region.StartGossip(gc)
+				g, err := agent.StartGossip(gc)
 				if err != nil {
 					return fmt.Errorf("memberlist for %s: %w (try -gossip=false)", an, err)
 				}
@@ -181,11 +182,11 @@ rules:
 					for j := 0; j < o.agents; j++ {
 						names = append(names, fmt.Sprintf("%s-agent-%d", name, j))
 					}
-					static = region.NewStaticMembership(names[0], names[1:]...)
+					static = agent.NewStaticMembership(names[0], names[1:]...)
 				}
 				mem = staticAs{static, an}
 			}
-			cfg := region.DefaultAgentConfig()
+			cfg := agent.DefaultConfig()
 			cfg.Name = an
 			cfg.Core.Region = name
 			cfg.Core.Floors = spec
@@ -197,8 +198,8 @@ rules:
 				return err
 			}
 			defer client.Close()
-			a, err := region.NewAgent(cfg, region.AgentDeps{Store: store, Shared: shared, Membership: mem,
-				Transport: transport{client}, Namer: region.NewNamer(set), Logger: quiet, Seed: uint64(ri*100 + i + 1)})
+			a, err := agent.New(cfg, agent.Deps{Store: store, Shared: shared, Membership: mem,
+				Transport: client, Namer: region.NewNamer(set), Logger: quiet, Seed: uint64(ri*100 + i + 1)})
 			if err != nil {
 				return err
 			}
@@ -217,7 +218,7 @@ rules:
 	fmt.Fprintf(out, "allot demo: a coordinator (gRPC %s, status page http://%s/status) and %d regions × %d agents;\n", lis.Addr(), hl.Addr(), len(drs), o.agents)
 	fmt.Fprintf(out, "one tenant with a global budget of %s\n", rules.FormatQuota(global))
 	fmt.Fprintf(out, "floors: %d/s per region (a third of the budget held in reserve); the busy region offers %.0f/s, the others %.0f/s each\n\n",
-		budgets[0].FloorCount(o.regions[0]), o.heavy*float64(o.budget), o.light*float64(o.budget))
+		budgets[0].Floor(o.regions[0]).Count, o.heavy*float64(o.budget), o.light*float64(o.budget))
 
 	// A new coordinator grants no increase until every lease a previous
 	// leader could have granted has expired: one TTL of learning.
@@ -267,20 +268,9 @@ loop:
 	return nil
 }
 
-// transport adapts the coordinator client to region.LeaseTransport.
-type transport struct{ c *coordinator.Client }
-
-func (t transport) Connect(ctx context.Context) (region.LeaseStream, error) {
-	s, err := t.c.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
 // staticAs is a shared static membership seen by one of its agents.
 type staticAs struct {
-	*region.StaticMembership
+	*agent.StaticMembership
 	self string
 }
 

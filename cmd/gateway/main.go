@@ -46,6 +46,7 @@ import (
 
 	"github.com/allot-dev/allot/auth"
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/grpclimit"
 	"github.com/allot-dev/allot/httplimit"
 	"github.com/allot-dev/allot/httpserver"
@@ -180,7 +181,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	if o.redisAddr != "" {
 		client := redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true})
 		defer client.Close()
-		rs, err := bucket.NewRedis(client, bucket.RedisOptions{})
+		rs, err := redisstore.New(client, redisstore.Options{})
 		if err != nil {
 			return err
 		}
@@ -358,7 +359,7 @@ func checkRules(path string, w io.Writer) error {
 	fmt.Fprintf(w, "%s: ok, version %s, %d plans, %d rules\n", s.Source(), s.Version(), len(s.Plans()), len(s.Rules()))
 	fmt.Fprintf(w, "%-20s %-10s %-32s %-7s %-12s %s\n", "RULE", "PLAN", "QUOTA", "SCOPE", "UNAVAILABLE", "SHARED")
 	for _, b := range s.Budgets() {
-		plan := b.Plan
+		plan := strings.Join(b.Plans, ",")
 		if plan == "" {
 			plan = "-"
 		}

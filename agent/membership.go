@@ -1,4 +1,4 @@
-package region
+package agent
 
 import (
 	"errors"
@@ -20,17 +20,6 @@ type Membership interface {
 	Self() string
 	// Members returns the live agents' names, sorted, this one included.
 	Members() []string
-}
-
-// Speaker returns the agent that speaks to the coordinator for a region
-// whose live agents are members: the lowest name. Every agent computes the
-// same answer from the same membership, so at most one speaks once
-// membership has converged, and another takes over when it dies.
-func Speaker(members []string) string {
-	if len(members) == 0 {
-		return ""
-	}
-	return slices.Min(members)
 }
 
 // StaticMembership is a fixed membership: a single agent, or tests.
@@ -164,7 +153,7 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 	}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
-		return nil, fmt.Errorf("region: memberlist on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
+		return nil, fmt.Errorf("agent: memberlist on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
 	}
 	g.ml = ml
 	if cfg.BindPort == 0 {
@@ -218,7 +207,7 @@ func (g *Gossip) Members() []string {
 // Join joins more agents.
 func (g *Gossip) Join(addrs []string) error {
 	if _, err := g.ml.Join(addrs); err != nil {
-		return fmt.Errorf("region: join %v: %w", addrs, err)
+		return fmt.Errorf("agent: join %v: %w", addrs, err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package bucket_test
+package redisstore_test
 
 import (
 	"context"
@@ -15,14 +15,15 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/bucket/storetest"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/internal/testenv"
 )
 
-func newRedisStore(t testing.TB, c redis.UniversalClient, opts bucket.RedisOptions) *bucket.Redis {
+func newRedisStore(t testing.TB, c redis.UniversalClient, opts redisstore.Options) *redisstore.Store {
 	t.Helper()
-	s, err := bucket.NewRedis(c, opts)
+	s, err := redisstore.New(c, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +36,7 @@ func newRedisStore(t testing.TB, c redis.UniversalClient, opts bucket.RedisOptio
 func TestRedisConformance(t *testing.T) {
 	c := testenv.RedisClient(t)
 	storetest.Run(t, func(t *testing.T, clk clock.Clock) bucket.Store {
-		return newRedisStore(t, c, bucket.RedisOptions{Now: clk.Now, Timeout: 5 * time.Second})
+		return newRedisStore(t, c, redisstore.Options{Now: clk.Now, Timeout: 5 * time.Second})
 	})
 }
 
@@ -44,13 +45,13 @@ func TestRedisClusterConformance(t *testing.T) {
 		t.Skip("starts a three-node cluster")
 	}
 	addrs := testenv.StartRedisCluster(t, 3)
-	c := bucket.NewUniversalClient(addrs, "", "")
+	c := redisstore.NewUniversalClient(addrs, "", "")
 	t.Cleanup(func() { c.Close() })
 	if _, ok := c.(*redis.ClusterClient); !ok {
 		t.Fatalf("UniversalClient with %d addresses is %T, want a cluster client", len(addrs), c)
 	}
 	storetest.Run(t, func(t *testing.T, clk clock.Clock) bucket.Store {
-		return newRedisStore(t, c, bucket.RedisOptions{Now: clk.Now, Timeout: 5 * time.Second})
+		return newRedisStore(t, c, redisstore.Options{Now: clk.Now, Timeout: 5 * time.Second})
 	})
 }
 
@@ -69,7 +70,7 @@ func TestRedisConcurrentExact(t *testing.T) {
 	for g := range 2 {
 		c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 16, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { c.Close() })
-		s := newRedisStore(t, c, bucket.RedisOptions{Timeout: 5 * time.Second})
+		s := newRedisStore(t, c, redisstore.Options{Timeout: 5 * time.Second})
 		for w := range 16 {
 			wg.Add(1)
 			go func() {
@@ -98,7 +99,7 @@ func TestRedisConcurrentExact(t *testing.T) {
 // The server's clock decides; the key expires when the bucket would be full.
 func TestRedisServerClockAndTTL(t *testing.T) {
 	c := testenv.RedisClient(t)
-	s := newRedisStore(t, c, bucket.RedisOptions{})
+	s := newRedisStore(t, c, redisstore.Options{})
 	key := bucket.Key{Rule: uniqueRule(t), Subject: "alice@example.com"}
 	l := bucket.PerMinute(10)
 	d, err := s.Decide(context.Background(), key, l, 2, "")
@@ -129,9 +130,9 @@ func TestRedisServerClockAndTTL(t *testing.T) {
 
 func TestRedisKeyHashing(t *testing.T) {
 	c := testenv.RedisClient(t)
-	plain := newRedisStore(t, c, bucket.RedisOptions{})
-	keyed := newRedisStore(t, c, bucket.RedisOptions{Secret: []byte("s3cret")})
-	other := newRedisStore(t, c, bucket.RedisOptions{Secret: []byte("other")})
+	plain := newRedisStore(t, c, redisstore.Options{})
+	keyed := newRedisStore(t, c, redisstore.Options{Secret: []byte("s3cret")})
+	other := newRedisStore(t, c, redisstore.Options{Secret: []byte("other")})
 	k := bucket.Key{Rule: "per-tenant", Subject: "T-42"}
 	a, b, o := plain.RedisKey(k), keyed.RedisKey(k), other.RedisKey(k)
 	if a == b || b == o {
@@ -142,10 +143,10 @@ func TestRedisKeyHashing(t *testing.T) {
 	}
 	plainClient := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	defer plainClient.Close()
-	if _, err := bucket.NewRedis(plainClient, bucket.RedisOptions{}); err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
+	if _, err := redisstore.New(plainClient, redisstore.Options{}); err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
 		t.Fatalf("client without context timeouts: err = %v, want one naming ContextTimeoutEnabled", err)
 	}
-	if _, err := bucket.NewRedis(c, bucket.RedisOptions{Prefix: "a{b"}); err == nil || !strings.Contains(err.Error(), `Prefix="a{b"`) {
+	if _, err := redisstore.New(c, redisstore.Options{Prefix: "a{b"}); err == nil || !strings.Contains(err.Error(), `Prefix="a{b"`) {
 		t.Fatalf("prefix with a brace: err = %v, want one naming the prefix", err)
 	}
 }
@@ -155,7 +156,7 @@ func TestRedisKeyHashing(t *testing.T) {
 func TestRedisWrongTypeAndCorrupt(t *testing.T) {
 	c := testenv.RedisClient(t)
 	ctx := context.Background()
-	s := newRedisStore(t, c, bucket.RedisOptions{})
+	s := newRedisStore(t, c, redisstore.Options{})
 	l := bucket.PerMinute(10)
 	for name, corrupt := range map[string]func(k string) error{
 		"hash":      func(k string) error { return c.HSet(ctx, k, "t", "1").Err() },
@@ -208,7 +209,7 @@ func packState(v ...int64) string {
 func TestRedisEmptyScriptCache(t *testing.T) {
 	c := testenv.RedisClient(t)
 	ctx := context.Background()
-	s := newRedisStore(t, c, bucket.RedisOptions{})
+	s := newRedisStore(t, c, redisstore.Options{})
 	key := bucket.Key{Rule: uniqueRule(t), Subject: "x"}
 	for i := range 3 {
 		if err := c.ScriptFlush(ctx).Err(); err != nil {
@@ -226,7 +227,7 @@ func TestRedisUnavailable(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	s := newRedisStore(t, c, bucket.RedisOptions{Timeout: 100 * time.Millisecond})
+	s := newRedisStore(t, c, redisstore.Options{Timeout: 100 * time.Millisecond})
 	key := bucket.Key{Rule: uniqueRule(t), Subject: "x"}
 	if _, err := s.Decide(ctx, key, bucket.PerMinute(10), 1, ""); err != nil {
 		t.Fatal(err)
@@ -270,9 +271,9 @@ func TestRedisSentinelConformance(t *testing.T) {
 		t.Skip("starts a primary, a replica and a sentinel")
 	}
 	s := testenv.StartSentinel(t)
-	c := bucket.NewUniversalClient([]string{s.Addr}, s.Master, "")
+	c := redisstore.NewUniversalClient([]string{s.Addr}, s.Master, "")
 	t.Cleanup(func() { c.Close() })
 	storetest.Run(t, func(t *testing.T, clk clock.Clock) bucket.Store {
-		return newRedisStore(t, c, bucket.RedisOptions{Now: clk.Now, Timeout: 5 * time.Second})
+		return newRedisStore(t, c, redisstore.Options{Now: clk.Now, Timeout: 5 * time.Second})
 	})
 }

@@ -1,4 +1,10 @@
-package bucket
+// Package redisstore is the bucket.Store on Redis: one atomic Lua script
+// per operation on the server's clock, through go-redis's UniversalClient so
+// one setting covers a single primary, Sentinel and Cluster. It lives apart
+// from package bucket so that the deterministic packages (bucket's pure
+// functions and in-process store, lease, region, sim) import no Redis
+// client.
+package redisstore
 
 import (
 	"context"
@@ -16,6 +22,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/allot-dev/allot/bucket"
 )
 
 //go:embed script.lua
@@ -23,8 +31,8 @@ var scriptSource string
 
 var script = redis.NewScript(scriptSource)
 
-// RedisOptions configures a Redis store.
-type RedisOptions struct {
+// Options configures a Store.
+type Options struct {
 	// Prefix starts every key the store writes.
 	Prefix string // default "allot:"
 	// Secret, when set, keys subjects by HMAC-SHA-256 under it, so that
@@ -32,35 +40,35 @@ type RedisOptions struct {
 	// without it subjects are keyed by plain SHA-256.
 	Secret []byte
 	// Timeout bounds every operation. A slow or unreachable Redis turns into
-	// ErrUnavailable after it, never a hang.
+	// bucket.ErrUnavailable after it, never a hang.
 	Timeout time.Duration // default 100 ms
 	// AttemptWindow is how long an attempt id's decision is remembered.
-	AttemptWindow time.Duration // default DefaultAttemptWindow
+	AttemptWindow time.Duration // default bucket.DefaultAttemptWindow
 	// Now, when set, replaces the Redis server's clock in the script. It is
 	// for tests and deterministic drivers only: in production the server's
 	// TIME is the one clock every agent shares.
 	Now func() time.Time
 }
 
-// DefaultRedisOptions returns the options NewRedis uses for zero fields.
-func DefaultRedisOptions() RedisOptions {
-	return RedisOptions{
+// DefaultOptions returns the options New uses for zero fields.
+func DefaultOptions() Options {
+	return Options{
 		Prefix:        "allot:",
 		Timeout:       100 * time.Millisecond, // a regional round trip is ~1 ms; 100× that is an outage
-		AttemptWindow: DefaultAttemptWindow,
+		AttemptWindow: bucket.DefaultAttemptWindow,
 	}
 }
 
-// Redis is a Store on a Redis primary (single, Sentinel or Cluster through
+// Store is a bucket.Store on a Redis primary (single, Sentinel or Cluster through
 // redis.UniversalClient). Each bucket is one string key, hash-tagged so that a
 // bucket and its attempt records live in one Cluster slot, and every
 // operation is one atomic Lua script that reads the server's clock, so the
 // agents' clocks do not matter. Keys expire when their bucket would be full
-// again, so none lingers and none expires early. Redis is safe for concurrent
+// again, so none lingers and none expires early. Store is safe for concurrent
 // use.
-type Redis struct {
+type Store struct {
 	c       redis.UniversalClient
-	opts    RedisOptions
+	opts    Options
 	hashers sync.Pool
 	// repaired counts keys found corrupt or of the wrong type and replaced
 	// by an empty bucket; read it with RepairedKeys.
@@ -68,36 +76,36 @@ type Redis struct {
 }
 
 var (
-	_ Store   = (*Redis)(nil)
-	_ Rebaser = (*Redis)(nil)
+	_ bucket.Store   = (*Store)(nil)
+	_ bucket.Rebaser = (*Store)(nil)
 )
 
-// NewRedis returns a Redis store on c. It returns an error naming the field
+// New returns a Store on c. It returns an error naming the field
 // when the options cannot work.
-func NewRedis(c redis.UniversalClient, opts RedisOptions) (*Redis, error) {
-	def := DefaultRedisOptions()
+func New(c redis.UniversalClient, opts Options) (*Store, error) {
+	def := DefaultOptions()
 	if opts.Prefix == "" {
 		opts.Prefix = def.Prefix
 	}
 	if strings.ContainsAny(opts.Prefix, "{}") {
-		return nil, fmt.Errorf("bucket: RedisOptions.Prefix=%q must not contain '{' or '}' (they delimit the Cluster hash tag)", opts.Prefix)
+		return nil, fmt.Errorf("redisstore: Options.Prefix=%q must not contain '{' or '}' (they delimit the Cluster hash tag)", opts.Prefix)
 	}
 	if opts.Timeout < 0 {
-		return nil, fmt.Errorf("bucket: RedisOptions.Timeout=%s must be ≥ 0", opts.Timeout)
+		return nil, fmt.Errorf("redisstore: Options.Timeout=%s must be ≥ 0", opts.Timeout)
 	}
 	if opts.Timeout == 0 {
 		opts.Timeout = def.Timeout
 	}
 	if opts.AttemptWindow < 0 {
-		return nil, fmt.Errorf("bucket: RedisOptions.AttemptWindow=%s must be ≥ 0", opts.AttemptWindow)
+		return nil, fmt.Errorf("redisstore: Options.AttemptWindow=%s must be ≥ 0", opts.AttemptWindow)
 	}
 	if opts.AttemptWindow == 0 {
 		opts.AttemptWindow = def.AttemptWindow
 	}
 	if !contextTimeouts(c) {
-		return nil, errors.New("bucket: the Redis client must set ContextTimeoutEnabled=true, or a stalled server holds callers for ReadTimeout instead of RedisOptions.Timeout")
+		return nil, errors.New("redisstore: the Redis client must set ContextTimeoutEnabled=true, or a stalled server holds callers for ReadTimeout instead of Options.Timeout")
 	}
-	r := &Redis{c: c, opts: opts}
+	r := &Store{c: c, opts: opts}
 	secret := opts.Secret
 	r.hashers.New = func() any {
 		if len(secret) > 0 {
@@ -110,7 +118,7 @@ func NewRedis(c redis.UniversalClient, opts RedisOptions) (*Redis, error) {
 
 // RedisKey returns the Redis key of a bucket:
 // prefix + "{" + rule + ":" + hex(first 16 bytes of the subject's hash) + "}".
-func (r *Redis) RedisKey(k Key) string {
+func (r *Store) RedisKey(k bucket.Key) string {
 	kh := r.hashers.Get().(*keyHasher)
 	kh.h.Reset()
 	kh.buf = append(kh.buf[:0], k.Subject...)
@@ -140,24 +148,24 @@ type keyHasher struct {
 }
 
 // attemptKey shares the bucket's hash tag, so Cluster keeps both in one slot.
-func (r *Redis) attemptKey(bucketKey, id string) string {
+func (r *Store) attemptKey(bucketKey, id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return bucketKey + ":a:" + hex.EncodeToString(sum[:12])
 }
 
 type result struct {
 	allowed   bool
-	remaining Tokens
+	remaining bucket.Tokens
 	retry     time.Duration
 	reset     time.Duration
-	granted   Tokens
+	granted   bucket.Tokens
 }
 
-func (res result) decision(l Limit) Decision {
-	return Decision{Allowed: res.allowed, Remaining: res.remaining, RetryAfter: res.retry, ResetAfter: res.reset, Limit: l}
+func (res result) decision(l bucket.Limit) bucket.Decision {
+	return bucket.Decision{Allowed: res.allowed, Remaining: res.remaining, RetryAfter: res.retry, ResetAfter: res.reset, Limit: l}
 }
 
-func (r *Redis) run(ctx context.Context, op scriptOp, key Key, l Limit, n Tokens, attemptID string, from ...int64) (result, error) {
+func (r *Store) run(ctx context.Context, op scriptOp, key bucket.Key, l bucket.Limit, n bucket.Tokens, attemptID string, from ...int64) (result, error) {
 	bk := r.RedisKey(key)
 	keys := []string{bk}
 	if attemptID != "" {
@@ -173,7 +181,8 @@ func (r *Redis) run(ctx context.Context, op scriptOp, key Key, l Limit, n Tokens
 	// with struct.unpack): fewer arguments to box here and to intern there.
 	var buf [64]byte
 	p := buf[:0]
-	for _, x := range [...]int64{l.num, l.den, int64(l.burst), int64(n), r.opts.AttemptWindow.Milliseconds()} {
+	num, den := l.IntervalFraction()
+	for _, x := range [...]int64{num, den, int64(l.Burst()), int64(n), r.opts.AttemptWindow.Milliseconds()} {
 		p = binary.LittleEndian.AppendUint64(p, uint64(x))
 	}
 	for _, x := range from {
@@ -181,20 +190,20 @@ func (r *Redis) run(ctx context.Context, op scriptOp, key Key, l Limit, n Tokens
 	}
 	v, err := script.Run(ctx, r.c, keys, op.code, string(p), now).Int64Slice()
 	if err != nil {
-		return result{}, fmt.Errorf("%w: redis %s on %s: %w", ErrUnavailable, op.name, bk, err)
+		return result{}, fmt.Errorf("%w: redis %s on %s: %w", bucket.ErrUnavailable, op.name, bk, err)
 	}
 	if len(v) != 6 {
-		return result{}, fmt.Errorf("%w: redis %s on %s: script returned %d values, want 6", ErrUnavailable, op.name, bk, len(v))
+		return result{}, fmt.Errorf("%w: redis %s on %s: script returned %d values, want 6", bucket.ErrUnavailable, op.name, bk, len(v))
 	}
 	if v[5] != 0 {
 		r.repaired.Add(1)
 	}
 	return result{
 		allowed:   v[0] == 1,
-		remaining: Tokens(v[1]),
+		remaining: bucket.Tokens(v[1]),
 		retry:     time.Duration(v[2]) * time.Microsecond,
 		reset:     time.Duration(v[3]) * time.Microsecond,
-		granted:   Tokens(v[4]),
+		granted:   bucket.Tokens(v[4]),
 	}, nil
 }
 
@@ -215,25 +224,25 @@ var (
 
 // RepairedKeys is how many keys of the wrong type or with a corrupt value
 // the store has replaced by an empty bucket.
-func (r *Redis) RepairedKeys() int64 {
+func (r *Store) RepairedKeys() int64 {
 	return r.repaired.Load()
 }
 
-// Decide implements Store.
-func (r *Redis) Decide(ctx context.Context, key Key, l Limit, cost Tokens, attemptID string) (Decision, error) {
-	if err := Check(l, cost); err != nil {
-		return Decision{Limit: l}, err
+// Decide implements bucket.Store.
+func (r *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (bucket.Decision, error) {
+	if err := bucket.Check(l, cost); err != nil {
+		return bucket.Decision{Limit: l}, err
 	}
 	res, err := r.run(ctx, opDecide, key, l, cost, attemptID)
 	if err != nil {
-		return Decision{Limit: l}, err
+		return bucket.Decision{Limit: l}, err
 	}
 	return res.decision(l), nil
 }
 
-// TakeUpTo implements Store.
-func (r *Redis) TakeUpTo(ctx context.Context, key Key, l Limit, n Tokens) (Tokens, error) {
-	if err := Check(l, 1); err != nil {
+// TakeUpTo implements bucket.Store.
+func (r *Store) TakeUpTo(ctx context.Context, key bucket.Key, l bucket.Limit, n bucket.Tokens) (bucket.Tokens, error) {
+	if err := bucket.Check(l, 1); err != nil {
 		return 0, err
 	}
 	if n <= 0 {
@@ -243,9 +252,9 @@ func (r *Redis) TakeUpTo(ctx context.Context, key Key, l Limit, n Tokens) (Token
 	return res.granted, err
 }
 
-// Return implements Store.
-func (r *Redis) Return(ctx context.Context, key Key, l Limit, n Tokens) error {
-	if err := Check(l, 1); err != nil {
+// Return implements bucket.Store.
+func (r *Store) Return(ctx context.Context, key bucket.Key, l bucket.Limit, n bucket.Tokens) error {
+	if err := bucket.Check(l, 1); err != nil {
 		return err
 	}
 	if n <= 0 {
@@ -255,26 +264,27 @@ func (r *Redis) Return(ctx context.Context, key Key, l Limit, n Tokens) error {
 	return err
 }
 
-// Rebase implements Rebaser.
-func (r *Redis) Rebase(ctx context.Context, key Key, from, to Limit) error {
-	if err := Check(from, 1); err != nil {
+// Rebase implements bucket.Rebaser.
+func (r *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit) error {
+	if err := bucket.Check(from, 1); err != nil {
 		return err
 	}
-	if err := Check(to, 1); err != nil {
+	if err := bucket.Check(to, 1); err != nil {
 		return err
 	}
-	_, err := r.run(ctx, opRebase, key, to, 1, "", from.num, from.den, int64(from.burst))
+	fnum, fden := from.IntervalFraction()
+	_, err := r.run(ctx, opRebase, key, to, 1, "", fnum, fden, int64(from.Burst()))
 	return err
 }
 
-// Peek implements Store.
-func (r *Redis) Peek(ctx context.Context, key Key, l Limit) (Decision, error) {
-	if err := Check(l, 1); err != nil {
-		return Decision{Limit: l}, err
+// Peek implements bucket.Store.
+func (r *Store) Peek(ctx context.Context, key bucket.Key, l bucket.Limit) (bucket.Decision, error) {
+	if err := bucket.Check(l, 1); err != nil {
+		return bucket.Decision{Limit: l}, err
 	}
 	res, err := r.run(ctx, opPeek, key, l, 1, "")
 	if err != nil {
-		return Decision{Limit: l}, err
+		return bucket.Decision{Limit: l}, err
 	}
 	return res.decision(l), nil
 }
@@ -303,5 +313,8 @@ func NewUniversalClient(addrs []string, masterName, password string) redis.Unive
 	})
 }
 
-// IsUnavailable reports whether err means the store could not decide.
-func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }
+// errCost is the error of a batch size n ≤ 0, as the bucket functions give
+// it.
+func errCost(n bucket.Tokens) error {
+	return fmt.Errorf("%w: n=%d must be > 0", bucket.ErrInvalidCost, n)
+}

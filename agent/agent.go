@@ -1,4 +1,4 @@
-package region
+package agent
 
 import (
 	"bufio"
@@ -17,15 +17,16 @@ import (
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/region"
 	"github.com/allot-dev/allot/rules"
 )
 
-// AgentConfig configures an Agent.
-type AgentConfig struct {
+// Config configures an Agent.
+type Config struct {
 	// Name is this agent's name, unique in its region.
 	Name string
 	// Core configures the decision core; Core.Region is the region.
-	Core Config
+	Core region.Config
 	// Speaker configures the lease client this agent runs while it speaks
 	// for the region. Region and Agent are filled in from Core and Name.
 	Speaker SpeakerConfig
@@ -35,26 +36,26 @@ type AgentConfig struct {
 	// FailoverPoll is how often the regional Redis's run id and role are
 	// read to detect a failover; 0 turns detection off.
 	FailoverPoll time.Duration
-	// SpeakerSettle is how long a starting agent waits before it may speak
+	// SpeakerWait is how long a starting agent waits before it may speak
 	// for the region, so that membership converges first and two agents
 	// starting together do not both speak.
-	SpeakerSettle time.Duration
+	SpeakerWait time.Duration
 }
 
-// DefaultAgentConfig returns an AgentConfig with production defaults;
-// Name and Core.Region are left to the caller.
-func DefaultAgentConfig() AgentConfig {
-	return AgentConfig{
-		Core:          DefaultConfig(),
-		Speaker:       DefaultSpeakerConfig(),
-		Tick:          100 * time.Millisecond,  // tables and demand move within a tenth of a refresh
-		FailoverPoll:  500 * time.Millisecond,  // a failover takes seconds; notice it within half of one
-		SpeakerSettle: 1500 * time.Millisecond, // memberlist joins and gossips within about a second
+// DefaultConfig returns a Config with production defaults; Name and
+// Core.Region are left to the caller.
+func DefaultConfig() Config {
+	return Config{
+		Core:         region.DefaultConfig(),
+		Speaker:      DefaultSpeakerConfig(),
+		Tick:         100 * time.Millisecond,  // tables and demand move within a tenth of a refresh
+		FailoverPoll: 500 * time.Millisecond,  // a failover takes seconds; notice it within half of one
+		SpeakerWait:  1500 * time.Millisecond, // memberlist joins and gossips within about a second
 	}
 }
 
 // Validate reports the first problem with c, naming the field.
-func (c AgentConfig) Validate() error {
+func (c Config) Validate() error {
 	switch {
 	case c.Name == "":
 		return fmt.Errorf("%w: agent name is empty", ErrInvalidConfig)
@@ -62,8 +63,8 @@ func (c AgentConfig) Validate() error {
 		return fmt.Errorf("%w: agent tick=%s must be > 0", ErrInvalidConfig, c.Tick)
 	case c.FailoverPoll < 0:
 		return fmt.Errorf("%w: agent failover_poll=%s must be ≥ 0", ErrInvalidConfig, c.FailoverPoll)
-	case c.SpeakerSettle < 0:
-		return fmt.Errorf("%w: agent speaker_settle=%s must be ≥ 0", ErrInvalidConfig, c.SpeakerSettle)
+	case c.SpeakerWait < 0:
+		return fmt.Errorf("%w: agent speaker_wait=%s must be ≥ 0", ErrInvalidConfig, c.SpeakerWait)
 	case c.Speaker.Tick <= 0 || c.Speaker.Refresh <= 0 || c.Speaker.Redial <= 0 || c.Speaker.DemandMaxAge <= 0:
 		return fmt.Errorf("%w: speaker tick=%s, refresh=%s, redial=%s and demand_max_age=%s must be > 0",
 			ErrInvalidConfig, c.Speaker.Tick, c.Speaker.Refresh, c.Speaker.Redial, c.Speaker.DemandMaxAge)
@@ -71,10 +72,10 @@ func (c AgentConfig) Validate() error {
 	return c.Core.Validate()
 }
 
-// AgentDeps are what an Agent runs on. Store is required; the rest is
+// Deps are what an Agent runs on. Store is required; the rest is
 // optional.
-type AgentDeps struct {
-	// Store is the regional store: bucket.Redis, or bucket.Memory for the
+type Deps struct {
+	// region.Store is the regional store: redisstore.Store, or bucket.Memory for the
 	// embedded default.
 	Store bucket.Store
 	// Redis, when set, is watched for failovers (run id or role changes).
@@ -86,9 +87,9 @@ type AgentDeps struct {
 	// alone.
 	Membership Membership
 	// Transport reaches the coordinator; nil means floors alone.
-	Transport LeaseTransport
-	// Namer maps edge keys to budget keys; nil maps keys to themselves.
-	Namer *Namer
+	Transport lease.Transport
+	// region.Namer maps edge keys to budget keys; nil maps keys to themselves.
+	Namer *region.Namer
 	// Clock is the agent's clock; nil means clock.Real{}.
 	Clock clock.Clock
 	// Logger receives the agent's log; nil means slog.Default().
@@ -99,16 +100,16 @@ type AgentDeps struct {
 	Seed uint64
 }
 
-// Agent is a regional agent: a Core driven by a clock, membership of the
+// Agent is a regional agent: a region.Core driven by a clock, membership of the
 // region's agents, the lease client while it speaks for the region, the
-// shared allocation table, failover detection and metrics. Store returns
+// shared allocation table, failover detection and metrics. region.Store returns
 // the bucket.Store the edge uses.
 type Agent struct {
-	cfg   AgentConfig
-	deps  AgentDeps
-	core  *Core
-	view  *TableView
-	store *Store
+	cfg   Config
+	deps  Deps
+	core  *region.Core
+	view  *region.TableView
+	store *region.Store
 	log   *slog.Logger
 	rng   *rand.Rand
 
@@ -116,7 +117,7 @@ type Agent struct {
 
 	mu        sync.Mutex
 	speaking  bool
-	spk       *speaker
+	spk       *LeaseClient
 	stopSpk   context.CancelFunc
 	spkDone   chan struct{}
 	members   []string
@@ -126,13 +127,13 @@ type Agent struct {
 	lastError error
 }
 
-// NewAgent returns an agent; Run starts it.
-func NewAgent(cfg AgentConfig, deps AgentDeps) (*Agent, error) {
+// New returns an agent; Run starts it.
+func New(cfg Config, deps Deps) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if deps.Store == nil {
-		return nil, errors.New("region: NewAgent: AgentDeps.Store is nil")
+		return nil, errors.New("agent: New: Deps.Store is nil")
 	}
 	if deps.Clock == nil {
 		deps.Clock = clock.Real{}
@@ -150,33 +151,33 @@ func NewAgent(cfg AgentConfig, deps AgentDeps) (*Agent, error) {
 		// The speaker applies allocation changes to the regional buckets the
 		// moment they happen; a store that cannot would let a shrunk bucket
 		// refill at its old rate.
-		return nil, fmt.Errorf("region: AgentDeps.Store %T does not implement bucket.Rebaser", deps.Store)
+		return nil, fmt.Errorf("agent: Deps.Store %T does not implement bucket.Rebaser", deps.Store)
 	}
 	cfg.Speaker.Region, cfg.Speaker.Agent = cfg.Core.Region, cfg.Name
-	view := NewTableView(cfg.Core.Region, cfg.Core.Floors)
-	core, err := NewCore(cfg.Core, deps.Store, view)
+	view := region.NewTableView(cfg.Core.Region, cfg.Core.Floors)
+	core, err := region.NewCore(cfg.Core, deps.Store, view)
 	if err != nil {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, deps: deps, core: core, view: view, log: deps.Logger,
 		rng: rand.New(rand.NewPCG(deps.Seed, 0x616c6c6f74))}
-	var observe func(Result, time.Duration)
+	var observe func(region.Result, time.Duration)
 	if deps.Metrics != nil {
 		observe = deps.Metrics.observe
 		deps.Metrics.attach(a)
 	}
-	a.store = NewStore(core, deps.Clock, deps.Namer, observe)
+	a.store = region.NewStore(core, deps.Clock, deps.Namer, observe)
 	return a, nil
 }
 
-// Store returns the bucket.Store the edge decides with.
-func (a *Agent) Store() *Store { return a.store }
+// region.Store returns the bucket.Store the edge decides with.
+func (a *Agent) Store() *region.Store { return a.store }
 
-// Core returns the decision core.
-func (a *Agent) Core() *Core { return a.core }
+// region.Core returns the decision core.
+func (a *Agent) Core() *region.Core { return a.core }
 
 // View returns the agent's view of the region's allocation table.
-func (a *Agent) View() *TableView { return a.view }
+func (a *Agent) View() *region.TableView { return a.view }
 
 // Name is the agent's name.
 func (a *Agent) Name() string { return a.cfg.Name }
@@ -188,7 +189,9 @@ func (a *Agent) Region() string { return a.cfg.Core.Region }
 // go back and, if this was the region's last agent, the lease is released.
 func (a *Agent) Run(ctx context.Context) error {
 	a.started = a.deps.Clock.Now()
-	t := time.NewTicker(a.cfg.Tick)
+	// The timer is re-armed after each round, so a test on a manual clock
+	// sees it pending again once the round is done.
+	t := a.deps.Clock.NewTimer(a.cfg.Tick)
 	defer t.Stop()
 	var lastPoll time.Time
 	a.tick(ctx, &lastPoll)
@@ -197,8 +200,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			a.stop()
 			return nil
-		case <-t.C:
+		case <-t.C():
 			a.tick(ctx, &lastPoll)
+			t.Reset(a.cfg.Tick)
 		}
 	}
 }
@@ -212,7 +216,7 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 		slices.Sort(members)
 	}
 	a.core.SetLive(len(members))
-	speak := a.deps.Transport != nil && Speaker(members) == a.cfg.Name && now.Sub(a.started) >= a.cfg.SpeakerSettle
+	speak := a.deps.Transport != nil && region.SpeakerOf(members) == a.cfg.Name && now.Sub(a.started) >= a.cfg.SpeakerWait
 	a.mu.Lock()
 	a.members = members
 	a.mu.Unlock()
@@ -230,7 +234,7 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 			a.view.Set(t)
 		}
 	}
-	rep := ReportOf(a.cfg.Name, now, a.core.Demand(now))
+	rep := region.ReportOf(a.cfg.Name, now, a.core.Demand(now))
 	if t := a.view.Table(); t != nil {
 		rep.Pub, rep.Speaker = t.Pub, t.Speaker
 	}
@@ -243,7 +247,7 @@ func (a *Agent) noteErr(err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.lastError == nil || a.lastError.Error() != err.Error() {
-		a.log.Warn("region: agent", "region", a.Region(), "agent", a.cfg.Name, "err", err)
+		a.log.Warn("agent: store or shared state", "region", a.Region(), "agent", a.cfg.Name, "err", err)
 	}
 	a.lastError = err
 }
@@ -260,23 +264,30 @@ func (a *Agent) setSpeaking(ctx context.Context, speak bool) {
 		cancel, done := a.stopSpk, a.spkDone
 		a.spk, a.stopSpk, a.spkDone = nil, nil, nil
 		a.mu.Unlock()
-		a.log.Info("region: another agent speaks for the region now", "region", a.Region(), "agent", a.cfg.Name)
+		a.log.Info("agent: another agent speaks for the region now", "region", a.Region(), "agent", a.cfg.Name)
 		cancel()
 		<-done
 		return
 	}
 	// Only setSpeaking and stop end the speaker, so that stop can decide
 	// (closing) whether the lease is released before the speaker exits.
+	s, err := NewLeaseClient(a.cfg.Speaker, LeaseDeps{Clock: a.deps.Clock, Shared: a.deps.Shared, Store: a.deps.Store,
+		View: a.view, Transport: a.deps.Transport, Members: a.Members, Release: a.releaseOnStop, Logger: a.log,
+		Seed: a.rng.Uint64()})
+	if err != nil {
+		a.speaking = false
+		a.mu.Unlock()
+		a.noteErr(err)
+		return
+	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s := &speaker{cfg: a.cfg.Speaker, clock: a.deps.Clock, shared: a.deps.Shared, store: a.deps.Store, view: a.view,
-		transport: a.deps.Transport, members: a.Members, log: a.log, rng: rand.New(rand.NewPCG(a.rng.Uint64(), a.rng.Uint64()))}
 	done := make(chan struct{})
 	a.spk, a.stopSpk, a.spkDone = s, cancel, done
 	a.mu.Unlock()
-	a.log.Info("region: speaking for the region", "region", a.Region(), "agent", a.cfg.Name)
+	a.log.Info("agent: speaking for the region", "region", a.Region(), "agent", a.cfg.Name)
 	go func() {
 		defer close(done)
-		if err := s.run(sctx, a.releaseOnStop); err != nil {
+		if err := s.Run(sctx); err != nil {
 			a.noteErr(err)
 		}
 	}()
@@ -308,17 +319,17 @@ func (a *Agent) stop() {
 
 // SetRules puts a new rules set in force: per-rule policies and scopes,
 // budget names, and the budgets the speaking agent's Holder serves (floors
-// change at once). emptyOnFailover is as in RuleConfigs.
+// change at once). emptyOnFailover is as in region.RuleConfigs.
 func (a *Agent) SetRules(set *rules.Set, emptyOnFailover []string) error {
-	budgets := Budgets(set, a.cfg.Core.Floors, a.cfg.Speaker.Policy)
-	a.core.SetRules(RuleConfigs(set, emptyOnFailover))
-	a.store.SetNamer(NewNamer(set))
+	budgets := region.Budgets(set, a.cfg.Core.Floors, a.cfg.Speaker.Policy)
+	a.core.SetRules(region.RuleConfigs(set, emptyOnFailover))
+	a.store.SetNamer(region.NewNamer(set))
 	a.mu.Lock()
 	a.cfg.Speaker.Budgets = budgets
 	s := a.spk
 	a.mu.Unlock()
 	if s != nil {
-		return s.setBudgets(budgets)
+		return s.SetBudgets(budgets)
 	}
 	return nil
 }
@@ -349,7 +360,7 @@ func (a *Agent) pollFailover(ctx context.Context, now time.Time) {
 	a.runID, a.role = runID, role
 	a.mu.Unlock()
 	if changed {
-		a.log.Warn("region: regional Redis failed over or restarted", "region", a.Region(), "run_id", runID, "role", role)
+		a.log.Warn("agent: regional Redis failed over or restarted", "region", a.Region(), "run_id", runID, "role", role)
 		a.core.Failover(now)
 	}
 }
@@ -365,8 +376,8 @@ func infoField(info, field string) string {
 	return ""
 }
 
-// AgentStatus describes an agent for health checks, metrics and the demo.
-type AgentStatus struct {
+// Status describes an agent for health checks, metrics and the demo.
+type Status struct {
 	Region   string
 	Agent    string
 	Members  []string
@@ -375,17 +386,17 @@ type AgentStatus struct {
 	// a table).
 	LeaseLive bool
 	LeaseEnd  time.Time
-	Table     *Table
-	Breaker   BreakerState
+	Table     *region.Table
+	Breaker   region.BreakerState
 	LastError error
 }
 
 // Status reports the agent's state at its clock's now.
-func (a *Agent) Status() AgentStatus {
+func (a *Agent) Status() Status {
 	now := a.deps.Clock.Now()
 	t := a.view.Table()
 	a.mu.Lock()
-	st := AgentStatus{Region: a.Region(), Agent: a.cfg.Name, Members: slices.Clone(a.members), Speaking: a.speaking,
+	st := Status{Region: a.Region(), Agent: a.cfg.Name, Members: slices.Clone(a.members), Speaking: a.speaking,
 		Table: t, Breaker: a.core.Breaker().State(now), LastError: a.lastError}
 	a.mu.Unlock()
 	if t != nil {
@@ -403,5 +414,8 @@ func (a *Agent) HolderStatus() (lease.HolderStatus, bool) {
 	if s == nil {
 		return lease.HolderStatus{}, false
 	}
-	return s.status(a.deps.Clock.Now())
+	return s.Status()
 }
+
+// ErrInvalidConfig: a Config or GossipConfig field is out of range.
+var ErrInvalidConfig = errors.New("agent: invalid config")

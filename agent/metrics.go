@@ -1,20 +1,21 @@
-package region
+package agent
 
 import (
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/region"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Metrics exports an agent's metrics to Prometheus. Counters the hot path
-// moves live in the Core as atomics and are read at scrape time, so a
+// moves live in the region.Core as atomics and are read at scrape time, so a
 // decision costs no metric lookups; only the latency histogram is observed
 // per decision. Create one per agent with NewMetrics and pass it in
-// AgentDeps.
+// Deps.
 type Metrics struct {
 	latency *prometheus.HistogramVec
-	byPath  [numPaths]prometheus.Observer
+	byPath  []prometheus.Observer // by region.Path
 
 	mu     sync.Mutex
 	agents []*Agent
@@ -29,15 +30,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{1e-7, 1e-6, 1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.25},
 		}, []string{"path"}),
 	}
-	for _, p := range Paths() {
-		m.byPath[p] = m.latency.WithLabelValues(p.String())
+	for _, p := range region.Paths() {
+		m.byPath = append(m.byPath, m.latency.WithLabelValues(p.String()))
 	}
 	reg.MustRegister(m.latency, (*metricsCollector)(m))
 	return m
 }
 
-func (m *Metrics) observe(r Result, d time.Duration) {
-	if r.Path < numPaths {
+func (m *Metrics) observe(r region.Result, d time.Duration) {
+	if int(r.Path) < len(m.byPath) {
 		m.byPath[r.Path].Observe(d.Seconds())
 	}
 }
@@ -86,10 +87,10 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	agents := append([]*Agent(nil), c.agents...)
 	c.mu.Unlock()
 	for _, a := range agents {
-		name, region := a.Name(), a.Region()
+		name, rg := a.Name(), a.Region()
 		st := a.core.Stats()
 		for _, r := range st.Rules {
-			for _, p := range Paths() {
+			for _, p := range region.Paths() {
 				if v := r.Admitted[p]; v > 0 {
 					ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(v), name, r.Rule, p.String(), "admitted")
 				}
@@ -114,19 +115,19 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		as := a.Status()
 		now := a.deps.Clock.Now()
 		ch <- prometheus.MustNewConstMetric(descBreaker, prometheus.GaugeValue, float64(as.Breaker), name)
-		ch <- prometheus.MustNewConstMetric(descMembers, prometheus.GaugeValue, float64(len(as.Members)), name, region)
-		ch <- prometheus.MustNewConstMetric(descSpeaker, prometheus.GaugeValue, b2f(as.Speaking), name, region)
-		ch <- prometheus.MustNewConstMetric(descLeaseLive, prometheus.GaugeValue, b2f(as.LeaseLive), name, region)
+		ch <- prometheus.MustNewConstMetric(descMembers, prometheus.GaugeValue, float64(len(as.Members)), name, rg)
+		ch <- prometheus.MustNewConstMetric(descSpeaker, prometheus.GaugeValue, b2f(as.Speaking), name, rg)
+		ch <- prometheus.MustNewConstMetric(descLeaseLive, prometheus.GaugeValue, b2f(as.LeaseLive), name, rg)
 		if t := as.Table; t != nil {
-			ch <- prometheus.MustNewConstMetric(descLeaseLeft, prometheus.GaugeValue, t.LeaseEnd.Sub(now).Seconds(), name, region)
-			ch <- prometheus.MustNewConstMetric(descTableAge, prometheus.GaugeValue, now.Sub(t.Written).Seconds(), name, region)
-			ch <- prometheus.MustNewConstMetric(descHotKeys, prometheus.GaugeValue, float64(len(t.Entries)), name, region)
+			ch <- prometheus.MustNewConstMetric(descLeaseLeft, prometheus.GaugeValue, t.LeaseEnd.Sub(now).Seconds(), name, rg)
+			ch <- prometheus.MustNewConstMetric(descTableAge, prometheus.GaugeValue, now.Sub(t.Written).Seconds(), name, rg)
+			ch <- prometheus.MustNewConstMetric(descHotKeys, prometheus.GaugeValue, float64(len(t.Entries)), name, rg)
 			sums := map[string]float64{}
 			for _, e := range t.Entries {
 				sums[e.Key.Rule] += float64(e.Count)
 			}
 			for rule, v := range sums {
-				ch <- prometheus.MustNewConstMetric(descAllocation, prometheus.GaugeValue, v, name, region, rule)
+				ch <- prometheus.MustNewConstMetric(descAllocation, prometheus.GaugeValue, v, name, rg, rule)
 			}
 		}
 	}

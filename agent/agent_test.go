@@ -1,0 +1,396 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/internal/testenv"
+	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/region"
+	"github.com/allot-dev/allot/rules"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// testLeaseConfig is a fast lease protocol.
+func testLeaseConfig(budgets []lease.Budget) lease.Config {
+	c := lease.DefaultConfig()
+	c.TTL, c.Refresh, c.Drift = 2*time.Second, 400*time.Millisecond, 100*time.Millisecond
+	c.Hold = 3 * time.Second
+	c.DemandTTL = time.Second
+	c.Budgets = budgets
+	return c
+}
+
+// tick is the agents' and the lease clients' tick in the tests below, and
+// the step the manual clock moves by.
+const tick = 50 * time.Millisecond
+
+type testRegion struct {
+	name   string
+	redis  *testenv.RedisServer
+	agents []*Agent
+	gossip []*Gossip
+	cancel []context.CancelFunc
+	done   []chan struct{}
+}
+
+// startRegion starts n agents of region name on clk, on a fresh
+// redis-server, joined by memberlist, speaking to coord.
+func startRegion(t *testing.T, clk clock.Clock, name string, n int, spec lease.Split, budgets []lease.Budget, coord *LocalCoordinator, policy rules.FailurePolicy) *testRegion {
+	t.Helper()
+	tr := &testRegion{name: name, redis: testenv.StartRedis(t)}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for i := 0; i < n; i++ {
+		agentName := fmt.Sprintf("%s-%d", name, i)
+		var join []string
+		if i > 0 {
+			join = []string{tr.gossip[0].Addr()}
+		}
+		g, err := StartGossip(fastGossip(agentName, name, join))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := redisstore.NewUniversalClient([]string{tr.redis.Addr}, "", "")
+		t.Cleanup(func() { c.Close() })
+		// The buckets' arithmetic runs at the test's clock too.
+		rs, err := redisstore.New(c, redisstore.Options{Timeout: 50 * time.Millisecond, Now: clk.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := DefaultConfig()
+		cfg.Name = agentName
+		cfg.Core.Region = name
+		cfg.Core.Floors = spec
+		cfg.Core.DefaultRule = region.RuleConfig{OnUnavailable: policy}
+		cfg.Core.BreakerFailures, cfg.Core.BreakerBackoff = 3, 300*time.Millisecond
+		cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Tick = 400*time.Millisecond, 100*time.Millisecond, tick
+		cfg.Speaker.Budgets = budgets
+		cfg.Tick = tick
+		cfg.FailoverPoll = 100 * time.Millisecond
+		a, err := New(cfg, Deps{Store: rs, Redis: c, Shared: NewRedisShared(c, "allot:", name, 100*time.Millisecond, time.Minute),
+			Membership: g, Transport: coord.Transport(name), Clock: clk, Logger: logger, Seed: uint64(i + 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); a.Run(ctx) }()
+		tr.agents, tr.gossip, tr.cancel, tr.done = append(tr.agents, a), append(tr.gossip, g), append(tr.cancel, cancel), append(tr.done, done)
+		t.Cleanup(func() { cancel(); <-done; g.Shutdown() })
+	}
+	return tr
+}
+
+// crash stops agent i without a goodbye: gossip stops answering, batches
+// are not returned.
+func (tr *testRegion) crash(i int) {
+	tr.gossip[i].Shutdown()
+	tr.cancel[i]()
+	<-tr.done[i]
+}
+
+// stepper moves a manual clock for agents that run on it: each step
+// advances it by tick and waits until at least timers of the drivers'
+// timers are pending again, that is until their rounds are done. Lease
+// time passes only in steps; memberlist and Redis, real, run on the real
+// clock meanwhile.
+type stepper struct {
+	t      *testing.T
+	clk    *clock.Manual
+	timers int
+}
+
+func (s stepper) step() {
+	s.t.Helper()
+	s.clk.Advance(tick)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.clk.WaitForTimers(ctx, s.timers); err != nil {
+		s.t.Fatalf("the agents did not finish their rounds: %v (pending %v)", err, s.clk.Timers())
+	}
+}
+
+// until steps until cond holds, for at most max steps.
+func (s stepper) until(max int, what string, cond func() bool) {
+	s.t.Helper()
+	for range max {
+		if cond() {
+			return
+		}
+		s.step()
+	}
+	s.t.Fatalf("%s: not within %d steps of %s", what, max, tick)
+}
+
+func TestRegionsShareABudgetThroughTheCoordinator(t *testing.T) {
+	global := bucket.PerSecond(600)
+	regions := []string{"r1", "r2", "r3"}
+	spec := lease.Split{Regions: regions, Reserve: 1.0 / 3}
+	budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: regions, Reserve: spec.Reserve}}
+	clk := clock.NewManual(t0)
+	coord, err := NewLocalCoordinator(testLeaseConfig(budgets), clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go coord.Run(ctx, tick)
+
+	var trs []*testRegion
+	for _, r := range regions {
+		trs = append(trs, startRegion(t, clk, r, 2, spec, budgets, coord, rules.Emergency))
+	}
+	// Six agents and the coordinator tick on the clock (the lease clients
+	// come and go).
+	st := stepper{t: t, clk: clk, timers: 7}
+	r1 := trs[0]
+	st.until(400, "every region has one speaker and two members", func() bool {
+		for _, tr := range trs {
+			speakers := 0
+			for _, a := range tr.agents {
+				st := a.Status()
+				if len(st.Members) != 2 {
+					return false
+				}
+				if st.Speaking {
+					speakers++
+				}
+			}
+			if speakers != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	k := bucket.Key{Rule: "api", Subject: "tenant-1"}
+	floor := region.NewTableView("r1", spec).Floor(global)
+	if floor.Count() != 133 {
+		t.Fatalf("floor %v, want 133 per second", floor)
+	}
+	// Traffic on r1 only, 800/s spread over its two agents (20 requests
+	// each per step of 50 ms): r1 presses on its floor and the coordinator
+	// moves the budget to it.
+	admitted := 0
+	traffic := func(as ...*Agent) {
+		for range 20 {
+			for _, a := range as {
+				if d, err := a.Store().Decide(ctx, k, global, 1, ""); err == nil && d.Allowed {
+					admitted++
+				}
+			}
+		}
+	}
+	start := clk.Now()
+	st.until(120, "r1's allocation for the hot key rises above twice its floor", func() bool {
+		traffic(r1.agents...)
+		for _, a := range r1.agents {
+			l, hot, _ := a.View().Allocation(clk.Now(), k, global)
+			if !hot || l.Count() <= 2*floor.Count() {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("r1 holds more than twice its floor %s after its traffic started", clk.Now().Sub(start))
+
+	// The speaker crashes: the other agent takes over and the lease never
+	// lapses.
+	var spk int
+	for i, a := range r1.agents {
+		if a.Status().Speaking {
+			spk = i
+		}
+	}
+	other := r1.agents[1-spk]
+	r1.crash(spk)
+	st.timers = 6 // one agent fewer
+	// memberlist, real, notices the crash on the real clock (about two
+	// seconds); lease time stands still meanwhile, as a lease of the
+	// default TTL (10 s) outlasts that detection.
+	waitFor(t, 10*time.Second, "memberlist declares the crashed speaker dead", func() bool {
+		return len(r1.gossip[1-spk].Members()) == 1
+	})
+	st.until(40, "the other agent takes over", func() bool {
+		traffic(other)
+		if !other.Status().LeaseLive {
+			t.Fatal("the lease lapsed during the takeover")
+		}
+		return other.Status().Speaking
+	})
+	st.until(60, "the new speaker renews the lease", func() bool {
+		traffic(other)
+		hs, ok := other.HolderStatus()
+		return ok && hs.Live && hs.LeaseEnd.After(clk.Now().Add(time.Second))
+	})
+	st.until(60, "r1 holds a hot allocation under the new speaker", func() bool {
+		traffic(other)
+		_, hot, _ := other.View().Allocation(clk.Now(), k, global)
+		return hot
+	})
+
+	// The coordinator is cut off: the region runs to its lease's end, then
+	// on floors.
+	tb := other.View().Table()
+	coord.SetDown(true)
+	cut := clk.Now()
+	st.until(100, "r1 falls back to floors after its lease expires", func() bool {
+		l, hot, _ := other.View().Allocation(clk.Now(), k, global)
+		return !hot && l == floor
+	})
+	if held := clk.Now().Sub(cut); held < tb.LeaseEnd.Sub(cut) {
+		t.Fatalf("fell back to floors %s after the cut, before the lease ended %s after it", held, tb.LeaseEnd.Sub(cut))
+	}
+	t.Logf("admitted %d", admitted)
+
+	// Metrics name the agent, the rule and the paths.
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	m.attach(other)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]bool{}
+	for _, mf := range mfs {
+		found[mf.GetName()] = len(mf.GetMetric()) > 0
+	}
+	for _, name := range []string{"allot_region_decisions_total", "allot_region_lease_live", "allot_region_members", "allot_region_store_operations_total"} {
+		if !found[name] {
+			t.Errorf("metric %s missing", name)
+		}
+	}
+}
+
+func TestRedisOutagePolicies(t *testing.T) {
+	for _, policy := range []rules.FailurePolicy{rules.FailClosed, rules.FailOpen, rules.Emergency} {
+		t.Run(string(policy), func(t *testing.T) {
+			global := bucket.PerSecond(100)
+			spec := lease.Split{Regions: []string{"solo"}}
+			budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: spec.Regions}}
+			clk := clock.NewManual(t0)
+			coord, err := NewLocalCoordinator(testLeaseConfig(budgets), clk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr := startRegion(t, clk, "solo", 2, spec, budgets, coord, policy)
+			st := stepper{t: t, clk: clk, timers: 2}
+			st.until(400, "two members", func() bool { return len(tr.agents[0].Members()) == 2 })
+			a := tr.agents[0]
+			k := bucket.Key{Rule: "api", Subject: "s"}
+			ctx := context.Background()
+			if d, err := a.Store().Decide(ctx, k, global, 1, ""); err != nil || !d.Allowed {
+				t.Fatalf("before the outage: %+v %v", d, err)
+			}
+			tr.redis.Kill()
+			admitted, closed, open := 0, 0, 0
+			start := time.Now()
+			for i := 0; i < 300; i++ {
+				d, err := a.Store().Decide(ctx, k, global, 1, "")
+				switch {
+				case err == region.ErrFailClosed:
+					closed++
+				case err == region.ErrFailOpen:
+					open++
+				case err != nil:
+					t.Fatalf("decision %d: %v", i, err)
+				case d.Allowed:
+					admitted++
+				}
+			}
+			// The breaker opens after 3 timeouts of 50 ms: the rest answer
+			// without waiting on Redis.
+			if took := time.Since(start); took > 2*time.Second {
+				t.Fatalf("300 decisions took %s during the outage", took)
+			}
+			switch policy {
+			case rules.FailClosed:
+				if closed != 300 {
+					t.Fatalf("fail closed: %d of 300 closed", closed)
+				}
+			case rules.FailOpen:
+				if open != 300 {
+					t.Fatalf("fail open: %d of 300 open", open)
+				}
+			case rules.Emergency:
+				// The allocation (100/s, burst 100) divided by 2 live
+				// agents: a burst of 50, and no time passed on the clock.
+				if admitted != 50 {
+					t.Fatalf("emergency admitted %d, want the burst of 50", admitted)
+				}
+			}
+			if st := a.Core().Stats(); st.BreakerOpened < 1 {
+				t.Fatal("breaker never opened")
+			}
+			// Redis comes back (empty, a new run id): the breaker closes
+			// after a probe and the restart is detected.
+			tr.redis.Restart(t)
+			st.until(200, "decisions go to Redis again", func() bool {
+				r, err := a.Core().Decide(ctx, clk.Now(), k, global, 1, "")
+				return err == nil && r.Path == region.PathStore
+			})
+			st.until(200, "the restart is detected", func() bool { return a.Core().Stats().Failovers >= 1 })
+		})
+	}
+}
+
+// TestLastAgentReleasesTheLease stops a region's only agent cleanly: it
+// gives its allocations back to the coordinator at once. Everything runs
+// in process, in a synctest bubble, on its fake clock.
+func TestLastAgentReleasesTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		global := bucket.PerSecond(100)
+		spec := lease.Split{Regions: []string{"solo", "other"}}
+		budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: spec.Regions}}
+		coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, ccancel := context.WithCancel(t.Context())
+		defer ccancel()
+		go coord.Run(cctx, 20*time.Millisecond)
+		cfg := DefaultConfig()
+		cfg.Name, cfg.Core.Region, cfg.Core.Floors = "solo-0", "solo", spec
+		cfg.Speaker.Budgets, cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Tick = budgets, 400*time.Millisecond, 100*time.Millisecond, 20*time.Millisecond
+		cfg.Tick = 20 * time.Millisecond
+		a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{}), Transport: coord.Transport("solo"),
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); a.Run(ctx) }()
+		status := func() lease.RegionStatus {
+			for _, r := range coord.Regions() {
+				if r.Region == "solo" {
+					return r
+				}
+			}
+			return lease.RegionStatus{}
+		}
+		time.Sleep(3 * time.Second) // the fake clock: SpeakerWait, then a hello and a grant
+		if !status().Known {
+			t.Fatal("the coordinator does not know the region")
+		}
+		if status().Released {
+			t.Fatal("released before the agent stopped")
+		}
+		cancel()
+		<-done
+		synctest.Wait()
+		if !status().Released {
+			t.Fatal("the region's release did not reach the coordinator")
+		}
+	})
+}

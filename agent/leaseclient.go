@@ -1,0 +1,358 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/region"
+)
+
+// SpeakerConfig configures the lease client the speaking agent runs: the
+// region.Speaker's settings and the driver's.
+type SpeakerConfig struct {
+	region.SpeakerConfig
+	// Policy is the allocation policy named in Budgets built from rules.
+	Policy lease.AllocationPolicy
+	// Tick is how often the Speaker is ticked and demand gathered.
+	Tick time.Duration
+	// Redial is the pause between failed connection attempts.
+	Redial time.Duration
+}
+
+// DefaultSpeakerConfig returns lease client defaults matching
+// lease.DefaultConfig.
+func DefaultSpeakerConfig() SpeakerConfig {
+	return SpeakerConfig{
+		SpeakerConfig: region.DefaultSpeakerConfig(),
+		Tick:          100 * time.Millisecond, // well inside a refresh interval
+		Redial:        500 * time.Millisecond, // coordinators come back in seconds
+	}
+}
+
+// LeaseDeps are what a LeaseClient runs on. Shared, Store, View, Transport
+// and Members are required.
+type LeaseDeps struct {
+	// Clock is the client's clock; nil means clock.Real{}.
+	Clock clock.Clock
+	// Shared is where the table is published and the agents' demand
+	// reports are read.
+	Shared Shared
+	// Store is the regional store the allocation changes are settled in.
+	Store bucket.Store
+	// View is this agent's view of the region's table: it adopts every
+	// table at once on publishing.
+	View *region.TableView
+	// Transport reaches the coordinator.
+	Transport lease.Transport
+	// Members returns the region's live agents, this one included.
+	Members func() []string
+	// Release, read as Run ends, says whether to give the region's
+	// allocations back (its last agent stopping cleanly); nil means never.
+	Release func() bool
+	// Logger receives the client's log; nil means slog.Default().
+	Logger *slog.Logger
+	// Seed seeds the random source lease sessions are drawn from.
+	Seed uint64
+}
+
+// LeaseClient drives a region.Speaker for the agent that speaks for its
+// region: it restores the Speaker from the shared table (so a new speaker
+// resumes the lease without a lapse), keeps a stream open to the
+// coordinator (saying hello on every new one, pausing Redial after one
+// ends), feeds the Speaker the coordinator's messages and, every Tick, the
+// agents' demand reports and the live members, and carries out what the
+// Speaker's Ready lists in its order: settle in the regional store, publish
+// the table, send. It is the one driver of a region's end of the lease
+// protocol; the Agent runs one while it speaks, and tests run one alone.
+// Its methods are safe for concurrent use.
+type LeaseClient struct {
+	cfg  SpeakerConfig
+	deps LeaseDeps
+	log  *slog.Logger
+	rng  *rand.Rand
+
+	mu sync.Mutex // serializes sp and cfg.Budgets
+	sp *region.Speaker
+}
+
+// NewLeaseClient returns a LeaseClient; Run starts it.
+func NewLeaseClient(cfg SpeakerConfig, deps LeaseDeps) (*LeaseClient, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case cfg.Tick <= 0 || cfg.Redial <= 0:
+		return nil, fmt.Errorf("%w: speaker tick=%s and redial=%s must be > 0", ErrInvalidConfig, cfg.Tick, cfg.Redial)
+	case deps.Shared == nil || deps.Store == nil || deps.View == nil || deps.Transport == nil || deps.Members == nil:
+		return nil, errors.New("agent: NewLeaseClient: LeaseDeps.Shared, Store, View, Transport and Members are required")
+	}
+	if deps.Clock == nil {
+		deps.Clock = clock.Real{}
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
+	}
+	if deps.Release == nil {
+		deps.Release = func() bool { return false }
+	}
+	return &LeaseClient{cfg: cfg, deps: deps, log: deps.Logger, rng: rand.New(rand.NewPCG(deps.Seed, 0x7370656b))}, nil
+}
+
+// start restores or creates the Speaker at now, from the newer of the
+// shared table and this agent's view.
+func (c *LeaseClient) start(ctx context.Context, now time.Time) error {
+	t, err := c.deps.Shared.LoadTable(ctx)
+	if err != nil {
+		c.log.Warn("agent: speaker cannot read the shared table; starting from the local view", "err", err)
+		t = nil
+	}
+	if cur := c.deps.View.Table(); t == nil || (cur != nil && cur.Newer(t)) {
+		t = cur
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sp, err := region.RestoreSpeaker(c.cfg.SpeakerConfig, c.rng.Uint64()|1, t, now)
+	if err != nil {
+		return fmt.Errorf("agent: speaker for %s: %w", c.cfg.Region, err)
+	}
+	c.sp = sp
+	return nil
+}
+
+// Run speaks for the region until ctx ends; then, when Release says so,
+// it gives the region's allocations back.
+func (c *LeaseClient) Run(ctx context.Context) error {
+	if err := c.start(ctx, c.deps.Clock.Now()); err != nil {
+		return err
+	}
+	defer func() {
+		if c.deps.Release() {
+			c.release()
+		}
+	}()
+	// The tick timer is re-armed after each round rather than ticking on
+	// its own, so a test on a manual clock can tell when a round is done.
+	tick := c.deps.Clock.NewTimer(c.cfg.Tick)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		st, err := c.deps.Transport.Connect(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			c.log.Warn("agent: no coordinator", "region", c.cfg.Region, "err", err)
+			c.idle(ctx, tick)
+			continue
+		}
+		c.stream(ctx, st, tick)
+		st.Close()
+		// A stream that ends (a redirect, a coordinator restart, another
+		// agent of the region taking the stream over while membership
+		// converges) is reopened after a pause, never in a tight loop.
+		c.idle(ctx, tick)
+	}
+	return nil
+}
+
+// release gives the allocations back, for the last agent's clean stop:
+// the floors are settled, the released table published and the release
+// sent on a fresh stream, best effort.
+func (c *LeaseClient) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	c.mu.Lock()
+	c.sp.Release(c.deps.Clock.Now())
+	msgs := c.carryLocked(ctx)
+	c.mu.Unlock()
+	if len(msgs) == 0 {
+		return
+	}
+	st, err := c.deps.Transport.Connect(ctx)
+	if err != nil {
+		return
+	}
+	defer st.Close()
+	for _, m := range msgs {
+		if st.Send(m) != nil {
+			return
+		}
+	}
+}
+
+// idle ticks the Speaker without a stream for Redial: the lease runs to
+// its end and the table follows.
+func (c *LeaseClient) idle(ctx context.Context, tick clock.Timer) {
+	redial := c.deps.Clock.NewTimer(c.cfg.Redial)
+	defer redial.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-redial.C():
+			return
+		case <-tick.C():
+			c.round(ctx, nil)
+			tick.Reset(c.cfg.Tick)
+		}
+	}
+}
+
+// stream runs one connection until it fails or ctx ends.
+func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Timer) {
+	recv := make(chan lease.Message, 64)
+	done := make(chan error, 1)
+	go func() {
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				done <- err
+				return
+			}
+			select {
+			case recv <- m:
+			case <-ctx.Done():
+				done <- ctx.Err()
+				return
+			}
+		}
+	}()
+	c.mu.Lock()
+	c.sp.Connected(c.deps.Clock.Now())
+	out := c.carryLocked(ctx)
+	c.mu.Unlock()
+	if send(st, out) != nil {
+		return
+	}
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			st.Close()
+			<-done
+			return
+		case err := <-done:
+			c.log.Info("agent: coordinator stream ended", "region", c.cfg.Region, "err", err)
+			return
+		case m := <-recv:
+			c.mu.Lock()
+			if serr := c.sp.Step(c.deps.Clock.Now(), m); serr != nil {
+				c.log.Warn("agent: bad message from coordinator", "region", c.cfg.Region, "msg", m.String(), "err", serr)
+			}
+			out := c.carryLocked(ctx)
+			c.mu.Unlock()
+			err = send(st, out)
+		case <-tick.C():
+			err = c.round(ctx, st)
+			tick.Reset(c.cfg.Tick)
+		}
+		if err != nil {
+			st.Close()
+			<-done
+			return
+		}
+	}
+}
+
+// round ticks the Speaker with the agents' reports and the live members
+// and sends what it says on st (dropped when st is nil).
+func (c *LeaseClient) round(ctx context.Context, st lease.Stream) error {
+	reports, err := c.deps.Shared.Demands(ctx)
+	if err != nil {
+		reports = nil // neither demand nor adoption moves this round
+	}
+	members := c.deps.Members()
+	c.mu.Lock()
+	c.sp.Tick(c.deps.Clock.Now(), reports, members)
+	out := c.carryLocked(ctx)
+	c.mu.Unlock()
+	if st == nil {
+		return nil
+	}
+	return send(st, out)
+}
+
+func send(st lease.Stream, msgs []lease.Message) error {
+	for _, m := range msgs {
+		if err := st.Send(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// carryLocked carries out the Speaker's Ready in its order: it settles
+// every change in the regional store, publishes the table to the shared
+// store and this agent's view, reports the outcome, and returns the
+// messages to send. A publication refused because another speaker
+// published a higher number is made again above it at once. Requires
+// c.mu.
+func (c *LeaseClient) carryLocked(ctx context.Context) []lease.Message {
+	var send []lease.Message
+	for range 2 {
+		rd := c.sp.Ready()
+		var o region.Outcome
+		for _, ch := range rd.Settle {
+			if err := ch.Apply(ctx, c.deps.Store); err != nil {
+				o.Unsettled = append(o.Unsettled, ch)
+			}
+		}
+		if t := rd.Publish; t != nil {
+			ok, err := c.deps.Shared.PublishTable(ctx, t)
+			if err == nil && !ok {
+				if cur, lerr := c.deps.Shared.LoadTable(ctx); lerr == nil && cur != nil && cur.Pub >= t.Pub {
+					o.Refused, o.StoredPub = true, cur.Pub
+				}
+			}
+			if err != nil {
+				c.log.Warn("agent: publish table", "region", c.cfg.Region, "err", err)
+			}
+			c.deps.View.Set(t)
+		}
+		c.sp.Advance(o)
+		send = append(send, rd.Send...)
+		if !o.Refused {
+			break
+		}
+	}
+	return send
+}
+
+// SetBudgets replaces the Speaker's budgets (after a rules change).
+func (c *LeaseClient) SetBudgets(bs []lease.Budget) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cfg.Budgets = bs
+	if c.sp == nil {
+		return nil
+	}
+	return c.sp.SetBudgets(bs)
+}
+
+// Status returns the Holder's status, ok false before Run started.
+func (c *LeaseClient) Status() (lease.HolderStatus, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sp == nil {
+		return lease.HolderStatus{}, false
+	}
+	return c.sp.Status(c.deps.Clock.Now()), true
+}
+
+// Budgets returns the budgets the Speaker's Holder serves (the
+// coordinator's, once a full table brought them), nil before Run started.
+func (c *LeaseClient) Budgets() []lease.Budget {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sp == nil {
+		return nil
+	}
+	return c.sp.Budgets()
+}

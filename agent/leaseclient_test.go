@@ -1,0 +1,106 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/region"
+)
+
+// leaseClientFixture is region a's lease client for agent a-0, with live
+// members members, on a MemShared, an in-process store and an in-process
+// coordinator ticked every 50 ms, all on the real clock: tests run it
+// inside a synctest bubble, where that clock is fake and every goroutine
+// is in process.
+type leaseClientFixture struct {
+	coord  *LocalCoordinator
+	shared *MemShared
+	view   *region.TableView
+	client *LeaseClient
+}
+
+func newLeaseClientFixture(t *testing.T, ctx context.Context, members ...string) *leaseClientFixture {
+	t.Helper()
+	budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a", "b"}}}
+	coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &leaseClientFixture{coord: coord, shared: NewMemShared(),
+		view: region.NewTableView("a", lease.Split{Regions: []string{"a", "b"}})}
+	cfg := DefaultSpeakerConfig()
+	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
+	cfg.Refresh, cfg.Drift, cfg.Tick = 400*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
+	f.client, err = NewLeaseClient(cfg, LeaseDeps{Shared: f.shared, Store: bucket.NewMemory(bucket.MemoryOptions{}), View: f.view,
+		Transport: coord.Transport("a"), Members: func() []string { return members },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go coord.Run(ctx, 50*time.Millisecond)
+	go f.client.Run(ctx)
+	return f
+}
+
+func (f *leaseClientFixture) status() lease.RegionStatus {
+	for _, r := range f.coord.Regions() {
+		if r.Region == "a" {
+			return r
+		}
+	}
+	return lease.RegionStatus{}
+}
+
+// TestLeaseClientAcksOnceEveryAgentAdopts: the coordinator hears no
+// acknowledgement from the region while another live agent has not
+// reported adopting the speaker's table, and hears it once it has.
+func TestLeaseClientAcksOnceEveryAgentAdopts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		f := newLeaseClientFixture(t, ctx, "a-0", "a-1")
+		time.Sleep(2 * time.Second)
+		st := f.status()
+		if !st.Known || st.Version == 0 {
+			t.Fatalf("the coordinator has not granted the region a table: %+v", st)
+		}
+		if st.Acked != 0 {
+			t.Fatalf("acknowledged version %d while a-1 has not adopted a table", st.Acked)
+		}
+		tb := f.view.Table()
+		f.shared.PutDemand(ctx, region.DemandReport{Agent: "a-1", At: time.Now(), Pub: tb.Pub, Speaker: tb.Speaker})
+		time.Sleep(200 * time.Millisecond)
+		if st := f.status(); st.Acked == 0 {
+			t.Fatalf("no acknowledgement after a-1 adopted publication %d: %+v", tb.Pub, st)
+		}
+	})
+}
+
+// TestLeaseClientPublishesAboveAnotherSpeaker: a table another speaker
+// wrote with a higher number (while membership was split) does not keep
+// the region's agents from taking this speaker's tables.
+func TestLeaseClientPublishesAboveAnotherSpeaker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		f := newLeaseClientFixture(t, ctx, "a-0")
+		time.Sleep(500 * time.Millisecond)
+		// Another speaker publishes far ahead; the next renewal changes the
+		// table, and this speaker's publication is refused.
+		other := &region.Table{Region: "a", Speaker: "a-9", Pub: f.view.Table().Pub + 1_000_000_000, Term: 7, Version: 3}
+		if ok, _ := f.shared.PublishTable(ctx, other); !ok {
+			t.Fatal("setup: other table not stored")
+		}
+		time.Sleep(time.Second)
+		got, _ := f.shared.LoadTable(ctx)
+		if got.Speaker != "a-0" || got.Pub <= other.Pub {
+			t.Fatalf("stored table from %s pub %d, want a-0's above %d", got.Speaker, got.Pub, other.Pub)
+		}
+	})
+}

@@ -1,0 +1,191 @@
+package region
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+// countBits is how many low bits of keyState.batch count decisions; the
+// count wraps (losing only metric counts) past 2^24 between samples.
+const (
+	countBits = 24
+	countMask = 1<<countBits - 1
+)
+
+// held is the batch tokens held.
+func (ks *keyState) held() int64 { return ks.batch.Load() >> countBits }
+
+// take spends cost tokens of the batch if it holds them; left is what
+// remains. count counts the decision in the batch word (the paths that
+// count decisions themselves pass false).
+func (ks *keyState) take(cost bucket.Tokens, count bool) (left int64, ok bool) {
+	inc := int64(0)
+	if count {
+		inc = 1
+	}
+	for {
+		w := ks.batch.Load()
+		t := w >> countBits
+		if t < int64(cost) {
+			return t, false
+		}
+		nw := (t-int64(cost))<<countBits | (w+inc)&countMask
+		if ks.batch.CompareAndSwap(w, nw) {
+			return t - int64(cost), true
+		}
+	}
+}
+
+// addTokens adds n tokens to the batch.
+func (ks *keyState) addTokens(n int64) { ks.batch.Add(n << countBits) }
+
+// takeAll empties the batch and returns the tokens it held.
+func (ks *keyState) takeAll() int64 {
+	for {
+		w := ks.batch.Load()
+		if ks.batch.CompareAndSwap(w, w&countMask) {
+			return w >> countBits
+		}
+	}
+}
+
+// takeCount returns and clears the decisions counted since the last call.
+func (ks *keyState) takeCount() int64 {
+	for {
+		w := ks.batch.Load()
+		if ks.batch.CompareAndSwap(w, w&^countMask) {
+			return w & countMask
+		}
+	}
+}
+
+// refill takes a batch for ks from the store and decides the request from
+// it. One refill per key runs at a time; a request that finds the batch
+// empty while another refills is decided exactly.
+func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim bucket.Limit, cost bucket.Tokens, attemptID string, res Result) (Result, error) {
+	c.sample(ks, now)
+	ks.mu.Lock()
+	if ks.refilling {
+		ks.mu.Unlock()
+		return c.exact(ctx, now, ks, lim, cost, attemptID, res)
+	}
+	if left, ok := ks.take(cost, false); ok {
+		ks.mu.Unlock()
+		res.Path = PathBatch
+		res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
+		return c.done(ks, res), nil
+	}
+	if !c.breaker.Allow(now) {
+		ks.mu.Unlock()
+		ks.arrived.Add(int64(cost))
+		return c.fallback(now, ks, lim, cost, res)
+	}
+	want := c.batchSize(ks.rate, lim, cost)
+	ks.refilling = true
+	ks.mu.Unlock()
+
+	c.drain(ctx, now, ks, lim)
+	got, err := c.store.TakeUpTo(ctx, ks.key, lim, want)
+	c.stats.storeOps.Add(1)
+	ks.mu.Lock()
+	ks.refilling = false
+	if err == nil {
+		ks.batchLimit, ks.takenAt = lim, now.UnixMicro()
+		if got > 0 {
+			ks.given += int64(got)
+			ks.addTokens(int64(got))
+		}
+	}
+	ks.mu.Unlock()
+	if err != nil {
+		ks.arrived.Add(int64(cost))
+		if isInputErr(err) || ctx.Err() != nil {
+			c.breaker.Success(now)
+			return res, err
+		}
+		c.storeFailed(now, err)
+		return c.fallback(now, ks, lim, cost, res)
+	}
+	c.breaker.Success(now)
+	c.stats.refills.Add(1)
+	res.Path = PathStore
+	if left, ok := ks.take(cost, false); ok {
+		res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
+		return c.done(ks, res), nil
+	}
+	// The regional bucket held fewer than cost tokens: it is empty now.
+	// Nothing is asked of it again until a batch's worth has refilled (the
+	// tokens wait in the regional bucket meanwhile, up to its burst, so
+	// none is lost), which keeps a key over its allocation at a few store
+	// calls per batch window.
+	ks.arrived.Add(int64(cost))
+	held := ks.held()
+	retry := time.Duration(max(int64(cost)-held, 1)) * lim.Interval()
+	quiet := time.Duration(max(int64(want)-held, 1)) * lim.Interval()
+	ks.denyUntil(now.Add(max(retry, quiet)).UnixMicro(), 1)
+	res.Decision.RetryAfter = retry
+	return c.done(ks, res), nil
+}
+
+// batchSize is the next batch for a key: its demand over BatchWindow, at
+// least the request's cost, at most BatchMaxFraction of the burst.
+func (c *Core) batchSize(rate float64, lim bucket.Limit, cost bucket.Tokens) bucket.Tokens {
+	n := bucket.Tokens(rate * c.cfg.BatchWindow.Seconds())
+	hi := bucket.Tokens(float64(lim.Burst()) * c.cfg.BatchMaxFraction)
+	return max(min(n, hi), cost, 1)
+}
+
+// giveBack returns ks's batch tokens to the regional bucket under the key's
+// current allocation. Tokens that cannot be returned are lost, which only
+// ever under-admits.
+func (c *Core) giveBack(ctx context.Context, now time.Time, ks *keyState) {
+	ks.mu.Lock()
+	n := ks.takeAll()
+	ks.back += max(n, 0)
+	lim := ks.batchLimit
+	ks.mu.Unlock()
+	if n <= 0 {
+		return
+	}
+	if g := ks.allocGlobal(); !g.IsZero() {
+		if ac := c.allocation(ks, now, g); !ac.limit.IsZero() {
+			lim = ac.limit
+		}
+	}
+	if lim.IsZero() || !c.breaker.Allow(now) {
+		return
+	}
+	err := c.store.Return(ctx, ks.key, lim, bucket.Tokens(n))
+	c.stats.storeOps.Add(1)
+	if err != nil {
+		if !isInputErr(err) {
+			c.storeFailed(now, err)
+		}
+		return
+	}
+	c.breaker.Success(now)
+	c.stats.returns.Add(1)
+	c.stats.returned.Add(n)
+}
+
+// Shutdown gives back every batch token, for a clean stop.
+func (c *Core) Shutdown(ctx context.Context, now time.Time) {
+	var all []*keyState
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.RLock()
+		for _, ks := range s.keys {
+			if ks.held() > 0 {
+				all = append(all, ks)
+			}
+		}
+		s.mu.RUnlock()
+	}
+	slices.SortFunc(all, func(a, b *keyState) int { return cmpKey(a.key, b.key) })
+	for _, ks := range all {
+		c.giveBack(ctx, now, ks)
+	}
+}

@@ -1,0 +1,128 @@
+package region
+
+import (
+	"context"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/rules"
+)
+
+// Failover records a detected failover of the regional Redis at now: for
+// rules with EmptyOnFailover, every bucket counts as empty at now, so it
+// admits at most what refills after now.
+func (c *Core) Failover(now time.Time) {
+	c.failAt.Store(now.UnixMicro())
+	c.failEpoch.Add(1)
+	c.stats.failovers.Add(1)
+}
+
+// storeFailed counts a store failure for the breaker.
+func (c *Core) storeFailed(now time.Time, err error) {
+	c.stats.storeErrors.Add(1)
+	c.lastErr.Store(&err)
+	c.breaker.Failure(now)
+}
+
+// LastError returns the last store error seen, nil if none.
+func (c *Core) LastError() error {
+	if p := c.lastErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// fallback decides a request the store could not, by the rule's policy.
+func (c *Core) fallback(now time.Time, ks *keyState, lim bucket.Limit, cost bucket.Tokens, res Result) (Result, error) {
+	rc := &ks.rs.Load().cfg
+	switch rc.OnUnavailable {
+	case rules.FailOpen:
+		res.Path = PathFailOpen
+		res.Decision = bucket.Decision{Allowed: true, Limit: lim}
+		return c.done(ks, res), nil
+	case rules.Emergency:
+		el := emergencyLimit(lim, rc, c.Live())
+		res.Path = PathEmergency
+		if el.IsZero() || cost > el.Burst() {
+			res.Decision = bucket.Decision{Limit: el, RetryAfter: c.cfg.DenyRetry}
+			return c.done(ks, res), nil
+		}
+		ks.mu.Lock()
+		d, ns, err := bucket.Decide(ks.emergency, now, el, cost)
+		if err == nil {
+			ks.emergency = ns
+		}
+		ks.mu.Unlock()
+		if err != nil {
+			d = bucket.Decision{Limit: el, RetryAfter: c.cfg.DenyRetry}
+		}
+		res.Decision = d
+		return c.done(ks, res), nil
+	}
+	res.Path = PathFailClosed
+	res.Decision = bucket.Decision{Limit: lim, RetryAfter: c.cfg.BreakerBackoff}
+	c.done(ks, res)
+	return res, ErrFailClosed
+}
+
+// drain empties ks's bucket once per detected failover, for rules with
+// EmptyOnFailover: what the bucket holds beyond what it would hold had it
+// been empty at the failover is taken and discarded. Agents that race only
+// drain more, never less.
+func (c *Core) drain(ctx context.Context, now time.Time, ks *keyState, lim bucket.Limit) {
+	if !ks.rs.Load().cfg.EmptyOnFailover {
+		return
+	}
+	ep := c.failEpoch.Load()
+	if ep == 0 {
+		return
+	}
+	ks.mu.Lock()
+	if ks.drained == ep {
+		ks.mu.Unlock()
+		return
+	}
+	ks.drained = ep
+	ks.mu.Unlock()
+	elapsed := now.UnixMicro() - c.failAt.Load()
+	iv := lim.Interval().Microseconds()
+	if iv <= 0 {
+		return
+	}
+	refilled := bucket.Tokens(max(elapsed, 0) / iv)
+	if refilled >= lim.Burst() {
+		return
+	}
+	d, err := c.store.Peek(ctx, ks.key, lim)
+	c.stats.storeOps.Add(1)
+	if err != nil {
+		return
+	}
+	if excess := d.Remaining - refilled; excess > 0 {
+		got, err := c.store.TakeUpTo(ctx, ks.key, lim, excess)
+		c.stats.storeOps.Add(1)
+		if err == nil {
+			c.stats.drains.Add(1)
+			c.stats.drained.Add(int64(got))
+		}
+	}
+}
+
+// emergencyLimit is the region's allocation a divided among live agents,
+// capped by the rule's emergency limit: count and burst rounded down, so
+// the agents' emergency buckets together never exceed the allocation.
+func emergencyLimit(a bucket.Limit, rc *RuleConfig, live int) bucket.Limit {
+	if a.IsZero() {
+		return a
+	}
+	if el := rc.EmergencyLimit; !el.IsZero() && el.Rate() < a.Rate() {
+		a = el
+	}
+	live = max(live, 1)
+	c := a.Count() / bucket.Tokens(live)
+	b := a.Burst() / bucket.Tokens(live)
+	if c <= 0 || b <= 0 {
+		return bucket.Limit{}
+	}
+	return bucket.Per(c, a.Period()).WithBurst(b)
+}

@@ -1,0 +1,306 @@
+package region
+
+import (
+	"cmp"
+	"context"
+	"hash/maphash"
+	"maps"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/rules"
+)
+
+// coreShard holds the state of the keys that hash to it. keys, under mu,
+// is every key; read is an immutable copy that lookups use without a lock,
+// republished (as sync.Map does) once the misses have cost about as much as
+// a copy.
+type coreShard struct {
+	read   atomic.Pointer[map[bucket.Key]*keyState]
+	mu     sync.RWMutex
+	keys   map[bucket.Key]*keyState
+	misses int
+	_      [24]byte // keep shards on separate cache lines
+}
+
+// publishLocked makes read a copy of keys. Requires that s.mu is held.
+func (s *coreShard) publishLocked() {
+	m := maps.Clone(s.keys)
+	s.read.Store(&m)
+	s.misses = 0
+}
+
+// keyState is what an agent keeps for one key in recent use.
+type keyState struct {
+	// What a decision from a batch touches comes first, to share one cache
+	// line: the compare-and-swap on tokens brings it in, and the rest are
+	// then hits rather than further cache-line transfers between cores.
+	// batch packs the batch tokens held (debited from the regional bucket)
+	// above countBits, and the decisions admitted from them since the last
+	// sample below, so a decision from the batch is one compare-and-swap.
+	batch       atomic.Int64
+	arrived     atomic.Int64 // tokens asked since the last sample
+	deniedUntil atomic.Int64 // µs: requests of cost ≥ deniedCost are denied locally until then
+	deniedCost  atomic.Int64
+	alloc       atomic.Pointer[allocCache]
+	rs          atomic.Pointer[ruleState]
+	batched     atomic.Bool // local demand is large enough to batch
+
+	key bucket.Key
+	// gone is set when the state is dropped from its shard, for the demand
+	// order, which may still list it until it is rebuilt.
+	gone atomic.Bool
+
+	mu         sync.Mutex
+	refilling  bool
+	batchLimit bucket.Limit // the allocation the held tokens were taken under
+	takenAt    int64        // µs of the last refill
+	rate       float64      // short-term demand, tokens per second: sizes batches
+	lastSample int64        // µs
+	demand     float64      // moving average over windows of at least demandWindow, tokens per second: reported
+	winStart   int64        // µs: start of the current demand window
+	winTokens  int64        // tokens asked in the current demand window
+	lastActive int64        // µs of the last sample with arrivals
+	emergency  bucket.State
+	drained    uint64      // failover epoch this key was emptied for
+	attempts   *attemptLog // recent attempt ids decided here; nil until one is seen
+	given      int64       // tokens ever added to the batch
+	back       int64       // tokens ever taken out of the batch unspent (returned or lost)
+	lastSpent  int64       // given − back − held at the last sample
+}
+
+type allocCache struct {
+	epoch  uint64
+	global bucket.Limit
+	limit  bucket.Limit
+	hot    bool
+	until  int64 // µs
+}
+
+const hotSlots = 256
+
+// hotSlot is a cheap hash of a key for the hot-key cache: a collision only
+// sends a lookup on to the shard's map.
+func hotSlot(k bucket.Key) int {
+	h := uint(len(k.Subject))*0x9E37 + uint(len(k.Rule))*0x85EB
+	if n := len(k.Subject); n > 0 {
+		h += uint(k.Subject[0])*31 + uint(k.Subject[n-1])*131 + uint(k.Subject[n/2])*7
+	}
+	if n := len(k.Rule); n > 0 {
+		h += uint(k.Rule[n-1]) * 17
+	}
+	return int(h % hotSlots)
+}
+
+func (c *Core) shard(k bucket.Key) *coreShard {
+	h := maphash.String(c.seed, k.Subject) + uint64(len(k.Rule))*0x9E3779B97F4A7C15
+	return &c.shards[(h>>7)&c.mask]
+}
+
+// lookup returns key's state, nil when the key has none.
+func (c *Core) lookup(key bucket.Key) *keyState {
+	if ks := c.hot[hotSlot(key)].Load(); ks != nil && ks.key == key {
+		return ks
+	}
+	s := c.shard(key)
+	if m := s.read.Load(); m != nil {
+		if ks := (*m)[key]; ks != nil {
+			return ks
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ks := s.keys[key]
+	if ks != nil {
+		s.missLocked()
+	}
+	return ks
+}
+
+// missLocked counts a lookup that found a key in keys but not in read, and
+// republishes read once that has cost about as much as a copy. Requires
+// that s.mu is held.
+func (s *coreShard) missLocked() {
+	s.misses++
+	if s.misses > len(s.keys)/2+8 {
+		s.publishLocked()
+	}
+}
+
+// state returns key's state, creating it on first use.
+func (c *Core) state(key bucket.Key, now int64) *keyState {
+	if ks := c.lookup(key); ks != nil {
+		return ks
+	}
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ks := s.keys[key]; ks != nil {
+		return ks
+	}
+	ks := &keyState{key: key, lastSample: now, lastActive: now, winStart: now}
+	ks.rs.Store(c.rule(key.Rule))
+	s.keys[key] = ks
+	s.missLocked()
+	c.stats.keys.Add(1)
+	c.newMu.Lock()
+	c.newKeys = append(c.newKeys, ks)
+	c.newMu.Unlock()
+	return ks
+}
+
+// allocation returns the key's allocation at now, from the key's cache
+// while it holds.
+func (c *Core) allocation(ks *keyState, now time.Time, global bucket.Limit) *allocCache {
+	ep := c.alloc.Epoch()
+	nowUS := now.UnixMicro()
+	if ac := ks.alloc.Load(); ac != nil && ac.epoch == ep && nowUS < ac.until && sameLimit(ac.global, global) {
+		return ac
+	}
+	ac := &allocCache{epoch: ep, global: global, limit: global, until: math.MaxInt64}
+	if ks.rs.Load().cfg.Scope == rules.ScopeGlobal {
+		l, hot, until := c.alloc.Allocation(now, ks.key, global)
+		ac.limit, ac.hot, ac.until = l, hot, until.UnixMicro()
+	}
+	if old := ks.alloc.Swap(ac); old != nil && ac.limit.Count() > old.limit.Count() {
+		// A denial remembered under a smaller allocation may no longer
+		// hold.
+		ks.deniedUntil.Store(0)
+	}
+	return ac
+}
+
+// sameLimit compares limits by what defines them (count, period, burst),
+// cheaper than comparing every cached field.
+func sameLimit(a, b bucket.Limit) bool {
+	return a.Count() == b.Count() && a.Burst() == b.Burst() && a.Period() == b.Period()
+}
+
+// Allocation returns the region's allocation for key under global at now.
+func (c *Core) Allocation(now time.Time, key bucket.Key, global bucket.Limit) (bucket.Limit, bool) {
+	if c.rule(key.Rule).cfg.Scope != rules.ScopeGlobal {
+		return global, false
+	}
+	l, hot, _ := c.alloc.Allocation(now, key, global)
+	return l, hot
+}
+
+// attemptLog remembers the last decisions made for attempt ids on a key,
+// so a retry of a request decided from a batch is not charged twice. It is
+// per agent: a retry that reaches another agent is charged again unless the
+// store decides it (the store remembers attempt ids across agents).
+type attemptLog struct {
+	byID  map[string]attemptRec
+	order []string // ring of ids, oldest first once full
+	next  int
+}
+
+type attemptRec struct {
+	d       bucket.Decision
+	path    Path
+	expires int64 // µs
+}
+
+// attemptLogSize bounds the attempt ids remembered per key: retries come
+// within moments, so the last few hundred suffice.
+const attemptLogSize = 256
+
+func (l *attemptLog) recall(id string, nowUS int64) (attemptRec, bool) {
+	r, ok := l.byID[id]
+	return r, ok && nowUS < r.expires
+}
+
+func (l *attemptLog) remember(id string, r attemptRec) {
+	if _, ok := l.byID[id]; ok {
+		l.byID[id] = r
+		return
+	}
+	if len(l.order) < attemptLogSize {
+		l.order = append(l.order, id)
+	} else {
+		delete(l.byID, l.order[l.next])
+		l.order[l.next] = id
+		l.next = (l.next + 1) % attemptLogSize
+	}
+	l.byID[id] = r
+}
+
+func (ks *keyState) denyUntil(until int64, cost bucket.Tokens) {
+	ks.deniedCost.Store(int64(cost))
+	ks.deniedUntil.Store(until)
+}
+
+// Tick does the core's periodic work at now: it samples every key's
+// demand, gives back batch tokens that grew stale (BatchTTL) or that a
+// shrunk allocation no longer covers, and drops keys idle for IdleAfter.
+// Store calls are made in key order, so a deterministic store sees a
+// deterministic sequence.
+func (c *Core) Tick(ctx context.Context, now time.Time) {
+	c.tickMu.Lock()
+	defer c.tickMu.Unlock()
+	nowUS := now.UnixMicro()
+	ret := c.tickBuf[:0]
+	for i := range c.shards {
+		s := &c.shards[i]
+		var idle []bucket.Key
+		s.mu.RLock()
+		for k, ks := range s.keys {
+			ks.mu.Lock()
+			c.sampleLocked(ks, nowUS)
+			stale := ks.held() > 0 && !ks.refilling && nowUS-ks.takenAt > c.cfg.BatchTTL.Microseconds()
+			if ks.held() > 0 && !ks.refilling && !stale {
+				ac := c.allocation(ks, now, ks.allocGlobal())
+				stale = ac.limit != ks.batchLimit && ac.limit.Count() < ks.batchLimit.Count()
+			}
+			if stale {
+				ret = append(ret, ks)
+			} else if ks.held() == 0 && !ks.refilling && nowUS-ks.lastActive > c.cfg.IdleAfter.Microseconds() {
+				idle = append(idle, k)
+			}
+			ks.mu.Unlock()
+		}
+		s.mu.RUnlock()
+		if len(idle) > 0 {
+			s.mu.Lock()
+			for _, k := range idle {
+				if ks := s.keys[k]; ks != nil && ks.held() == 0 && ks.arrived.Load() == 0 {
+					c.hot[hotSlot(k)].CompareAndSwap(ks, nil)
+					delete(s.keys, k)
+					ks.gone.Store(true)
+					c.stats.keys.Add(-1)
+					c.dropped.Add(1)
+				}
+			}
+			// A lookup that already read the old copy may still use a
+			// dropped key's state once; at worst a batch it takes is
+			// never spent, which only under-admits.
+			s.publishLocked()
+			s.mu.Unlock()
+		}
+	}
+	slices.SortFunc(ret, func(a, b *keyState) int { return cmpKey(a.key, b.key) })
+	for _, ks := range ret {
+		c.giveBack(ctx, now, ks)
+	}
+	clear(ret)
+	c.tickBuf = ret[:0]
+}
+
+// allocGlobal is the global limit the key was last decided under.
+func (ks *keyState) allocGlobal() bucket.Limit {
+	if ac := ks.alloc.Load(); ac != nil {
+		return ac.global
+	}
+	return bucket.Limit{}
+}
+
+func cmpKey(a, b bucket.Key) int {
+	if c := cmp.Compare(a.Rule, b.Rule); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Subject, b.Subject)
+}

@@ -1,0 +1,356 @@
+package region
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/lease"
+)
+
+var spkKey = bucket.Key{Rule: "api", Subject: "x"}
+
+// speakerFixture is the Speaker of agent a-0 in region a, sharing a
+// budget of 300/s with region b (no reserve: floor 150/s), at t0.
+func speakerFixture(t *testing.T) (*Speaker, []lease.Budget) {
+	t.Helper()
+	budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a", "b"}}}
+	cfg := DefaultSpeakerConfig()
+	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
+	s, err := NewSpeaker(cfg, 7, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, budgets
+}
+
+// hello connects s at now and returns the hello of its Ready.
+func hello(t *testing.T, s *Speaker, now time.Time) lease.Message {
+	t.Helper()
+	s.Connected(now)
+	rd := s.Ready()
+	s.Advance(Outcome{})
+	for _, m := range rd.Send {
+		if m.Type == lease.MsgHello {
+			return m
+		}
+	}
+	t.Fatalf("no hello in %+v", rd.Send)
+	return lease.Message{}
+}
+
+// grant is the leader's full grant number n answering h, giving count of
+// spkKey.
+func grant(h lease.Message, n uint64, count bucket.Tokens) lease.Message {
+	return lease.Message{Type: lease.MsgGrant, Region: "a", Session: h.Session, Term: 1, Seq: h.Seq, Grant: n,
+		Version: n, Full: true, Renew: true, TTL: 10 * time.Second, Hold: 20 * time.Second, Refresh: time.Second,
+		Entries: []lease.Entry{{Key: spkKey, Count: count, Burst: count}}}
+}
+
+func count(ms []lease.Message, typ lease.MsgType) int {
+	n := 0
+	for _, m := range ms {
+		if m.Type == typ {
+			n++
+		}
+	}
+	return n
+}
+
+// TestSpeakerAckWaitsForEveryAgent: a grant is acknowledged only once
+// every live agent reports deciding with this speaker's table that
+// carries it; until then another agent may still use the allocation the
+// grant took away. The grant's table is settled and published in the same
+// Ready, settle first.
+func TestSpeakerAckWaitsForEveryAgent(t *testing.T) {
+	s, budgets := speakerFixture(t)
+	live := []string{"a-0", "a-1"}
+	h := hello(t, s, t0)
+	if err := s.Step(t0, grant(h, 1, 50)); err != nil {
+		t.Fatal(err)
+	}
+	rd := s.Ready()
+	s.Advance(Outcome{})
+	want := Change{Key: spkKey, From: budgets[0].Floor("a").Limit, To: budgets[0].LimitOf(50)}
+	if len(rd.Settle) != 1 || rd.Settle[0] != want {
+		t.Fatalf("settle %+v, want %+v", rd.Settle, want)
+	}
+	if rd.Publish == nil || len(rd.Publish.Entries) != 1 || rd.Publish.Entries[0].Count != 50 {
+		t.Fatalf("publish %+v, want the table of the grant", rd.Publish)
+	}
+	pub := rd.Publish.Pub
+	// No Tick has said who is live yet: the ack is held.
+	if count(rd.Send, lease.MsgAck) != 0 || s.PendingAcks() != 1 {
+		t.Fatalf("sent %d acks, %d pending, before the other agent adopted the table", count(rd.Send, lease.MsgAck), s.PendingAcks())
+	}
+	s.Tick(t0, nil, live)
+	steps := []struct {
+		report DemandReport
+		acks   int
+		why    string
+	}{
+		{DemandReport{Agent: "a-1", At: t0, Pub: pub - 1, Speaker: "a-0"}, 0, "the other agent decides with an older table"},
+		{DemandReport{Agent: "a-1", At: t0, Pub: pub + 5, Speaker: "a-9"}, 0, "the other agent decides with another speaker's table"},
+		{DemandReport{Agent: "a-1", At: t0.Add(-time.Minute), Pub: pub, Speaker: "a-0"}, 0, "the report adopting it is stale"},
+		{DemandReport{Agent: "a-1", At: t0, Pub: pub, Speaker: "a-0"}, 1, "every agent adopted the table"},
+	}
+	for _, st := range steps {
+		s.Tick(t0, []DemandReport{st.report}, live)
+		rd := s.Ready()
+		s.Advance(Outcome{})
+		if got := count(rd.Send, lease.MsgAck); got != st.acks {
+			t.Fatalf("%s: %d acks, want %d", st.why, got, st.acks)
+		}
+	}
+	// A region whose only live agent is the speaker acknowledges at once.
+	if err := s.Step(t0, grant(h, 2, 60)); err != nil {
+		t.Fatal(err)
+	}
+	s.Tick(t0, nil, []string{"a-0"})
+	if got := count(s.Ready().Send, lease.MsgAck); got != 1 {
+		t.Fatalf("alone: %d acks, want 1", got)
+	}
+}
+
+// TestSpeakerConnectedDropsPendingAcks: a new stream's hello answers for
+// the acknowledgements held for the old one.
+func TestSpeakerConnectedDropsPendingAcks(t *testing.T) {
+	s, _ := speakerFixture(t)
+	s.Tick(t0, nil, []string{"a-0", "a-1"})
+	h := hello(t, s, t0)
+	if err := s.Step(t0, grant(h, 1, 50)); err != nil {
+		t.Fatal(err)
+	}
+	s.Ready()
+	if s.PendingAcks() != 1 {
+		t.Fatalf("pending %d, want 1", s.PendingAcks())
+	}
+	hello(t, s, t0.Add(time.Second))
+	if s.PendingAcks() != 0 {
+		t.Fatalf("pending %d after a reconnect, want 0", s.PendingAcks())
+	}
+}
+
+// TestSpeakerPublishesAboveARefusal: a table another speaker wrote with a
+// higher number (while membership was split) makes this speaker publish
+// its own above it, the same allocations.
+func TestSpeakerPublishesAboveARefusal(t *testing.T) {
+	s, _ := speakerFixture(t)
+	rd := s.Ready()
+	if rd.Publish == nil {
+		t.Fatal("a new speaker published nothing")
+	}
+	first := rd.Publish
+	stored := first.Pub + 1_000_000
+	s.Advance(Outcome{Refused: true, StoredPub: stored})
+	rd = s.Ready()
+	s.Advance(Outcome{})
+	if rd.Publish == nil || rd.Publish.Pub != stored+1 || !rd.Publish.Same(first) || rd.Publish.Speaker != "a-0" {
+		t.Fatalf("after the refusal published %+v, want a-0's table at %d", rd.Publish, stored+1)
+	}
+	if rd := s.Ready(); rd.Publish != nil {
+		t.Fatalf("published %d again with nothing changed", rd.Publish.Pub)
+	}
+}
+
+// TestSpeakerRetriesUnsettled: a change the store did not take is listed
+// again at the next Ready.
+func TestSpeakerRetriesUnsettled(t *testing.T) {
+	s, _ := speakerFixture(t)
+	h := hello(t, s, t0)
+	if err := s.Step(t0, grant(h, 1, 200)); err != nil {
+		t.Fatal(err)
+	}
+	rd := s.Ready()
+	if len(rd.Settle) != 1 {
+		t.Fatalf("settle %+v, want one change", rd.Settle)
+	}
+	s.Advance(Outcome{Unsettled: rd.Settle})
+	s.Tick(t0.Add(100*time.Millisecond), nil, []string{"a-0"})
+	again := s.Ready()
+	if len(again.Settle) != 1 || again.Settle[0] != rd.Settle[0] {
+		t.Fatalf("next settle %+v, want %+v again", again.Settle, rd.Settle)
+	}
+}
+
+// TestSpeakerSumsFreshDemandOfLiveAgents: the report the Holder sends
+// carries the region's demand: the live agents' fresh reports summed per
+// key.
+func TestSpeakerSumsFreshDemandOfLiveAgents(t *testing.T) {
+	s, _ := speakerFixture(t)
+	h := hello(t, s, t0)
+	if err := s.Step(t0, grant(h, 1, 150)); err != nil {
+		t.Fatal(err)
+	}
+	s.Ready()
+	s.Advance(Outcome{})
+	y := bucket.Key{Rule: "api", Subject: "y"}
+	at := t0.Add(2 * time.Second)
+	reports := []DemandReport{
+		{Agent: "a-0", At: at, Keys: []DemandItem{{Rule: "api", Subject: "x", Want: 10}, {Rule: "api", Subject: "y", Want: 1}}},
+		{Agent: "a-1", At: at, Keys: []DemandItem{{Rule: "api", Subject: "y", Want: 2}, {Rule: "api", Subject: "x", Want: 20}}}, // unsorted
+		{Agent: "a-2", At: at, Keys: []DemandItem{{Rule: "api", Subject: "x", Want: 1000}}},                                     // not live
+		{Agent: "a-3", At: at.Add(-time.Minute), Keys: []DemandItem{{Rule: "api", Subject: "x", Want: 1000}}},                   // stale
+	}
+	s.Tick(at, reports, []string{"a-0", "a-1", "a-3"})
+	var rep lease.Message
+	for _, m := range s.Ready().Send {
+		if m.Type == lease.MsgReport {
+			rep = m
+		}
+	}
+	want := []lease.Demand{{Key: spkKey, Want: 30}, {Key: y, Want: 3}}
+	if !slices.Equal(rep.Demand, want) {
+		t.Fatalf("reported %+v, want %+v", rep.Demand, want)
+	}
+	if got := SumDemand(reports, []string{"a-0", "a-1", "a-3"}, at, time.Second); !slices.Equal(got, want) {
+		t.Fatalf("SumDemand %+v, want %+v", got, want)
+	}
+}
+
+// TestRestoreSpeakerResumesTheLease: a new speaker restored from the
+// shared table holds its lease at once under a new session, counts its
+// allocations as settled, publishes above it and says hello with what it
+// holds.
+func TestRestoreSpeakerResumesTheLease(t *testing.T) {
+	s, _ := speakerFixture(t)
+	h := hello(t, s, t0)
+	if err := s.Step(t0, grant(h, 1, 200)); err != nil {
+		t.Fatal(err)
+	}
+	rd := s.Ready()
+	s.Advance(Outcome{})
+	shared := rd.Publish
+	now := t0.Add(3 * time.Second)
+	cfg := s.Config()
+	cfg.Agent = "a-1"
+	r, err := RestoreSpeaker(cfg, 99, shared, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := r.Status(now)
+	if !st.Live || st.Session != 99 || st.Entries != 1 {
+		t.Fatalf("restored status %+v, want a live lease of one entry under session 99", st)
+	}
+	rd = r.Ready()
+	if len(rd.Settle) != 0 {
+		t.Fatalf("restored speaker settles %+v again", rd.Settle)
+	}
+	if rd.Publish != nil {
+		t.Fatalf("restored speaker republished an unchanged table (pub %d)", rd.Publish.Pub)
+	}
+	r.Connected(now)
+	rd = r.Ready()
+	var hi lease.Message
+	for _, m := range rd.Send {
+		if m.Type == lease.MsgHello {
+			hi = m
+		}
+	}
+	if hi.Session != 99 || len(hi.Entries) != 1 || hi.Entries[0].Count != 200 {
+		t.Fatalf("hello %+v, want session 99 holding 200", hi)
+	}
+	r.Release(now)
+	rd = r.Ready()
+	if rd.Publish == nil || rd.Publish.Pub <= shared.Pub || rd.Publish.Speaker != "a-1" || !rd.Publish.Released {
+		t.Fatalf("after release published %+v, want a-1's released table above %d", rd.Publish, shared.Pub)
+	}
+	if len(rd.Settle) != 1 || rd.Settle[0].To != cfg.Budgets[0].Floor("a").Limit {
+		t.Fatalf("release settles %+v, want the key back to its floor", rd.Settle)
+	}
+	if count(rd.Send, lease.MsgRelease) != 1 {
+		t.Fatalf("release sent %+v", rd.Send)
+	}
+}
+
+// TestSpeakerSettlesBeforeItPublishes drives a Speaker as its drivers do
+// (settle, publish, send, in Ready's order) on an in-process store: a
+// grant's increase arrives spent, and the table is published with the
+// bucket already at its new limit; a decrease rewrites the bucket at once
+// under the smaller rate.
+func TestSpeakerSettlesBeforeItPublishes(t *testing.T) {
+	s, budgets := speakerFixture(t)
+	clk := clock.NewManual(t0)
+	st := bucket.NewMemory(bucket.MemoryOptions{Clock: clk})
+	ctx := context.Background()
+	floor, big, small := budgets[0].Floor("a").Limit, budgets[0].LimitOf(250), budgets[0].LimitOf(50)
+	// published records the bucket's limit at each publication: settled
+	// first, it is the table's.
+	var published []bucket.Limit
+	carry := func() {
+		rd := s.Ready()
+		for _, c := range rd.Settle {
+			if err := c.Apply(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rd.Publish != nil && len(rd.Publish.Entries) == 1 {
+			e := rd.Publish.Entries[0]
+			if l, ok := s.settler.Applied(e.Key); ok {
+				published = append(published, l)
+			}
+		}
+		s.Advance(Outcome{})
+	}
+	h := hello(t, s, clk.Now())
+	// The region spends 40 of its floor's 150.
+	if n, _ := st.TakeUpTo(ctx, spkKey, floor, 40); n != 40 {
+		t.Fatalf("setup took %d", n)
+	}
+	if err := s.Step(clk.Now(), grant(h, 1, 250)); err != nil {
+		t.Fatal(err)
+	}
+	carry()
+	if d, _ := st.Peek(ctx, spkKey, big); d.Remaining != 110 {
+		t.Fatalf("after the increase the bucket holds %d, want the 110 it held (the increase arrives spent)", d.Remaining)
+	}
+	// Empty the bucket, let it refill 100 ms at 250/s (25 tokens), then
+	// shrink to 50/s: 200 ms later it holds 25 + 10, not the 75 that 300 ms
+	// at the old rate would give.
+	if n, _ := st.TakeUpTo(ctx, spkKey, big, 1000); n != 110 {
+		t.Fatalf("took %d, want 110", n)
+	}
+	clk.Advance(100 * time.Millisecond)
+	if err := s.Step(clk.Now(), grant(h, 2, 50)); err != nil {
+		t.Fatal(err)
+	}
+	carry()
+	clk.Advance(200 * time.Millisecond)
+	if d, _ := st.Peek(ctx, spkKey, small); d.Remaining != 35 {
+		t.Fatalf("after the decrease: %d, want 35 (25 refilled before it, 10 at 50/s after)", d.Remaining)
+	}
+	if !slices.Equal(published, []bucket.Limit{big, small}) {
+		t.Fatalf("tables published with the buckets at %v, want %v", published, []bucket.Limit{big, small})
+	}
+}
+
+// TestSpeakerSettlesTheLeaseEnd: with nothing received, the tick after the
+// lease ends settles the key back to its floor and publishes the table
+// whose lease has passed; ticks with nothing new list nothing.
+func TestSpeakerSettlesTheLeaseEnd(t *testing.T) {
+	s, budgets := speakerFixture(t)
+	h := hello(t, s, t0)
+	if err := s.Step(t0, grant(h, 1, 200)); err != nil {
+		t.Fatal(err)
+	}
+	s.Ready()
+	s.Advance(Outcome{})
+	end := s.Status(t0).LeaseEnd
+	s.Tick(end.Add(-time.Millisecond), nil, []string{"a-0"})
+	if rd := s.Ready(); len(rd.Settle) != 0 || rd.Publish != nil {
+		t.Fatalf("before the lease ends: %+v", rd)
+	}
+	s.Tick(end, nil, []string{"a-0"})
+	rd := s.Ready()
+	want := Change{Key: spkKey, From: budgets[0].LimitOf(200), To: budgets[0].Floor("a").Limit}
+	if len(rd.Settle) != 1 || rd.Settle[0] != want {
+		t.Fatalf("at the lease's end settle %+v, want %+v", rd.Settle, want)
+	}
+	s.Tick(end.Add(time.Second), nil, []string{"a-0"})
+	if rd := s.Ready(); len(rd.Settle) != 0 {
+		t.Fatalf("after the lease ended, settle again %+v", rd.Settle)
+	}
+}

@@ -1,0 +1,89 @@
+package sim
+
+import (
+	"testing"
+	"time"
+)
+
+// smallWorld builds the world of scenario path at scale of its load,
+// seed 1, with allot alone.
+func smallWorld(t *testing.T, path string, scale float64) (*world, *allot) {
+	t.Helper()
+	sc, err := LoadScenario(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := sc.Scaled(scale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := newWorld(small, 1, Options{Systems: []string{"allot"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := newAllot(w); err != nil {
+		t.Fatal(err)
+	}
+	return w, w.systems[0].(*allot)
+}
+
+// runUntil runs the agent-crash scenario (us-east's speaking agent 0
+// crashes at 15 s for 10 s), at a twentieth of its load, until end.
+func runUntil(t *testing.T, end time.Duration) (*world, *allot) {
+	t.Helper()
+	w, a := smallWorld(t, "scenarios/14-agent-crash.yaml", 0.05)
+	w.idealM = newMeter(w.nb, w.newSeries())
+	w.end = us(end)
+	w.run()
+	return w, a
+}
+
+// TestSpeakerTakeoverKeepsTheLease: when the speaking agent crashes,
+// another live agent restores a Speaker from the shared table under a new
+// session; the lease does not lapse, and the other agents decide with the
+// new speaker's tables. When the crashed agent comes back it is live at
+// once, so the speaker stops, but it speaks only after its wait: for that
+// while nobody speaks, and the lease still lives.
+func TestSpeakerTakeoverKeepsTheLease(t *testing.T) {
+	w, before := runUntil(t, 14*time.Second)
+	rp := before.plane.regions[0]
+	if rp.speaker != 0 || rp.sp == nil {
+		t.Fatalf("before the crash agent %d speaks, want 0", rp.speaker)
+	}
+	first := rp.sp.Status(w.regions[0].agent.at(w.end)).Session
+
+	w, a := runUntil(t, 16*time.Second)
+	rp = a.plane.regions[0]
+	now := w.regions[0].agent.at(w.end)
+	if rp.speaker != 1 || rp.sp == nil {
+		t.Fatalf("after the crash agent %d speaks, want 1", rp.speaker)
+	}
+	st := rp.sp.Status(now)
+	if !st.Live || st.Session == first {
+		t.Fatalf("new speaker's lease %+v: want live, under a session other than %d", st, first)
+	}
+	for i, ag := range a.agents[0] {
+		tb := ag.view.Table()
+		if !ag.alive {
+			continue
+		}
+		if tb == nil || !tb.Live(now) || tb.Speaker != a.agents[0][1].name {
+			t.Fatalf("agent %d decides with %+v, want a live table of %s", i, tb, a.agents[0][1].name)
+		}
+	}
+
+	w, a = runUntil(t, 26*time.Second) // agent 0 is back at 25 s and waits 1.5 s
+	rp = a.plane.regions[0]
+	if rp.speaker != -1 || rp.sp != nil {
+		t.Fatalf("while the returning agent waits, agent %d speaks", rp.speaker)
+	}
+	if tb := rp.view.Table(); !tb.Live(w.regions[0].agent.at(w.end)) {
+		t.Fatal("the lease lapsed while nobody spoke")
+	}
+
+	w, a = runUntil(t, 27*time.Second)
+	rp = a.plane.regions[0]
+	if rp.speaker != 0 || rp.sp == nil || !rp.sp.Status(w.regions[0].agent.at(w.end)).Live {
+		t.Fatalf("after its wait agent %d speaks, want 0 with a live lease", rp.speaker)
+	}
+}
