@@ -1,0 +1,5 @@
+package bucket
+
+// Slot exposes the Cluster hash slot the store groups operations by, so a
+// test can compare it with the server's CLUSTER KEYSLOT.
+var Slot = slot

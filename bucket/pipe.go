@@ -1,0 +1,144 @@
+package bucket
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// pipe lets concurrent operations on one store share a round trip. An
+// operation that finds fewer than max batches in flight and nobody queued
+// runs at once, alone, so a lone caller pays no wait; one that finds the
+// pipe busy queues. When a batch returns, the first queued operation is
+// handed the lead and runs everything queued by then (up to size) as one
+// batch. Batches therefore grow with concurrency and never wait on a timer.
+//
+// Every operation keeps its own deadline: a queued operation whose context
+// ends first leaves the queue without having run, and a batch runs under
+// the earliest deadline of its operations, so no caller waits past its own.
+// pipe is safe for concurrent use.
+type pipe struct {
+	max  int // batches in flight
+	size int // operations per batch
+
+	mu      sync.Mutex
+	queue   []*op
+	lead    *op // the queued operation handed the lead that has not yet taken it
+	running int // batches in flight, counting one handed to lead
+}
+
+// op is one operation waiting for, or in, a batch.
+type op struct {
+	code     int64    // script operation code, see script.lua
+	args     [7]int64 // num, den, burst, n, and for a rebase the from-limit's num, den, burst
+	bk, ak   string   // bucket key; attempt key or ""
+	deadline time.Time
+	res      result
+	err      error
+	// done carries opResult once res and err are set, or opLead when the
+	// operation is to run the queue; it is buffered so that no sender waits.
+	done chan uint8
+	one  [1]*op // a batch of this operation alone, without an allocation
+}
+
+const (
+	opResult uint8 = iota + 1
+	opLead
+)
+
+var opPool = sync.Pool{New: func() any { return &op{done: make(chan uint8, 1)} }}
+
+// do runs o, alone or in a batch, through exec, and returns when o has its
+// result or ctx has ended. exec sets res or err on every operation it is
+// given. After do returns, o may be reused only if it returned true: an
+// operation abandoned in a running batch is still written to by that batch.
+func (p *pipe) do(ctx context.Context, o *op, exec func(context.Context, []*op)) bool {
+	p.mu.Lock()
+	if p.running < p.max && len(p.queue) == 0 {
+		p.running++
+		p.mu.Unlock()
+		o.one[0] = o
+		p.run(o.one[:], o, exec)
+		return true
+	}
+	p.queue = append(p.queue, o)
+	p.mu.Unlock()
+	select {
+	case s := <-o.done:
+		if s == opLead {
+			p.mu.Lock()
+			batch := p.take()
+			p.mu.Unlock()
+			p.run(batch, o, exec)
+		}
+		return true
+	case <-ctx.Done():
+		p.mu.Lock()
+		for i, q := range p.queue {
+			if q == o {
+				// Still queued: it leaves without having run.
+				p.queue = append(p.queue[:i], p.queue[i+1:]...)
+				if p.lead == o {
+					p.lead = nil
+					p.running--
+					p.kick()
+				}
+				p.mu.Unlock()
+				o.err = ctx.Err()
+				return false
+			}
+		}
+		p.mu.Unlock()
+		// Taken into a running batch: its answer comes too late.
+		o.err = ctx.Err()
+		return false
+	}
+}
+
+// take removes up to size operations from the queue for the lead that
+// runs them, and hands the lead on if some remain and the pipe has room.
+// Requires that p.mu is held.
+func (p *pipe) take() []*op {
+	p.lead = nil
+	n := min(len(p.queue), p.size)
+	batch := make([]*op, n)
+	copy(batch, p.queue)
+	rest := copy(p.queue, p.queue[n:])
+	clear(p.queue[rest:])
+	p.queue = p.queue[:rest]
+	p.kick()
+	return batch
+}
+
+// kick hands the lead to the first queued operation when nobody holds it
+// and a batch may start. Requires that p.mu is held.
+func (p *pipe) kick() {
+	if p.lead == nil && len(p.queue) > 0 && p.running < p.max {
+		p.running++
+		p.lead = p.queue[0]
+		p.lead.done <- opLead
+	}
+}
+
+// run executes one batch that self belongs to, wakes every other
+// operation in it, and frees the batch's place in the pipe.
+func (p *pipe) run(batch []*op, self *op, exec func(context.Context, []*op)) {
+	deadline := batch[0].deadline
+	for _, o := range batch[1:] {
+		if o.deadline.Before(deadline) {
+			deadline = o.deadline
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	exec(ctx, batch)
+	cancel()
+	p.mu.Lock()
+	p.running--
+	p.kick()
+	p.mu.Unlock()
+	for _, o := range batch {
+		if o != self {
+			o.done <- opResult
+		}
+	}
+}
