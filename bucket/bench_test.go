@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -383,3 +384,72 @@ func BenchmarkRedis(b *testing.B) {
 }
 
 var _ clock.Clock = (*fakeNow)(nil)
+
+// redisCPU is the Redis server's own CPU time so far (user + system), from
+// INFO cpu.
+func redisCPU(c *redis.Client) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		return 0
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		for _, f := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(line, f); ok {
+				x, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				total += x
+			}
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// processCPU is this process's CPU time so far (user + system).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkRedisColdKeys is the store's whole cost per decision with 32
+// concurrent callers on cold keys (each decision on a key of its own):
+// the client's CPU (this process, the callers' loop included), the Redis
+// server's CPU (INFO cpu, its network and event loop included, which
+// commandstats leaves out) and the wall time.
+func BenchmarkRedisColdKeys(b *testing.B) {
+	c := testenv.RedisClient(b)
+	for _, pipes := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("pipes=%d", pipes), func(b *testing.B) { coldKeys(b, c, pipes) })
+	}
+}
+
+func coldKeys(b *testing.B, c *redis.Client, pipes int) {
+	s, err := bucket.NewRedis(c, bucket.RedisOptions{Timeout: 5 * time.Second, Pipes: pipes})
+	if err != nil {
+		b.Fatal(err)
+	}
+	run := fmt.Sprint(time.Now().UnixNano())
+	var seq atomic.Int64
+	b.SetParallelism(16) // 32 callers on two cores
+	_ = c.ConfigResetStat(context.Background()).Err()
+	cpu0, srv0, start := processCPU(), redisCPU(c), time.Now()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			key := bucket.Key{Rule: "cold-" + run, Subject: strconv.FormatInt(seq.Add(1), 10)}
+			if _, err := s.Decide(context.Background(), key, benchLimit, 1, ""); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/n, "client-cpu-µs/op")
+	b.ReportMetric(float64((redisCPU(c)-srv0).Microseconds())/n, "server-cpu-µs/op")
+	b.ReportMetric(float64(time.Since(start).Microseconds())/n, "wall-µs/op")
+	if st, ok := evalshaStats(c); ok && st.calls > 0 {
+		b.ReportMetric(n/st.calls, "decisions/call")
+		b.ReportMetric(st.usec/n, "script-µs/op")
+	}
+}

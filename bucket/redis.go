@@ -46,7 +46,7 @@ type RedisOptions struct {
 	Batch int // default 128
 	// Pipes is how many script calls of this store may be in flight at
 	// once; it also bounds the connections the store holds busy.
-	Pipes int // default 2
+	Pipes int // default 1
 	// Now, when set, replaces the Redis server's clock in the script. It is
 	// for tests and deterministic drivers only: in production the server's
 	// TIME is the one clock every agent shares.
@@ -60,7 +60,7 @@ func DefaultRedisOptions() RedisOptions {
 		Timeout:       100 * time.Millisecond, // a regional round trip is ~1 ms; 100× that is an outage
 		AttemptWindow: DefaultAttemptWindow,
 		Batch:         128, // ~8 KiB of arguments; past it a larger batch saves no measurable time
-		Pipes:         2,   // one call being answered while the next is sent
+		Pipes:         1,   // Redis runs one script at a time; one call in flight makes the next batch larger
 	}
 }
 

@@ -280,8 +280,12 @@ func startAllot(ctx context.Context, dir, name, bin string) (*system, error) {
 		if s.redis, s.raddr, err = startRedis(ctx, dir, name); err != nil {
 			return nil, err
 		}
-		args = append(args, "-redis", s.raddr)
-		s.setup = "agent binary, `scope: region` rules, its own Redis (one script call per decision, batched across concurrent calls)"
+		// A deadline of a second, not the default 100 ms: on a shared
+		// machine under other load a round trip can miss 100 ms, and the
+		// rule's policy (fail closed) would then deny what the peers, which
+		// have no deadline, would wait for.
+		args = append(args, "-redis", s.raddr, "-redis-timeout", "1s")
+		s.setup = "agent binary, `scope: region` rules, its own Redis (a script call per decision, concurrent decisions sharing calls), `-redis-timeout 1s`"
 	} else {
 		s.setup = "agent binary, `scope: local` rules, in-process store, no Redis"
 	}
