@@ -36,8 +36,9 @@ type MemResult struct {
 // collection; in Redis for every system with one, from INFO memory's
 // used_memory. Idle keys are decided once under the idle limit (10 an
 // hour, so each holds its state for the measurement); hot keys are decided
-// over and over for cfg.HotFor under the hot limit, and measured while
-// still in use.
+// over and over for cfg.HotFor under the hot limit (faster than it
+// refills, so each is always in use: some decisions are denied), and
+// measured while still in use.
 func measureMemory(ctx context.Context, cfg Config, systems []*system) ([]MemResult, error) {
 	var out []MemResult
 	for _, kind := range []string{"idle", "hot"} {
@@ -133,6 +134,12 @@ func memoryRedis(ctx context.Context, cfg Config, s *system, c *redis.Client, ki
 		n, path = cfg.HotKeys, pathHot
 	}
 	prefix := "mem-" + kind + "-"
+	// The load's keys would expire during the measurement and hide the new
+	// ones: start from an empty Redis. (The agent writes its region's table
+	// and demand reports back within a tick: two keys.)
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		return MemResult{}, err
+	}
 	mem0, keys0, err := usedMemory(ctx, c)
 	if err != nil {
 		return MemResult{}, err
