@@ -100,7 +100,7 @@ func DefaultConfig() Config {
 		Warmup:     500 * time.Millisecond, // connections dialled, caches warm
 		Rounds:     2,                      // each system measured twice per cell, in rotated order
 		MemoryKeys: 100_000,
-		HotKeys:    1_000, // each decided several times a second at the rates seen here
+		HotKeys:    1_000,           // each decided several times a second at the rates seen here
 		HotFor:     3 * time.Second, // three 1 s windows, so fixed-window keys roll over
 		BinDir:     defaultBinDir(),
 	}
