@@ -2,6 +2,7 @@ package bucket_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"strconv"
@@ -451,5 +452,63 @@ func coldKeys(b *testing.B, c *redis.Client, pipes int) {
 	if st, ok := evalshaStats(c); ok && st.calls > 0 {
 		b.ReportMetric(n/st.calls, "decisions/call")
 		b.ReportMetric(st.usec/n, "script-µs/op")
+	}
+}
+
+// BenchmarkRedisScriptParts times where the server's script time per
+// decision goes: the script as it is, without the SET that stores the
+// bucket, and without the GET too (the Lua around them alone), each on
+// batches of 100 keys never seen before, interleaved, from commandstats.
+// The variants are made by removing those calls from the script's source;
+// a change to the lines they match fails the benchmark.
+func BenchmarkRedisScriptParts(b *testing.B) {
+	c := testenv.RedisClient(b)
+	ctx := context.Background()
+	const set = "call('SET', key, pack('<i8i8i8i8i8', now + q, r, num, den, burst),\n        'PX', floor((reset + 999) / 1000) + grace)"
+	const get = "local v = pcall('GET', key)"
+	full := bucket.ScriptSource
+	if !strings.Contains(full, set) || !strings.Contains(full, get) {
+		b.Fatal("the script no longer has the SET and GET lines this benchmark removes")
+	}
+	noSet := strings.Replace(full, set, "local _ = 0", 1)
+	variants := []struct {
+		name string
+		s    *redis.Script
+	}{
+		{"full", redis.NewScript(full)},
+		{"no-set", redis.NewScript(noSet)},
+		{"lua-only", redis.NewScript(strings.Replace(noSet, get, "local v = false", 1))},
+	}
+	best := make([]float64, len(variants))
+	for i := range best {
+		best[i] = math.Inf(1)
+	}
+	run := fmt.Sprint(time.Now().UnixNano())
+	n := 0
+	for i := 0; i < b.N; i++ {
+		for j, v := range variants {
+			_ = c.ConfigResetStat(ctx).Err()
+			const batches, size = 50, 100
+			for range batches {
+				keys := make([]string, size)
+				blob := make([]byte, 0, 64*size)
+				for k := range keys {
+					keys[k] = "allot:{parts-" + run + ":" + strconv.Itoa(n) + "}"
+					n++
+					for _, x := range []int64{1, 1, 100, 100_000_000, 1, 0, 0, 0} { // decide 1 at 1e8/s
+						blob = binary.LittleEndian.AppendUint64(blob, uint64(x))
+					}
+				}
+				if err := v.s.Run(ctx, c, keys, blob, "", "10000").Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if st, ok := evalshaStats(c); ok {
+				best[j] = min(best[j], st.usec/(batches*size))
+			}
+		}
+	}
+	for j, v := range variants {
+		b.ReportMetric(best[j], v.name+"-µs/decision")
 	}
 }
