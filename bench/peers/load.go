@@ -341,7 +341,7 @@ func printReport(out io.Writer, rep *Report) {
 			if slices.Max(red) > 0 {
 				cpuCol += " (" + span(svc, itf) + " + " + span(red, itf) + ")"
 			}
-			fmt.Fprintf(out, "| %d | %s | %s | %s | %s / %s / %s | %s | %s |\n", k.callers, kf(float64(k.keys)), name,
+			fmt.Fprintf(out, "| %d | %s | %s | %s | %s / %s / %s | %s | %s |\n", k.callers, thousands(k.keys), name,
 				span(rate, kf), span(p50, msf), span(p99, msf), span(p999, msf), cpuCol, ratio)
 		}
 	}
@@ -378,4 +378,13 @@ func totalCPU(rs []Result) float64 {
 		return 0
 	}
 	return float64(cpu.Microseconds()) / float64(n)
+}
+
+// thousands writes n with commas: 1,000,000.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
