@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -13,10 +14,14 @@ import (
 // handed the lead and runs everything queued by then (up to size) as one
 // batch. Batches therefore grow with concurrency and never wait on a timer.
 //
-// Every operation keeps its own deadline: a queued operation whose context
-// ends first leaves the queue without having run, and a batch runs under
-// the earliest deadline of its operations, so no caller waits past its own.
-// pipe is safe for concurrent use.
+// Every operation keeps its own deadline. The lead of a batch is the
+// operation with the latest deadline among those the batch will carry, and
+// the batch runs under that deadline: the lead never waits past its own,
+// and every other operation stops waiting at its own, queued (it leaves
+// without having run) or in a running batch (its answer comes too late).
+// An operation that has waited out most of its time in the queue therefore
+// cannot cut short the batch of those that have not. pipe is safe for
+// concurrent use.
 type pipe struct {
 	max  int // batches in flight
 	size int // operations per batch
@@ -63,11 +68,15 @@ func (p *pipe) do(ctx context.Context, o *op, exec func(context.Context, []*op))
 	}
 	p.queue = append(p.queue, o)
 	p.mu.Unlock()
+	// A queued operation stops waiting at its own deadline, whatever the
+	// batch it ends up in runs under.
+	ctx, cancel := context.WithDeadline(ctx, o.deadline)
+	defer cancel()
 	select {
 	case s := <-o.done:
 		if s == opLead {
 			p.mu.Lock()
-			batch := p.take()
+			batch := p.take(o)
 			p.mu.Unlock()
 			p.run(batch, o, exec)
 		}
@@ -95,41 +104,49 @@ func (p *pipe) do(ctx context.Context, o *op, exec func(context.Context, []*op))
 	}
 }
 
-// take removes up to size operations from the queue for the lead that
-// runs them, and hands the lead on if some remain and the pipe has room.
-// Requires that p.mu is held.
-func (p *pipe) take() []*op {
+// take removes up to size operations from the front of the queue for
+// self, the lead that runs them, and hands the lead on if some remain and
+// the pipe has room. Requires that p.mu is held.
+func (p *pipe) take(self *op) []*op {
 	p.lead = nil
 	n := min(len(p.queue), p.size)
-	batch := make([]*op, n)
+	batch := make([]*op, n, n+1)
 	copy(batch, p.queue)
 	rest := copy(p.queue, p.queue[n:])
 	clear(p.queue[rest:])
 	p.queue = p.queue[:rest]
+	if !slices.Contains(batch, self) {
+		// kick chose the lead among the first size operations, and only
+		// leaving operations move it, towards the front: never reached.
+		// Kept so that a lead always runs its own operation.
+		p.queue = slices.DeleteFunc(p.queue, func(q *op) bool { return q == self })
+		batch = append(batch, self)
+	}
 	p.kick()
 	return batch
 }
 
-// kick hands the lead to the first queued operation when nobody holds it
-// and a batch may start. Requires that p.mu is held.
+// kick hands the lead, when nobody holds it and a batch may start, to the
+// operation with the latest deadline among those the next batch will take.
+// Requires that p.mu is held.
 func (p *pipe) kick() {
 	if p.lead == nil && len(p.queue) > 0 && p.running < p.max {
 		p.running++
-		p.lead = p.queue[0]
-		p.lead.done <- opLead
+		lead := p.queue[0]
+		for _, q := range p.queue[1:min(len(p.queue), p.size)] {
+			if q.deadline.After(lead.deadline) {
+				lead = q
+			}
+		}
+		p.lead = lead
+		lead.done <- opLead
 	}
 }
 
-// run executes one batch that self belongs to, wakes every other
-// operation in it, and frees the batch's place in the pipe.
+// run executes one batch that self leads under self's deadline, wakes
+// every other operation in it, and frees the batch's place in the pipe.
 func (p *pipe) run(batch []*op, self *op, exec func(context.Context, []*op)) {
-	deadline := batch[0].deadline
-	for _, o := range batch[1:] {
-		if o.deadline.Before(deadline) {
-			deadline = o.deadline
-		}
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	ctx, cancel := context.WithDeadline(context.Background(), self.deadline)
 	exec(ctx, batch)
 	cancel()
 	p.mu.Lock()
