@@ -85,15 +85,16 @@ func TestShortRun(t *testing.T) {
 		}
 	}
 	// Each subject's idle state is one key in Redis for allot (and for the
-	// fixed window's single window, envoyproxy/ratelimit).
+	// fixed window's single window, envoyproxy/ratelimit); the agent also
+	// writes back its region's table and demand report after the flush.
 	seen := map[string]bool{}
 	for _, m := range rep.Memory {
 		seen[m.System+"/"+m.Where+"/"+m.Kind] = true
 		if m.BytesPerKey <= 0 || m.BytesPerKey > 2000 {
 			t.Errorf("%s %s %s: %.0f bytes per key, want a plausible figure", m.System, m.Where, m.Kind, m.BytesPerKey)
 		}
-		if m.Where == "Redis" && m.Kind == "idle" && m.KeysPerSubject != 1 {
-			t.Errorf("%s: %.2f Redis keys per idle subject, want exactly 1", m.System, m.KeysPerSubject)
+		if m.Where == "Redis" && m.Kind == "idle" && (m.StoredKeys < int64(m.Keys) || m.StoredKeys > int64(m.Keys)+2) {
+			t.Errorf("%s: %d Redis keys for %d idle subjects, want one each (and at most the agent's two)", m.System, m.StoredKeys, m.Keys)
 		}
 	}
 	for _, want := range []string{"allot (bucket.Memory)/in process/idle", "allot (bucket.Memory)/in process/hot", "allot-region/Redis/idle", "allot-region/Redis/hot"} {
