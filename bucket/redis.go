@@ -67,10 +67,12 @@ func DefaultRedisOptions() RedisOptions {
 // Redis is a Store on a Redis primary (single, Sentinel or Cluster through
 // redis.UniversalClient). Each bucket is one string key, hash-tagged so that a
 // bucket and its attempt records live in one Cluster slot, and every
-// operation is one atomic Lua script that reads the server's clock, so the
-// agents' clocks do not matter. Keys expire when their bucket would be full
-// again, so none lingers and none expires early. Redis is safe for concurrent
-// use.
+// operation is applied atomically by one Lua script that reads the server's
+// clock, so the agents' clocks do not matter. Operations that arrive while
+// a script call is in flight go together in the next one (see pipe), so
+// concurrent decisions share round trips. Keys expire when their bucket
+// would be full again, so none lingers and none expires early. Redis is
+// safe for concurrent use.
 type Redis struct {
 	c       redis.UniversalClient
 	opts    RedisOptions
