@@ -54,17 +54,18 @@ const (
 var opPool = sync.Pool{New: func() any { return &op{done: make(chan uint8, 1)} }}
 
 // do runs o, alone or in a batch, through exec, and returns when o has its
-// result or ctx has ended. exec sets res or err on every operation it is
-// given. After do returns, o may be reused only if it returned true: an
-// operation abandoned in a running batch is still written to by that batch.
-func (p *pipe) do(ctx context.Context, o *op, exec func(context.Context, []*op)) bool {
+// result (in o.res or o.err: exec sets one of them on every operation it is
+// given) or, with ctx's error, when ctx or o's deadline ended first. After
+// an error o must be left alone, neither read nor reused: an operation
+// abandoned in a running batch is still written to by that batch.
+func (p *pipe) do(ctx context.Context, o *op, exec func(context.Context, []*op)) error {
 	p.mu.Lock()
 	if p.running < p.max && len(p.queue) == 0 {
 		p.running++
 		p.mu.Unlock()
 		o.one[0] = o
 		p.run(o.one[:], o, exec)
-		return true
+		return nil
 	}
 	p.queue = append(p.queue, o)
 	p.mu.Unlock()
@@ -80,7 +81,7 @@ func (p *pipe) do(ctx context.Context, o *op, exec func(context.Context, []*op))
 			p.mu.Unlock()
 			p.run(batch, o, exec)
 		}
-		return true
+		return nil
 	case <-ctx.Done():
 		p.mu.Lock()
 		for i, q := range p.queue {
@@ -93,14 +94,12 @@ func (p *pipe) do(ctx context.Context, o *op, exec func(context.Context, []*op))
 					p.kick()
 				}
 				p.mu.Unlock()
-				o.err = ctx.Err()
-				return false
+				return ctx.Err()
 			}
 		}
 		p.mu.Unlock()
 		// Taken into a running batch: its answer comes too late.
-		o.err = ctx.Err()
-		return false
+		return ctx.Err()
 	}
 }
 

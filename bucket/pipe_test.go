@@ -42,8 +42,12 @@ func TestPipeBatchesAndDeadlines(t *testing.T) {
 		}
 		answers := make(chan answer, 8)
 		submit := func(ctx context.Context, o *op) {
+			n := o.args[3]
 			go func() {
-				p.do(ctx, o, exec)
+				if err := p.do(ctx, o, exec); err != nil {
+					answers <- answer{n, err}
+					return
+				}
 				answers <- answer{o.args[3], o.err}
 			}()
 		}

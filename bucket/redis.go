@@ -228,10 +228,10 @@ func (r *Redis) run(ctx context.Context, code int64, key Key, l Limit, n Tokens,
 		err error
 	)
 	if err = ctx.Err(); err == nil {
-		reusable := r.pipe.do(ctx, o, r.exec)
-		res, err = o.res, o.err
-		if !reusable {
-			o = nil
+		if err = r.pipe.do(ctx, o, r.exec); err == nil {
+			res, err = o.res, o.err
+		} else {
+			o = nil // abandoned: a running batch may still write to it
 		}
 	}
 	if err != nil {
