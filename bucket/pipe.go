@@ -58,7 +58,7 @@ var opPool = sync.Pool{New: func() any { return &op{done: make(chan uint8, 1)} }
 // given) or, with ctx's error, when ctx or o's deadline ended first. After
 // an error o must be left alone, neither read nor reused: an operation
 // abandoned in a running batch is still written to by that batch.
-func (p *pipe) do(ctx context.Context, o *op, exec func(context.Context, []*op)) error {
+func (p *pipe) do(ctx context.Context, o *op, exec func(context.Context, []*op) error) error {
 	p.mu.Lock()
 	if p.running < p.max && len(p.queue) == 0 {
 		p.running++
@@ -144,17 +144,38 @@ func (p *pipe) kick() {
 
 // run executes one batch that self leads under self's deadline, wakes
 // every other operation in it, and frees the batch's place in the pipe.
-func (p *pipe) run(batch []*op, self *op, exec func(context.Context, []*op)) {
+// When the call failed as a whole (exec's error: the server unreachable,
+// stalled past the deadline, refusing writes), the operations that queued
+// meanwhile fail with it at once instead of each waiting out a call of
+// their own to a server that just failed: the callers' failure policies
+// (and the agent's circuit breaker) act on it sooner. None of them ran.
+func (p *pipe) run(batch []*op, self *op, exec func(context.Context, []*op) error) {
 	ctx, cancel := context.WithDeadline(context.Background(), self.deadline)
-	exec(ctx, batch)
+	err := exec(ctx, batch)
 	cancel()
+	var failed []*op
 	p.mu.Lock()
 	p.running--
+	if err != nil {
+		for _, q := range p.queue {
+			if q != p.lead {
+				failed = append(failed, q)
+			}
+		}
+		p.queue = p.queue[:0]
+		if p.lead != nil {
+			p.queue = append(p.queue, p.lead)
+		}
+	}
 	p.kick()
 	p.mu.Unlock()
 	for _, o := range batch {
 		if o != self {
 			o.done <- opResult
 		}
+	}
+	for _, o := range failed {
+		o.err = err
+		o.done <- opResult
 	}
 }

@@ -13,7 +13,7 @@ import (
 // operation goes at once; operations arriving while a call is in flight go
 // together in the next one, which runs under the latest of their deadlines
 // and is led by its owner; an operation whose context ends while queued
-// leaves without having run.
+// leaves without having run; a call that fails fails those queued behind it.
 func TestPipeBatchesAndDeadlines(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := &pipe{max: 1, size: 128}
@@ -21,16 +21,19 @@ func TestPipeBatchesAndDeadlines(t *testing.T) {
 			ops      []*op
 			deadline time.Time
 			release  chan struct{}
+			err      error // the call's failure, set before release
 		}
 		calls := make(chan *call, 8)
-		exec := func(ctx context.Context, batch []*op) {
+		exec := func(ctx context.Context, batch []*op) error {
 			d, _ := ctx.Deadline()
 			c := &call{ops: slices.Clone(batch), deadline: d, release: make(chan struct{})}
 			calls <- c
 			<-c.release
 			for _, o := range batch {
 				o.res.granted = Tokens(o.args[3])
+				o.err = c.err
 			}
+			return c.err
 		}
 		start := time.Now()
 		newOp := func(n int64, timeout time.Duration) *op {
@@ -100,9 +103,27 @@ func TestPipeBatchesAndDeadlines(t *testing.T) {
 				t.Fatalf("answer %+v, want ops 3 and 4 without error", got)
 			}
 		}
+		// A call that fails as a whole fails the operations queued behind
+		// it at once, with its error, without a call of their own.
+		f := newOp(6, 20*time.Second)
+		submit(context.Background(), f)
+		failing := <-calls
+		g, h := newOp(7, 20*time.Second), newOp(8, 20*time.Second)
+		for _, o := range []*op{g, h} {
+			submit(context.Background(), o)
+			synctest.Wait()
+		}
+		down := errors.New("connection refused")
+		failing.err = down
+		close(failing.release)
+		for range 3 {
+			if got := <-answers; !errors.Is(got.err, down) || got.n < 6 {
+				t.Fatalf("answer %+v, want ops 6, 7 and 8 failing with the call's error", got)
+			}
+		}
 		select {
 		case extra := <-calls:
-			t.Fatalf("a third call with %d ops, want none", len(extra.ops))
+			t.Fatalf("another call with %d ops, want none", len(extra.ops))
 		default:
 		}
 	})

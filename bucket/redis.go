@@ -244,18 +244,19 @@ func (r *Redis) run(ctx context.Context, code int64, key Key, l Limit, n Tokens,
 	return res, err
 }
 
-// exec runs one batch of operations. On a single primary (or Sentinel's)
-// that is one script call; on a Cluster, where the keys of one script call
-// must share a slot, one script call per slot, pipelined so that the
-// client sends each node its calls in one round trip.
-func (r *Redis) exec(ctx context.Context, batch []*op) {
+// exec runs one batch of operations and returns the error of a call that
+// failed as a whole. On a single primary (or Sentinel's) that is one script
+// call; on a Cluster, where the keys of one script call must share a slot,
+// one script call per slot, pipelined so that the client sends each node
+// its calls in one round trip (and a failure of one node is not the
+// batch's).
+func (r *Redis) exec(ctx context.Context, batch []*op) error {
 	now := ""
 	if r.opts.Now != nil {
 		now = strconv.FormatInt(r.opts.Now().UnixMicro(), 10)
 	}
 	if !r.cluster || len(batch) == 1 {
-		r.call(ctx, r.c, batch, now)
-		return
+		return r.call(ctx, r.c, batch, now)
 	}
 	groups := make(map[uint16][]*op, len(batch))
 	for _, o := range batch {
@@ -263,8 +264,7 @@ func (r *Redis) exec(ctx context.Context, batch []*op) {
 		groups[s] = append(groups[s], o)
 	}
 	if len(groups) == 1 {
-		r.call(ctx, r.c, batch, now)
-		return
+		return r.call(ctx, r.c, batch, now)
 	}
 	ordered := make([][]*op, 0, len(groups))
 	for _, g := range groups {
@@ -282,19 +282,20 @@ func (r *Redis) exec(ctx context.Context, batch []*op) {
 		if err := cmds[i].Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			// A node restarted or failed over to a replica that never saw
 			// the script: that slot's call goes again with the source.
-			r.call(ctx, r.c, g, now)
+			_ = r.call(ctx, r.c, g, now)
 			continue
 		}
-		r.deliver(g, cmds[i])
+		_ = r.deliver(g, cmds[i])
 	}
+	return nil
 }
 
 // call runs one script call for ops, whose keys share a slot or are on a
 // single primary, falling back from EVALSHA to EVAL when the server has
 // lost the script.
-func (r *Redis) call(ctx context.Context, c redis.Scripter, ops []*op, now string) {
+func (r *Redis) call(ctx context.Context, c redis.Scripter, ops []*op, now string) error {
 	keys, argv := scriptArgs(ops, now, r.window)
-	r.deliver(ops, script.Run(ctx, c, keys, argv...))
+	return r.deliver(ops, script.Run(ctx, c, keys, argv...))
 }
 
 // scriptArgs lays out a batch as script.lua reads it.
@@ -314,8 +315,9 @@ func scriptArgs(ops []*op, now, window string) ([]string, []any) {
 	return keys, []any{blob, now, window}
 }
 
-// deliver sets every operation's result from the script's reply.
-func (r *Redis) deliver(ops []*op, cmd *redis.Cmd) {
+// deliver sets every operation's result from the script's reply, or the
+// call's error, which it returns.
+func (r *Redis) deliver(ops []*op, cmd *redis.Cmd) error {
 	v, err := cmd.Text()
 	if err == nil && len(v) != 48*len(ops) {
 		err = fmt.Errorf("script returned %d bytes for %d operations, want %d", len(v), len(ops), 48*len(ops))
@@ -324,7 +326,7 @@ func (r *Redis) deliver(ops []*op, cmd *redis.Cmd) {
 		for _, o := range ops {
 			o.err = err
 		}
-		return
+		return err
 	}
 	for i, o := range ops {
 		b := v[48*i:]
@@ -339,6 +341,7 @@ func (r *Redis) deliver(ops []*op, cmd *redis.Cmd) {
 			granted:   Tokens(le64(b[32:])),
 		}
 	}
+	return nil
 }
 
 // le64 reads a little-endian int64 from the start of s.
