@@ -281,7 +281,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 			callers = auth.NewCallers("allow", nil, nil)
 		}
 		reg.MustRegister(callers)
-		var gopts []grpc.ServerOption
+		gopts := rls.ServerOptions()
 		if !callers.Open() {
 			gopts = append(gopts, grpc.UnaryInterceptor(callers.UnaryServerInterceptor(grpclimit.AllowServiceName)))
 		}
