@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -117,19 +116,24 @@ func memoryStore(ctx context.Context, n int, hot bool) (float64, error) {
 	return float64(int64(after)-int64(before)) / float64(n), nil
 }
 
-// usedMemory is INFO memory's used_memory and DBSIZE.
+// usedMemory sums MEMORY USAGE over every stored key (found with SCAN) and
+// counts them. INFO's used_memory would also count the clients' buffers,
+// which swing by kilobytes while 32 callers keep a hundred hot keys busy and
+// can outweigh the keys themselves; MEMORY USAGE is what each key costs.
 func usedMemory(ctx context.Context, c *redis.Client) (mem, keys int64, err error) {
-	info, err := c.Info(ctx, "memory").Result()
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-			mem, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	iter := c.Scan(ctx, 0, "*", 1000).Iterator()
+	for iter.Next(ctx) {
+		n, err := c.MemoryUsage(ctx, iter.Val(), 0).Result()
+		if err == redis.Nil {
+			continue // expired between SCAN and MEMORY USAGE
 		}
+		if err != nil {
+			return 0, 0, err
+		}
+		mem += n
+		keys++
 	}
-	keys, err = c.DBSize(ctx).Result()
-	return mem, keys, err
+	return mem, keys, iter.Err()
 }
 
 // memoryRedis measures one system's Redis growth over its idle or hot keys.
@@ -215,7 +219,7 @@ func memoryRedis(ctx context.Context, cfg Config, s *system, c *redis.Client, ki
 }
 
 func printMemory(out io.Writer, ms []MemResult) {
-	fmt.Fprintf(out, "\n### Memory per key (idle: decided once under %d an hour; hot: decided again and again for the run's hot period under %d a second, measured while in use)\n\n", idlePerHour, hotPerSecond)
+	fmt.Fprintf(out, "\n### Memory per key (idle: decided once under %d an hour; hot: decided again and again for the run's hot period under %d a second, measured while in use; Redis bytes are MEMORY USAGE summed over the stored keys)\n\n", idlePerHour, hotPerSecond)
 	fmt.Fprintln(out, "| system | where | key | keys | bytes per key | stored keys per key | bytes per stored key |")
 	fmt.Fprintln(out, "|---|---|---|---|---|---|---|")
 	for _, m := range ms {
