@@ -11,6 +11,7 @@ import (
 	allotv1 "github.com/allot-dev/allot/api/allot/v1"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/grpclimit"
+	"github.com/allot-dev/allot/internal/benchcpu"
 	"github.com/allot-dev/allot/limiter"
 	"github.com/allot-dev/allot/rules"
 )
@@ -38,6 +39,7 @@ func BenchmarkAllowServer(b *testing.B) {
 	}
 	ctx := context.Background()
 	b.ReportAllocs()
+	defer benchcpu.Start(b)()
 	for i := 0; b.Loop(); i++ {
 		var in allotv1.AllowRequest
 		if err := proto.Unmarshal(wires[i&1023], &in); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/grpclimit"
 	"github.com/allot-dev/allot/httplimit"
+	"github.com/allot-dev/allot/internal/benchcpu"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/limiter"
 	"github.com/allot-dev/allot/region"
@@ -126,6 +127,7 @@ func BenchmarkEmbedded(b *testing.B) {
 		h := mw(ok)
 		w := &writer{h: http.Header{}}
 		b.ReportAllocs()
+		defer benchcpu.Start(b)()
 		for i := 0; b.Loop(); i++ {
 			clear(w.h)
 			h.ServeHTTP(w, reqs[i&1023])
@@ -157,6 +159,7 @@ func BenchmarkEmbedded(b *testing.B) {
 		lim := embeddedAgent(b, set)
 		ctx := context.Background()
 		b.ReportAllocs()
+		defer benchcpu.Start(b)()
 		for i := 0; b.Loop(); i++ {
 			if d, err := lim.Allow(ctx, lreqs[i&1023]); err != nil || !d.Allowed {
 				b.Fatal(d, err)
@@ -171,6 +174,7 @@ func BenchmarkEmbedded(b *testing.B) {
 			lims[i] = rate.NewLimiter(rate.Limit(1<<30), 1<<30)
 		}
 		b.ReportAllocs()
+		defer benchcpu.Start(b)()
 		for i := 0; b.Loop(); i++ {
 			if !lims[i&1023].AllowN(time.Now(), 1) {
 				b.Fatal("denied")

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/mem"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/internal/benchcpu"
 	"github.com/allot-dev/allot/limiter"
 	"github.com/allot-dev/allot/rls"
 	"github.com/allot-dev/allot/rules"
@@ -57,6 +58,7 @@ func BenchmarkServe(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			ctx := context.Background()
+			defer benchcpu.Start(b)()
 			for i := 0; b.Loop(); i++ {
 				var req rlsv3.RateLimitRequest
 				if err := c.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(wires[i&1023])}, &req); err != nil {
