@@ -104,7 +104,8 @@ func (w *writer) WriteHeader(code int)        { w.code = code }
 // serves it) and the allow API (grpclimit.Remote, as cmd/gateway -agent
 // asks it). The agents are the same: floors alone, an in-process store,
 // 1,024 tenants, a limit nobody reaches. decide is the embedded decision
-// alone (limiter.Allow), without HTTP, beside golang.org/x/time/rate.
+// alone (limiter.Allow), without HTTP, on one tenant and on 1,024, beside
+// golang.org/x/time/rate.
 func BenchmarkEmbedded(b *testing.B) {
 	set, err := rules.Parse([]byte(embeddedRules), "bench.yaml")
 	if err != nil {
@@ -155,17 +156,19 @@ func BenchmarkEmbedded(b *testing.B) {
 		return conn
 	}
 
-	b.Run("decide/embedded", func(b *testing.B) {
-		lim := embeddedAgent(b, set)
-		ctx := context.Background()
-		b.ReportAllocs()
-		defer benchcpu.Start(b)()
-		for i := 0; b.Loop(); i++ {
-			if d, err := lim.Allow(ctx, lreqs[i&1023]); err != nil || !d.Allowed {
-				b.Fatal(d, err)
+	for _, keys := range []int{1, 1024} {
+		b.Run("decide/embedded/keys="+strconv.Itoa(keys), func(b *testing.B) {
+			lim := embeddedAgent(b, set)
+			ctx := context.Background()
+			b.ReportAllocs()
+			defer benchcpu.Start(b)()
+			for i := 0; b.Loop(); i++ {
+				if d, err := lim.Allow(ctx, lreqs[i%keys]); err != nil || !d.Allowed {
+					b.Fatal(d, err)
+				}
 			}
-		}
-	})
+		})
+	}
 	// The yardstick: golang.org/x/time/rate's AllowN on one process-local
 	// limiter per tenant, which knows nothing of regions or leases.
 	b.Run("decide/x-time-rate", func(b *testing.B) {
