@@ -2,9 +2,14 @@ package region
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/httplimit"
 	"github.com/allot-dev/allot/limiter"
 	"github.com/allot-dev/allot/rules"
 )
@@ -86,5 +91,58 @@ func TestLimiterOnTheRegionStore(t *testing.T) {
 	}
 	if admitted != 50 {
 		t.Fatalf("emergency admitted %d, want 50 (floor burst 100 ÷ 2 live agents)", admitted)
+	}
+}
+
+// TestRepeated429sCarryTheReset: through the edge (limiter and HTTP
+// middleware on the region's Store), every 429 for a key states the
+// bucket's reset and the wait, whether the store denied it or the deny
+// cache did, at fixed instants on a manual clock.
+func TestRepeated429sCarryTheReset(t *testing.T) {
+	set, err := rules.Parse([]byte(`version: reset-test
+rules:
+  - {name: api, match: {path: "/*"}, limit: "30 per minute", scope: global}
+`), "reset-test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, func(c *Config) { c.Rules = RuleConfigs(set, nil) }) // a floor of 10 per minute
+	lim, err := limiter.New(limiter.Config{Rules: set, Store: NewStore(f.core, f.clk, NewNamer(set), nil), Clock: f.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := httplimit.Middleware(httplimit.Config{Limiter: lim, Identity: httplimit.TrustedHeader("X-Tenant", "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	get := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodGet, "/items", nil)
+		r.Header.Set("X-Tenant", "acme")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	for i := 0; i < 10; i++ {
+		if w := get(); w.Code != http.StatusOK {
+			t.Fatalf("request %d: %d within the floor's burst", i, w.Code)
+		}
+	}
+	for _, s := range []struct {
+		at           time.Duration
+		retry, reset string // Retry-After, X-RateLimit-Reset (whole seconds, rounded up)
+	}{
+		{time.Second, "5", "59"},             // the store's denial
+		{2 * time.Second, "4", "58"},         // the deny cache's, and after
+		{2500 * time.Millisecond, "4", "58"}, // 3.5 s and 57.5 s, rounded up
+		{5 * time.Second, "1", "55"},
+	} {
+		f.clk.Set(t0.Add(s.at))
+		w := get()
+		if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != s.retry || w.Header().Get("X-Ratelimit-Reset") != s.reset ||
+			!strings.HasSuffix(w.Header().Get("Ratelimit"), ";r=0;t="+s.reset) {
+			t.Fatalf("at t0+%s: %d Retry-After %q X-RateLimit-Reset %q RateLimit %q; want 429, %s, %s",
+				s.at, w.Code, w.Header().Get("Retry-After"), w.Header().Get("X-Ratelimit-Reset"), w.Header().Get("Ratelimit"), s.retry, s.reset)
+		}
 	}
 }
