@@ -311,19 +311,23 @@ func fill(st *rlsv3.RateLimitResponse_DescriptorStatus, d limiter.Decision) {
 	if !d.Limited() || d.Shadow || (d.Allowed && d.Fallback != "") {
 		return
 	}
-	st.CurrentLimit = currentLimit(d.Policy, d.Limit)
+	st.CurrentLimit = currentLimit(d.Policy, d.Limit, d.Quota)
 	st.LimitRemaining = uint32(min(max(int64(d.Remaining), 0), math.MaxUint32))
 	st.DurationUntilReset = durationpb.New(d.ResetAfter)
 }
 
-// currentLimit expresses a limit in Envoy's units: count per unit, with a
-// multiplier for periods such as 10 minutes.
-func currentLimit(name string, l bucket.Limit) *rlsv3.RateLimitResponse_RateLimit {
+// currentLimit expresses the limit in force l in Envoy's units: count per
+// unit, with a multiplier for periods such as 10 minutes. A zero l (a
+// region that may admit nothing now) is 0 per the quota's period.
+func currentLimit(name string, l, quota bucket.Limit) *rlsv3.RateLimitResponse_RateLimit {
 	rl := &rlsv3.RateLimitResponse_RateLimit{
 		Name:            name,
 		RequestsPerUnit: uint32(min(int64(l.Count()), math.MaxUint32)),
 	}
 	p := l.Period()
+	if l.IsZero() {
+		p = quota.Period()
+	}
 	for _, u := range []struct {
 		d    time.Duration
 		unit rlsv3.RateLimitResponse_RateLimit_Unit
@@ -361,7 +365,7 @@ func headers(ds []limiter.Decision) []*corev3.HeaderValue {
 		}
 		if !seen[d.Policy] {
 			seen[d.Policy] = true
-			policies = append(policies, httplimit.PolicyHeader(d.Policy, d.Limit))
+			policies = append(policies, httplimit.PolicyHeader(d.Policy, d.Limit, d.Quota))
 			items = append(items, httplimit.RateLimitItem(*d))
 		}
 		if worst == nil || moreRestrictive(d, worst) {

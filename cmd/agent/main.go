@@ -12,7 +12,8 @@
 // Every flag has an environment variable (ALLOT_ and the flag's name in
 // upper case with '-' as '_'); a flag on the command line wins. With no
 // Redis the agent uses an in-process store (one agent, the embedded
-// default); with no coordinator it runs on floors alone.
+// default); with no coordinator it runs on floors alone, and with no other
+// region either its floor is the whole budget.
 //
 //	agent -region eu -rules rules.yaml -redis 127.0.0.1:6379 \
 //	      -coordinators 10.0.0.1:7000,10.0.0.2:7000 -regions eu,us,ap \
@@ -114,7 +115,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.BoolVar(&o.coordTLS, "coordinator-tls", false, "TLS to the coordinators, verified against -coordinator-ca (else -tls-ca, else the system roots); with -tls-cert/-tls-key the certificate proves the region (mutual TLS)")
 	fs.StringVar(&o.regions, "regions", "", "every region sharing the budgets, comma-separated, as the coordinator has them (floors); empty: this region alone")
 	fs.StringVar(&o.weights, "weights", "", "floor weights in -regions order, comma-separated; empty: equal")
-	fs.Float64Var(&o.reserve, "reserve", lease.DefaultReserve, "share of every budget kept out of floors for the coordinator to grant")
+	fs.Float64Var(&o.reserve, "reserve", lease.DefaultReserve, "share of every budget kept out of floors for the coordinator to grant (none for an agent alone: no -coordinators, no other -regions)")
 	fs.StringVar(&o.policy, "allocation-policy", "max-min", "allocation policy named in the budgets: max-min, proportional or static")
 	fs.DurationVar(&o.leaseRefresh, "lease-refresh", lc.Refresh, "lease report interval until the coordinator names its own")
 	fs.DurationVar(&o.leaseDrift, "lease-drift", lc.Drift, "clock drift margin over one lease TTL")
@@ -174,6 +175,30 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	return o, o.b.validate(o)
 }
 
+// floorSplit returns how every budget splits into floors, and whether the
+// agent is alone. An agent alone — no -coordinators, and -regions empty or
+// naming only its own region — owns the whole of every budget: no
+// coordinator holds a reserve for it to grant and no other region shares
+// it. Any other agent takes the split the coordinator has (-regions,
+// -weights, -reserve) and stays on its floor while it has no lease, however
+// long the coordinator is unreachable (I5).
+func floorSplit(o options) (lease.Split, bool, error) {
+	regions := split(o.regions)
+	alone := o.coordinators == "" && (len(regions) == 0 || len(regions) == 1 && regions[0] == o.region)
+	if alone {
+		return lease.Split{Regions: []string{o.region}}, true, nil
+	}
+	spec := lease.Split{Regions: regions, Reserve: o.reserve}
+	for _, w := range split(o.weights) {
+		n, err := strconv.ParseInt(w, 10, 64)
+		if err != nil {
+			return spec, false, fmt.Errorf("-weights=%q: %w", o.weights, err)
+		}
+		spec.Weights = append(spec.Weights, n)
+	}
+	return spec, false, nil
+}
+
 func split(s string) []string {
 	var out []string
 	for _, p := range strings.Split(s, ",") {
@@ -197,14 +222,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	// Floors: the regions sharing every budget.
-	spec := lease.Split{Regions: split(o.regions), Reserve: o.reserve}
-	for _, w := range split(o.weights) {
-		n, err := strconv.ParseInt(w, 10, 64)
-		if err != nil {
-			return fmt.Errorf("-weights=%q: %w", o.weights, err)
-		}
-		spec.Weights = append(spec.Weights, n)
+	spec, alone, err := floorSplit(o)
+	if err != nil {
+		return err
 	}
 	policy, err := lease.ParseAllocationPolicy(o.policy)
 	if err != nil {
@@ -315,8 +335,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		defer client.Close()
 		deps.Transport = client
 		logger.Info("agent: leasing from the coordinators", "addrs", addrs, "regions", spec.Regions, "auth", coordAuth)
+	} else if alone {
+		logger.Info("agent: no coordinator and no other region configured; the region's floors are its whole budgets")
 	} else {
-		logger.Info("agent: no coordinator configured; running on floors alone")
+		logger.Info("agent: no coordinator configured; running on floors alone", "regions", spec.Regions, "reserve", spec.Reserve)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -130,17 +130,21 @@ func TestAgentServesAllowRLSAndMetrics(t *testing.T) {
 				extra = []string{"-redis", testenv.StartRedis(t).Addr}
 			}
 			httpAddr, grpcAddr := startAgent(t, extra...)
-			// 10 per minute, this region alone (no -regions), no reserve
-			// needed to see the floor: the first 6 pass (10 minus a third
-			// held in reserve), then none.
+			// 10 per minute, this region alone (no coordinator, no
+			// -regions): its floor is the whole budget, and every answer
+			// says so.
 			admitted := 0
 			for i := 0; i < 11; i++ {
-				if d := allow(t, httpAddr, "alice"); d.GetAllowed() {
+				d := allow(t, httpAddr, "alice")
+				if d.GetAllowed() {
 					admitted++
 				}
+				if l := d.GetLimit(); l.GetCount() != 10 || l.GetBurst() != 10 || d.GetRemaining() != int64(max(9-i, 0)) {
+					t.Fatalf("answer %d: limit %v, remaining %d; want 10 per minute, %d", i, l, d.GetRemaining(), max(9-i, 0))
+				}
 			}
-			if admitted != 6 {
-				t.Fatalf("admitted %d of 11 on a floor of 10 − ⌈10/3⌉ = 6", admitted)
+			if admitted != 10 {
+				t.Fatalf("admitted %d of 11 on a budget of 10 owned alone", admitted)
 			}
 			// Envoy's RLS on the same agent and rules: bob has his own bucket.
 			conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -152,15 +156,18 @@ func TestAgentServesAllowRLSAndMetrics(t *testing.T) {
 			req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{{
 				Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "subject", Value: "bob"}, {Key: "path", Value: "/x"}}}}}
 			codes := map[rlsv3.RateLimitResponse_Code]int{}
-			for i := 0; i < 8; i++ {
+			for i := 0; i < 12; i++ {
 				resp, err := c.ShouldRateLimit(context.Background(), req)
 				if err != nil {
 					t.Fatal(err)
 				}
 				codes[resp.GetOverallCode()]++
+				if cl := resp.GetStatuses()[0].GetCurrentLimit(); cl.GetRequestsPerUnit() != 10 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+					t.Fatalf("RLS current_limit %v, want 10 per minute", cl)
+				}
 			}
-			if codes[rlsv3.RateLimitResponse_OK] != 6 || codes[rlsv3.RateLimitResponse_OVER_LIMIT] != 2 {
-				t.Fatalf("RLS codes %v, want 6 OK and 2 OVER_LIMIT", codes)
+			if codes[rlsv3.RateLimitResponse_OK] != 10 || codes[rlsv3.RateLimitResponse_OVER_LIMIT] != 2 {
+				t.Fatalf("RLS codes %v, want 10 OK and 2 OVER_LIMIT", codes)
 			}
 			resp, err := http.Get("http://" + httpAddr + "/metrics")
 			if err != nil {
@@ -168,11 +175,49 @@ func TestAgentServesAllowRLSAndMetrics(t *testing.T) {
 			}
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			for _, want := range []string{`allot_region_decisions_total{agent="eu-1",path="store",result="admitted",rule="api"} 12`,
+			for _, want := range []string{`allot_region_decisions_total{agent="eu-1",path="store",result="admitted",rule="api"} 20`,
 				"allot_region_decision_seconds_bucket", "allot_region_members", "allot_region_rule_policy"} {
 				if !strings.Contains(string(b), want) {
 					t.Errorf("/metrics lacks %s", want)
 				}
+			}
+		})
+	}
+}
+
+// TestFloorsAloneAndShared: an agent alone (no coordinator, -regions empty
+// or naming only its region) owns the whole budget; one configured with
+// other regions, or with a coordinator, keeps to its floor (10 per minute
+// less a reserve of ⌈10/3⌉ = 4, split among the regions), with no
+// coordinator or with one it cannot reach (I5). Every answer states the
+// limit in force.
+func TestFloorsAloneAndShared(t *testing.T) {
+	unreachable := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)) // nothing listens there
+	for _, c := range []struct {
+		name     string
+		args     []string
+		admitted int
+	}{
+		{"alone", nil, 10},
+		{"alone, naming itself", []string{"-regions", "eu"}, 10},
+		{"no coordinator, three regions", []string{"-regions", "eu,us,ap"}, 2},
+		{"unreachable coordinator, three regions", []string{"-regions", "eu,us,ap", "-coordinators", unreachable, "-insecure"}, 2},
+		{"unreachable coordinator, this region alone", []string{"-regions", "eu", "-coordinators", unreachable, "-insecure"}, 6},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			httpAddr, _ := startAgent(t, c.args...)
+			admitted := 0
+			for i := 0; i < 11; i++ {
+				d := allow(t, httpAddr, "frank")
+				if d.GetAllowed() {
+					admitted++
+				}
+				if l := d.GetLimit(); l.GetCount() != int64(c.admitted) || l.GetBurst() != int64(c.admitted) {
+					t.Fatalf("answer %d: limit %v, want the limit in force, %d per minute", i, l, c.admitted)
+				}
+			}
+			if admitted != c.admitted {
+				t.Fatalf("admitted %d of 11, want %d", admitted, c.admitted)
 			}
 		})
 	}
@@ -203,13 +248,13 @@ func TestAgentReloadsRules(t *testing.T) {
 	p := launchAgent(t, testRules)
 	waitHealthy(t, p)
 	httpAddr, rf := p.httpAddr, p.rulesFile
-	for i := 0; i < 6; i++ {
+	for i := 0; i < 10; i++ {
 		if !allow(t, httpAddr, "carol").GetAllowed() {
-			t.Fatalf("request %d denied within the floor", i)
+			t.Fatalf("request %d denied within the budget", i)
 		}
 	}
 	if allow(t, httpAddr, "carol").GetAllowed() {
-		t.Fatal("7th request admitted on a floor of 6")
+		t.Fatal("11th request admitted on a budget of 10")
 	}
 	// A larger quota: the file is reloaded within a poll interval and the
 	// same bucket has room again.
