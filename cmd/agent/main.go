@@ -6,7 +6,8 @@
 //   - Envoy's rate limit service v3 (gRPC), so Envoy, Istio and Envoy
 //     Gateway use it unchanged;
 //   - the project's allow API over gRPC (allot.allot.v1.AllowService) and
-//     HTTP (POST /v1/allow, the same messages as JSON);
+//     HTTP (POST /v1/allow: the request as JSON, the answer a plain JSON
+//     object with every field; status.go);
 //   - Prometheus metrics on /metrics, /healthz and /readyz, and /status.
 //
 // Every flag has an environment variable (ALLOT_ and the flag's name in
@@ -24,7 +25,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -394,7 +394,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return fmt.Errorf("-http-listen=%q: %w", o.httpListen, err)
 	}
-	info := map[string]any{"coordinator_auth": coordAuth, "allow_auth": callers.Mode()}
+	info := map[string]string{"coordinator_auth": coordAuth, "allow_auth": callers.Mode()}
 	hsrv, err := httpserver.New(o.b.http, mux(lim, ag, reg, watcher, callers, o.b, info), serverTLS)
 	if err != nil {
 		return err
@@ -487,7 +487,7 @@ func certPool(flag, file string) (*x509.CertPool, error) {
 
 // mux serves the HTTP endpoints; info is added to /status, and callers
 // guards /v1/allow.
-func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rules.Source, callers *auth.Callers, b boundary, info map[string]any) *http.ServeMux {
+func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rules.Source, callers *auth.Callers, b boundary, info map[string]string) *http.ServeMux {
 	m := http.NewServeMux()
 	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -502,60 +502,37 @@ func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rul
 		w.Write([]byte("ready\n"))
 	})
 	m.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		st := ag.Status()
-		out := map[string]any{
-			"region": st.Region, "agent": st.Agent, "members": st.Members, "speaking": st.Speaking,
-			"lease_live": st.LeaseLive, "breaker": st.Breaker.String(), "rules_version": src.Current().Version(),
-			"stats": ag.Core().Stats(),
-		}
-		for k, v := range info {
-			out[k] = v
-		}
-		if st.Table != nil {
-			out["lease_end"] = st.LeaseEnd
-			out["table"] = map[string]any{"pub": st.Table.Pub, "term": st.Table.Term, "version": st.Table.Version,
-				"speaker": st.Table.Speaker, "entries": st.Table.Entries}
-		}
-		if st.LastError != nil {
-			out["last_error"] = st.LastError.Error()
-		}
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(out)
+		writeJSON(w, http.StatusOK, statusOf(ag.Status(), ag.Core().Stats(), src.Current().Version(), info), true)
 	})
 	m.Handle("POST /v1/allow", callers.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := readBody(w, r, b.maxBody)
 		if errors.Is(err, errBodyTooLarge) {
-			http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
+			writeJSON(w, http.StatusRequestEntityTooLarge, errorJSON{err.Error()}, false)
 			return
 		}
 		if err != nil {
-			http.Error(w, "agent: /v1/allow: "+err.Error(), http.StatusBadRequest)
+			writeJSON(w, http.StatusBadRequest, errorJSON{"agent: /v1/allow: " + err.Error()}, false)
 			return
 		}
+		// The request is the gRPC API's AllowRequest in protobuf's JSON
+		// form, which takes snake_case (and camelCase) names, and numbers
+		// or strings for cost.
 		var in allotv1.AllowRequest
 		if err := protojson.Unmarshal(body, &in); err != nil {
-			http.Error(w, "agent: /v1/allow: "+err.Error(), http.StatusBadRequest)
+			writeJSON(w, http.StatusBadRequest, errorJSON{"agent: /v1/allow: " + err.Error()}, false)
 			return
 		}
 		req, err := grpclimit.RequestFromProtoBounded(&in, b.bounds)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
+			writeJSON(w, http.StatusBadRequest, errorJSON{err.Error()}, false)
 			return
 		}
 		d, err := lim.Allow(r.Context(), req)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
+			writeJSON(w, http.StatusBadRequest, errorJSON{err.Error()}, false)
 			return
 		}
-		out, err := protojson.Marshal(grpclimit.DecisionToProto(d))
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(out)
+		writeJSON(w, http.StatusOK, allowOf(d), false)
 	})))
 	return m
 }
