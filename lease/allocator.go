@@ -602,7 +602,11 @@ func (a *Allocator) lapse(now time.Time, r *region) {
 		return
 	}
 	r.lapsed = true
-	a.stats.Expired++
+	if !r.leaseEnd.IsZero() {
+		// Only a lease this Allocator gave or heard of lapses: a region it
+		// never heard from (in this term) had none here to lose.
+		a.stats.Expired++
+	}
 	committed := now.Before(r.commitEnd)
 	for _, k := range a.keys {
 		i := slices.Index(k.bud.regions, r)
