@@ -115,9 +115,13 @@ type entryJSON struct {
 	Burst   int64  `json:"burst"`
 }
 
-// lastErrorJSON is the last error the agent met with its shared state.
+// lastErrorJSON is the last error the agent met with the region's shared
+// state: when it happened, and whether it still holds (false once a later
+// round reached the shared state).
 type lastErrorJSON struct {
-	Error string `json:"error"`
+	Error   string    `json:"error"`
+	At      time.Time `json:"at"`
+	Current bool      `json:"current"`
 }
 
 // statsJSON is region.Stats.
@@ -163,7 +167,7 @@ func statusOf(st agent.Status, stats region.Stats, rulesVersion string, info map
 		}
 	}
 	if st.LastError != nil {
-		out.LastError = &lastErrorJSON{Error: st.LastError.Error()}
+		out.LastError = &lastErrorJSON{Error: st.LastError.Error(), At: st.LastErrorAt, Current: st.LastErrorCurrent}
 	}
 	for _, r := range stats.Rules {
 		rs := ruleStatsJSON{Rule: r.Rule, FailurePolicy: string(r.Policy), Admitted: map[string]int64{}, Denied: map[string]int64{}}
