@@ -167,8 +167,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		rng: rand.New(rand.NewPCG(deps.Seed, 0x616c6c6f74))}
 	var observe func(region.Result, time.Duration)
 	if deps.Metrics != nil {
-		observe = deps.Metrics.observe
-		deps.Metrics.attach(a)
+		observe = deps.Metrics.attach(a)
 	}
 	a.store = region.NewStore(core, deps.Clock, deps.Namer, observe)
 	return a, nil

@@ -178,7 +178,7 @@ func TestAgentServesAllowRLSAndMetrics(t *testing.T) {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			for _, want := range []string{`allot_region_decisions_total{agent="eu-1",path="store",result="admitted",rule="api"} 20`,
-				"allot_region_decision_seconds_bucket", "allot_region_members", "allot_region_rule_policy"} {
+				`allot_region_decision_seconds_bucket{agent="eu-1",path="store",le=`, "allot_region_members", "allot_region_rule_policy"} {
 				if !strings.Contains(string(b), want) {
 					t.Errorf("/metrics lacks %s", want)
 				}
