@@ -195,8 +195,19 @@ func serve(args []string) error {
 		return err
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigc)
+	go func() {
+		select {
+		case sig := <-sigc:
+			log.Info("coordinator: stopping", "signal", sig.String())
+			stop()
+		case <-ctx.Done():
+		}
+	}()
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
@@ -235,19 +246,23 @@ func serve(args []string) error {
 		ecfg := coordinator.DefaultElectionConfig(*prefix)
 		ecfg.SessionTTL, ecfg.Logger = *sessionTTL, log
 		_ = coordinator.RunElection(ctx, cli, ecfg, s) // returns when ctx ends, after resigning
+		log.Info("coordinator: left the election")
 	} else {
 		// The start time orders incarnations: a restart fences the last.
 		if err := s.BecomeLeader(uint64(time.Now().UnixMilli())); err != nil {
 			return err
 		}
 		<-ctx.Done()
+		log.Info("coordinator: expiring every region's lease before exit")
 		s.ExpireAll()
 		time.Sleep(200 * time.Millisecond) // let the expiries reach the regions
 	}
 	g.Stop()
 	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	return hs.Shutdown(sctx)
+	err = hs.Shutdown(sctx)
+	log.Info("coordinator: stopped")
+	return err
 }
 
 func serverTLS(certFile, keyFile, clientCA string) (*tls.Config, error) {
