@@ -354,16 +354,35 @@ func check(path string, out io.Writer) error {
 	if err := lc.Validate(); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%s: %d budgets; lease ttl=%s refresh=%s drift=%s hold=%s\n", path, len(bs), lc.TTL, lc.Refresh, lc.Drift, lc.Hold)
+	noun := "budgets"
+	if len(bs) == 1 {
+		noun = "budget"
+	}
+	fmt.Fprintf(out, "%s: %d %s; lease ttl=%s refresh=%s drift=%s hold=%s\n", path, len(bs), noun, lc.TTL, lc.Refresh, lc.Drift, lc.Hold)
 	for _, b := range bs {
-		fmt.Fprintf(out, "%s: %s, %s, reserve %d, floors:", b.Rule, b.Limit, b.Policy, b.ReserveCount())
+		p := b.Limit.Period()
+		fmt.Fprintf(out, "%s: %s (%s); reserve %s\n", b.Rule, rules.FormatQuota(b.Limit), b.Policy, quota(b.ReserveCount(), -1, p))
+		fmt.Fprintln(out, "  floors, what each region may use without a lease:")
 		var sum bucket.Tokens
+		w := 0
+		for _, r := range b.Regions {
+			w = max(w, len(r))
+		}
 		for _, r := range b.Regions {
 			f := b.Floor(r)
 			sum += f.Count
-			fmt.Fprintf(out, " %s=%d/%d", r, f.Count, f.Burst)
+			fmt.Fprintf(out, "    %-*s  %s\n", w, r, quota(f.Count, f.Burst, p))
 		}
-		fmt.Fprintf(out, " (Σ %d of %d)\n", sum, b.Limit.Count())
+		fmt.Fprintf(out, "    %-*s  %s of the budget's %s\n", w, "Σ", quota(sum, -1, p), quota(b.Limit.Count(), -1, p))
 	}
 	return nil
+}
+
+// quota renders count per period with burst as the rules write a quota
+// ("1000 per minute, burst 16"); a negative burst leaves it out.
+func quota(count, burst bucket.Tokens, period time.Duration) string {
+	if burst < 0 {
+		burst = count
+	}
+	return rules.FormatQuota(bucket.Per(count, period).WithBurst(burst))
 }
