@@ -151,6 +151,10 @@ type region struct {
 	commitEnd time.Time // until when its lent floors stay lent
 	lapsed    bool      // leaseEnd passed, slots capped at floors
 	floored   bool      // lapsed and commitEnd passed, slots at floors
+	// lapsedEnd is the end of the last lease counted as lapsed: a grant
+	// that does not extend the lease un-caps the region until the next
+	// Tick caps it again, and the same lease is not counted twice.
+	lapsedEnd time.Time
 
 	grant  uint64
 	grants [32]grantRec
@@ -602,7 +606,12 @@ func (a *Allocator) lapse(now time.Time, r *region) {
 		return
 	}
 	r.lapsed = true
-	a.stats.Expired++
+	if !r.leaseEnd.IsZero() && !r.leaseEnd.Equal(r.lapsedEnd) {
+		// Only a lease this Allocator gave or heard of lapses: a region it
+		// never heard from (in this term) had none here to lose.
+		a.stats.Expired++
+		r.lapsedEnd = r.leaseEnd
+	}
 	committed := now.Before(r.commitEnd)
 	for _, k := range a.keys {
 		i := slices.Index(k.bud.regions, r)
