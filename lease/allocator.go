@@ -433,7 +433,11 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 		r.leaseEnd = minTime(r.leaseEnd, now)
 		return
 	}
-	r.commitEnd = maxTime(r.commitEnd, g.at.Add(a.cfg.Hold-a.cfg.Drift))
+	// The region keeps its lends Hold after it received g, plus the margin;
+	// on this clock, from when g was sent, they are relied on Hold less the
+	// margin (Config.HoldMargin), so a holder clock running fast within the
+	// margin still returns them after this counts them returned.
+	r.commitEnd = maxTime(r.commitEnd, g.at.Add(a.cfg.Hold-a.cfg.HoldMargin()))
 	if !r.synced && !g.at.Before(a.learnFrom) {
 		r.synced = true
 		a.learned(now)
@@ -696,7 +700,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	// The window is the longest lease a grant made now can carry: TTL+Drift
 	// on this clock. Leases are extended only by the renewals of a round,
 	// and every round checks again, with its own window, before renewing;
-	// a lend acknowledged at one round (Hold > TTL+2×Drift+Refresh) still
+	// a lend acknowledged at one round (Hold−HoldMargin > TTL+Drift+Refresh) still
 	// covers the next round's window, so lent floors stay counted as lent
 	// from round to round instead of returning at every round.
 	end := now.Add(a.cfg.TTL + a.cfg.Drift)

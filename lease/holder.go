@@ -20,8 +20,8 @@ type HolderConfig struct {
 	// Budgets are the budgets whose floors this region may use with no
 	// lease. They must match the coordinator's.
 	Budgets []Budget
-	// Drift is this end's margin for clock drift over one TTL; the larger
-	// of it and the coordinator's is used.
+	// Drift is this end's margin for clock drift over one TTL (see
+	// Config.Drift); the larger of it and the coordinator's is used.
 	Drift time.Duration
 	// Refresh is how often to report until the first grant names the
 	// coordinator's interval.
@@ -57,7 +57,8 @@ func (c HolderConfig) Validate() error {
 // A Holder measures its lease from when it sent the request a grant answers,
 // minus the drift margin (invariant I4), and without a live lease falls back
 // to its floors (I5), keeping any floor it lent below the floor until the
-// lend's hold ends. It ignores grants from an older leader term.
+// lend's hold ends, plus the drift margin in proportion to the hold. It
+// ignores grants from an older leader term.
 //
 // A Holder is not safe for concurrent use; its driver serializes calls.
 type Holder struct {
@@ -318,7 +319,10 @@ func (h *Holder) grant(now time.Time, m Message) {
 	if m.Refresh > 0 {
 		h.refresh = m.Refresh
 	}
-	h.holdUntil = maxTime(h.holdUntil, now.Add(h.hold+h.drift))
+	// A lent floor stays lent Hold after this grant, plus the drift margin
+	// in proportion to Hold: the Allocator relies on it for Hold less as
+	// much, measured from when it sent the grant.
+	h.holdUntil = maxTime(h.holdUntil, now.Add(h.hold+marginOver(h.drift, h.ttl, h.hold)))
 	if m.Renew && (apply || renew) {
 		if at, ok := h.sentTime(m.Seq); ok {
 			h.leaseEnd = maxTime(h.leaseEnd, at.Add(h.ttl-h.drift))
