@@ -88,22 +88,25 @@ func Run(sc *Scenario, seed uint64, opts Options) (*Result, error) {
 // Result is one run's measurements. It holds no wall-clock figures, so two
 // runs of the same scenario and seed marshal to identical bytes.
 type Result struct {
-	Scenario     string         `json:"scenario"`
-	Description  string         `json:"description,omitempty"`
-	Seed         uint64         `json:"seed"`
-	DurationS    float64        `json:"duration_s"`
-	Regions      []string       `json:"regions"`
-	Rules        []RuleInfo     `json:"rules"`
-	Arrivals     int64          `json:"arrivals"`
-	Decisions    int64          `json:"decisions"`
-	Events       uint64         `json:"events"`
-	Messages     int64          `json:"messages"`
-	MessagesLost int64          `json:"messages_lost"`
-	Verdict      string         `json:"verdict"`
-	Faults       []FaultRecord  `json:"faults"`
-	BinS         float64        `json:"bin_s"`
-	Ideal        SystemResult   `json:"ideal"`
-	Systems      []SystemResult `json:"systems"`
+	Scenario     string     `json:"scenario"`
+	Description  string     `json:"description,omitempty"`
+	Seed         uint64     `json:"seed"`
+	DurationS    float64    `json:"duration_s"`
+	Regions      []string   `json:"regions"`
+	Rules        []RuleInfo `json:"rules"`
+	Arrivals     int64      `json:"arrivals"`
+	Decisions    int64      `json:"decisions"`
+	Events       uint64     `json:"events"`
+	Messages     int64      `json:"messages"`
+	MessagesLost int64      `json:"messages_lost"`
+	// MessagesDuplicated counts lease messages a duplicate fault delivered
+	// twice.
+	MessagesDuplicated int64          `json:"messages_duplicated,omitempty"`
+	Verdict            string         `json:"verdict"`
+	Faults             []FaultRecord  `json:"faults"`
+	BinS               float64        `json:"bin_s"`
+	Ideal              SystemResult   `json:"ideal"`
+	Systems            []SystemResult `json:"systems"`
 }
 
 // RuleInfo describes one rule.
@@ -173,14 +176,22 @@ type RuleOutcome struct {
 	Bound      *float64 `json:"bound_tokens,omitempty"`
 	BoundTerms []string `json:"bound_terms,omitempty"`
 	Unbounded  bool     `json:"unbounded,omitempty"`
-	Verdict    string   `json:"verdict,omitempty"`
+	// Beyond is set when the run lies outside the design's assumptions.
+	Beyond  *BeyondInfo `json:"beyond,omitempty"`
+	Verdict string      `json:"verdict,omitempty"`
 }
 
-// Verdicts.
+// Verdicts. PASS: every window within the bound. FAIL: some window above
+// it, a bug in allot or in the bound. UNBOUNDED: a fail-open outage, which
+// has no bound. BEYOND: the scenario lies outside the design's
+// assumptions (clocks drifting apart by more than the lease protocol's
+// margin), so the bound does not apply; the run reports what it measured
+// above it and the design's estimate.
 const (
 	Pass      = "PASS"
 	Fail      = "FAIL"
 	Unbounded = "UNBOUNDED"
+	Beyond    = "BEYOND"
 )
 
 func round(x float64, digits int) float64 {
@@ -193,18 +204,19 @@ func round(x float64, digits int) float64 {
 
 func (w *world) result() *Result {
 	res := &Result{
-		Scenario:     w.sc.Name,
-		Description:  w.sc.Description,
-		Seed:         w.seed,
-		DurationS:    w.sc.Duration.Seconds(),
-		Arrivals:     w.arrivals,
-		Decisions:    w.decisions,
-		Events:       w.eng.fired,
-		Messages:     w.net.sent,
-		MessagesLost: w.net.lost,
-		Faults:       w.faults,
-		BinS:         round(float64(w.idealM.bins.width)/1e6, 6),
-		Verdict:      Pass,
+		Scenario:           w.sc.Name,
+		Description:        w.sc.Description,
+		Seed:               w.seed,
+		DurationS:          w.sc.Duration.Seconds(),
+		Arrivals:           w.arrivals,
+		Decisions:          w.decisions,
+		Events:             w.eng.fired,
+		Messages:           w.net.sent,
+		MessagesLost:       w.net.lost,
+		MessagesDuplicated: w.net.dups,
+		Faults:             w.faults,
+		BinS:               round(float64(w.idealM.bins.width)/1e6, 6),
+		Verdict:            Pass,
 	}
 	if res.Faults == nil {
 		res.Faults = []FaultRecord{}
@@ -222,22 +234,31 @@ func (w *world) result() *Result {
 		if b, ok := s.(bounder); ok {
 			for j := range sr.Rules {
 				ro := &sr.Rules[j]
-				bound, terms, unb := b.bound(w, j)
-				ro.BoundTerms = terms
+				rb := b.bound(w, j)
+				bound, unb := rb.total()
+				for _, t := range rb.terms {
+					ro.BoundTerms = append(ro.BoundTerms, t.String())
+				}
 				switch {
+				case rb.beyond != nil:
+					ro.Beyond = rb.beyond
+					if !unb {
+						ro.Bound = &bound
+						ro.Beyond.ExcessTokens = round(math.Max(0, ro.PeakTokens-bound), 6)
+					}
+					ro.Verdict = Beyond
 				case unb:
 					ro.Unbounded = true
 					ro.Verdict = Unbounded
-					if res.Verdict == Pass {
-						res.Verdict = Unbounded
-					}
 				case ro.PeakTokens <= bound+1e-9:
 					ro.Bound = &bound
 					ro.Verdict = Pass
 				default:
 					ro.Bound = &bound
 					ro.Verdict = Fail
-					res.Verdict = Fail
+				}
+				if verdictRank[ro.Verdict] > verdictRank[res.Verdict] {
+					res.Verdict = ro.Verdict
 				}
 			}
 		}
@@ -246,9 +267,12 @@ func (w *world) result() *Result {
 	return res
 }
 
+// verdictRank orders verdicts for a run's own: the worst of its rules'.
+var verdictRank = map[string]int{Pass: 0, Unbounded: 1, Beyond: 2, Fail: 3}
+
 // bounder is a system with a stated overshoot bound per rule.
 type bounder interface {
-	bound(w *world, rule int) (tokens float64, terms []string, unbounded bool)
+	bound(w *world, rule int) ruleBound
 }
 
 // reporter is a system with extra series or figures for the report.
