@@ -204,7 +204,7 @@ func (a *allot) pick(r int) int {
 func (a *allot) arrive(w *world, t Micros, r, b int, cost int64, idealOK bool) {
 	ai := a.pick(r)
 	if ai < 0 {
-		w.reject(a.si, idealOK, pathClosed, 0, true)
+		w.reject(a.si, b, idealOK, pathClosed, 0, true)
 		return
 	}
 	ag := a.agents[r][ai]
@@ -216,14 +216,14 @@ func (a *allot) arrive(w *world, t Micros, r, b int, cost int64, idealOK bool) {
 	a.curBudget = -1
 	p := pathOf(res.Path)
 	if err != nil && !errors.Is(err, region.ErrFailClosed) {
-		w.reject(a.si, idealOK, p, a.lat, true)
+		w.reject(a.si, b, idealOK, p, a.lat, true)
 		return
 	}
 	if res.Decision.Allowed {
 		w.admit(a.si, r, b, cost, t, p, a.lat)
 		return
 	}
-	w.reject(a.si, idealOK, p, a.lat, res.Path == region.PathFailClosed)
+	w.reject(a.si, b, idealOK, p, a.lat, res.Path == region.PathFailClosed)
 }
 
 func pathOf(p region.Path) path {
@@ -436,6 +436,7 @@ func (a *allot) finish(w *world) map[string]any {
 }
 
 func (a *allot) coordinatorMessages() int64        { return a.plane.messages() }
+func (a *allot) messageBins() []int64              { return a.plane.messageBins() }
 func (a *allot) allocation(w *world) [][][]float64 { return a.plane.allocation(w) }
 
 // subjectIndex parses the subject "s<k>" the simulator gives key k.

@@ -41,6 +41,9 @@ type leasePlane struct {
 	// rng draws the control plane's own randomness (sessions, the shared
 	// store's losses), apart from the decision path's stream.
 	rng *rand.Rand
+	// msgBins counts lease messages per time bin, for the steady-state
+	// rate.
+	msgBins []int64
 }
 
 // regionPlane is one region's end of the lease protocol.
@@ -227,7 +230,7 @@ func (p *leasePlane) carry(w *world, r int, t Micros) {
 		}
 		rp.sp.Advance(o)
 		for _, m := range rd.Send {
-			p.msgs++
+			p.count(w, t)
 			if p.leader < 0 {
 				continue // no leader: the stream is down
 			}
@@ -371,7 +374,7 @@ func (p *leasePlane) flushAlloc(w *world, t Micros) {
 		return
 	}
 	for _, m := range a.Ready() {
-		p.msgs++
+		p.count(w, t)
 		r := w.sc.regionIndex(m.Region)
 		if r < 0 || p.regions[r].sp == nil {
 			continue
@@ -417,5 +420,19 @@ func (p *leasePlane) fault(w *world, f *FaultSpec, start bool) {
 }
 
 func (p *leasePlane) messages() int64 { return p.msgs }
+
+// count counts one lease message sent at t.
+func (p *leasePlane) count(w *world, t Micros) {
+	p.msgs++
+	if p.msgBins == nil {
+		p.msgBins = make([]int64, w.sc.Bins)
+	}
+	if bin := int(t / max(w.end/Micros(w.sc.Bins), 1)); bin >= 0 && bin < w.sc.Bins {
+		p.msgBins[bin]++
+	}
+}
+
+// messageBins returns the lease messages sent per time bin.
+func (p *leasePlane) messageBins() []int64 { return p.msgBins }
 
 func (p *leasePlane) allocation(*world) [][][]float64 { return p.allocBins }

@@ -127,13 +127,23 @@ type SystemResult struct {
 	FalseRejects   int64   `json:"false_rejects"`
 	FalseRejectPct float64 `json:"false_reject_pct"`
 	Admitted       int64   `json:"admitted_tokens"`
-	// Utilization is tokens admitted over what the ideal global bucket
-	// admitted on the same arrivals.
-	Utilization float64 `json:"utilization"`
+	// Utilization is tokens used over what the ideal global bucket
+	// admitted on the same arrivals, where a budget's use in each
+	// one-second window is capped at the ideal's admissions in it, so
+	// overshoot never counts as use. AdmittedRatio is the uncapped ratio
+	// of tokens admitted.
+	Utilization   float64 `json:"utilization"`
+	AdmittedRatio float64 `json:"admitted_ratio"`
 	// RedisOpsPerDecision counts Redis script calls per request decided.
 	RedisOpsPerDecision float64 `json:"redis_ops_per_decision"`
 	// CoordinatorMsgsPerS counts lease protocol messages both ways.
 	CoordinatorMsgsPerS float64 `json:"coordinator_msgs_per_s"`
+	// SteadyMsgsPerS is the lease message rate over the run's steady
+	// bins (see steadyBins); absent when the run has none.
+	SteadyMsgsPerS *float64 `json:"steady_msgs_per_s,omitempty"`
+	// Unmodeled names the scenario's faults this system suffers only in
+	// part, or not at all though a real deployment of it would.
+	Unmodeled []string `json:"unmodeled,omitempty"`
 	// ConvergenceS is the longest time, over the scenario's demand shifts,
 	// until the system admits ≥ 95% of what the ideal bucket admits; −1
 	// when it never does, absent when there is no shift.
@@ -171,6 +181,24 @@ type RuleOutcome struct {
 	WorstKey       int     `json:"worst_key"`
 	// TimeWeighted is the worst budget's excess averaged over the run.
 	TimeWeighted float64 `json:"time_weighted_tokens"`
+	// Utilization and FalseRejectPct are the rule's, every key pooled.
+	// The worst and mean are over its measured budgets (Budgets: those
+	// carrying at least 1% of the rule's ideal tokens), each budget
+	// counted once.
+	Utilization         float64 `json:"utilization"`
+	FalseRejectPct      float64 `json:"false_reject_pct"`
+	WorstUtilization    float64 `json:"worst_utilization"`
+	WorstUtilKey        int     `json:"worst_util_key"`
+	MeanUtilization     float64 `json:"mean_utilization"`
+	WorstFalseRejectPct float64 `json:"worst_false_reject_pct"`
+	WorstFalseRejectKey int     `json:"worst_false_reject_key"`
+	MeanFalseRejectPct  float64 `json:"mean_false_reject_pct"`
+	// VsStatic is the smallest difference, over measured budgets, of this
+	// system's utilization less the static split's on the same budget, at
+	// key VsStaticKey.
+	VsStatic    *float64        `json:"vs_static,omitempty"`
+	VsStaticKey int             `json:"vs_static_key,omitempty"`
+	Budgets     []BudgetOutcome `json:"budgets,omitempty"`
 	// Bound is the overshoot the design allows under the scenario's faults,
 	// with the terms it adds up; Unbounded marks a fail-open outage.
 	Bound      *float64 `json:"bound_tokens,omitempty"`
@@ -264,6 +292,7 @@ func (w *world) result() *Result {
 		}
 		res.Systems = append(res.Systems, sr)
 	}
+	vsStatic(res)
 	return res
 }
 
@@ -279,6 +308,7 @@ type bounder interface {
 type reporter interface {
 	allocation(w *world) [][][]float64
 	coordinatorMessages() int64
+	messageBins() []int64
 }
 
 func (w *world) systemResult(name string, m *meter, s system) SystemResult {
@@ -295,7 +325,12 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 		sr.RedisOpsPerDecision = round(float64(m.redisOps)/float64(m.requests), 6)
 	}
 	if w.idealM.tokens > 0 {
-		sr.Utilization = round(float64(m.tokens)/float64(w.idealM.tokens), 6)
+		var used int64
+		for _, v := range m.u.capped {
+			used += v
+		}
+		sr.Utilization = round(float64(used)/float64(w.idealM.tokens), 6)
+		sr.AdmittedRatio = round(float64(m.tokens)/float64(w.idealM.tokens), 6)
 	}
 	for p := path(0); p < numPaths; p++ {
 		h := &m.lat[p]
@@ -328,6 +363,7 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 		ro.PeakTokens = round(float64(worst)/float64(r.p), 6)
 		ro.PeakPctOfBurst = round(100*ro.PeakTokens/float64(r.spec.Burst), 4)
 		ro.TimeWeighted = round(tw, 6)
+		w.ruleUsage(&ro, &r, m.u)
 		sr.Rules = append(sr.Rules, ro)
 	}
 	bs := m.bins
@@ -351,6 +387,10 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 		if rp, ok := s.(reporter); ok {
 			sr.Allocation = rp.allocation(w)
 			sr.CoordinatorMsgsPerS = round(float64(rp.coordinatorMessages())/w.sc.Duration.Seconds(), 4)
+			sr.SteadyMsgsPerS = w.steadyRate(rp.messageBins())
+		}
+		if u, ok := s.(unmodeler); ok {
+			sr.Unmodeled = u.unmodeled(w)
 		}
 		sr.Extra = s.finish(w)
 		sr.ConvergenceS = w.convergence(m)

@@ -85,6 +85,8 @@ type world struct {
 	cur  event
 	// flapDown says, per coordinator_flap fault, whether its link is down.
 	flapDown map[int]bool
+	// winEnd is the end of the current utilization window (utilWindow).
+	winEnd Micros
 	// trace, when set by a test, sees every admission.
 	trace func(si, region, b int, cost int64, t Micros, p path)
 }
@@ -178,6 +180,7 @@ func (w *world) addSystem(s system) int {
 func (w *world) admit(si, region, b int, cost int64, t Micros, p path, lat Micros) {
 	m := w.meters[si]
 	m.requests++
+	m.u.requests[b]++
 	if w.trace != nil {
 		w.trace(si, region, b, cost, t, p)
 	}
@@ -186,14 +189,17 @@ func (w *world) admit(si, region, b int, cost int64, t Micros, p path, lat Micro
 	m.lat[p].record(lat)
 }
 
-// reject records a rejection by system si; unavailable marks a request the
-// system could not decide (a timeout or a closed policy).
-func (w *world) reject(si int, idealOK bool, p path, lat Micros, unavailable bool) {
+// reject records a rejection by system si of a request for budget b;
+// unavailable marks a request the system could not decide (a timeout or a
+// closed policy).
+func (w *world) reject(si, b int, idealOK bool, p path, lat Micros, unavailable bool) {
 	m := w.meters[si]
 	m.requests++
 	m.rejected++
+	m.u.requests[b]++
 	if idealOK {
 		m.falseRej++
+		m.u.rej[b]++
 	}
 	if unavailable {
 		m.unavail++
@@ -225,10 +231,14 @@ func (w *world) run() {
 		}
 	}
 	nextProgress := Micros(0)
+	w.winEnd = utilWindow
 	for {
 		at, ok := g.peekAt()
 		if !ok || at > w.end {
 			break
+		}
+		for at >= w.winEnd {
+			w.closeWindow()
 		}
 		if e := g.top(); e.kind == evArrival {
 			// An arrival stays at the top of the heap while it is decided
@@ -256,6 +266,7 @@ func (w *world) run() {
 		}
 	}
 	g.now = w.end
+	w.closeWindow()
 	w.idealM.finish(w, w.end)
 	for _, m := range w.meters {
 		m.finish(w, w.end)
@@ -273,13 +284,14 @@ func (w *world) arrival(i int32, t Micros) {
 	r := w.ruleOf(b)
 	d, ns, err := bucket.Decide(w.ideal[b], wall(t), r.limit, bucket.Tokens(cost))
 	idealOK := err == nil && d.Allowed
+	w.idealM.requests++
+	w.idealM.u.requests[b]++
 	if idealOK {
 		w.ideal[b] = ns
-		w.idealM.requests++
 		w.idealM.admit(w, b, s.region, cost, t)
 	} else {
-		w.idealM.requests++
 		w.idealM.rejected++
+		w.idealM.u.rej[b]++
 	}
 	w.decisions++
 	for _, sys := range w.systems {
