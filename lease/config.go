@@ -268,7 +268,10 @@ type Config struct {
 	// whose demand grows does not press on its allocation at once.
 	Headroom float64
 	// Hysteresis is the smallest change worth sending, as a fraction of the
-	// budget's Count; smaller moves are skipped so allocations do not flap.
+	// budget's Count; smaller moves are skipped so allocations do not flap,
+	// except an increase of a region pressing on its allocation that free
+	// capacity covers whole (no other region is decreased for it), a move
+	// back to a floor, and a decrease of a key over its budget.
 	Hysteresis float64
 	// Budgets are the budgets served.
 	Budgets []Budget
@@ -288,7 +291,7 @@ func DefaultConfig() Config {
 		Hold:       20 * time.Second,       // 2×TTL: less its margin (1 s), > TTL+Drift+Refresh
 		DemandTTL:  7 * time.Second,        // two missed reports
 		Headroom:   0.1,                    // grow 10% before pressing again
-		Hysteresis: 0.01,                   // 1% of the budget
+		Hysteresis: 0.03,                   // 3% of the budget: smaller moves cost more than they gain
 	}
 }
 

@@ -97,8 +97,26 @@ type holderBudget struct {
 type holderDemand struct {
 	want     bucket.Tokens
 	at       time.Time
-	reported time.Time // last urgent report
+	reported time.Time     // last urgent report
+	sent     bucket.Tokens // want carried by the last report or hello
 }
+
+// urgentEvery is the fraction of the refresh interval that must pass
+// between two urgent reports of one key.
+const urgentEvery = 4
+
+// Demand changes that are reported at once, between refreshes: a key
+// pressing on its allocation whose demand grew by a quarter since it was
+// last reported (it is still ramping up: waiting a refresh interval would
+// leave it granted what its first urgent report said), and a key holding
+// an allocation above its floor whose demand fell below it and by half
+// since it was last reported (it is cooling: what it no longer uses is
+// another region's to take, and its estimate, a moving average, takes
+// several halvings to reach its new use).
+const (
+	rampNum, rampDen = 5, 4
+	dropNum, dropDen = 1, 2
+)
 
 type sentAt struct {
 	seq uint64
@@ -241,11 +259,21 @@ func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 		h.demand[key] = d
 	}
 	d.want, d.at = want, now
-	if c, _ := h.allocation(now, key, hb); want > c && !h.released &&
-		(d.reported.IsZero() || now.Sub(d.reported) >= h.refresh) {
-		d.reported = now
-		h.urgent = true
+	if h.released {
+		return
 	}
+	c, _ := h.allocation(now, key, hb)
+	since := now.Sub(d.reported)
+	switch {
+	case want > c && (d.reported.IsZero() || d.sent <= c && since >= h.refresh ||
+		since >= h.refresh/urgentEvery && want*rampDen >= d.sent*rampNum):
+	case c > hb.floor && want < c && want*dropDen <= d.sent*dropNum &&
+		(d.reported.IsZero() || since >= h.refresh/urgentEvery):
+	default:
+		return
+	}
+	d.reported = now
+	h.urgent = true
 }
 
 // Step applies a message from the coordinator. Messages for another
@@ -463,6 +491,7 @@ func (h *Holder) demands(now time.Time) []Demand {
 			d.want = 0 // say once that the demand has gone
 		}
 		ds = append(ds, Demand{Key: k, Want: d.want})
+		d.sent = d.want
 	}
 	slices.SortFunc(ds, func(a, b Demand) int { return cmpKey(a.Key, b.Key) })
 	return ds
