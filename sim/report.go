@@ -24,7 +24,7 @@ func WriteJSON(w io.Writer, results []*Result) error {
 // faults each baseline suffers only in part (its name marked *).
 func WriteTable(w io.Writer, results []*Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	io.WriteString(tw, "scenario\tseed\tsystem\trule\tutil\tworst util\tmean util\tvs static\tovershoot\tof B %\tbound\tverdict\tfalse rej %\tworst fr %\tredis ops/dec\tp99 ms\tcoord msg/s\tsteady msg/s\tconverge s\t\n")
+	io.WriteString(tw, "scenario\tseed\tsystem\trule\tutil\tworst util\tmean util\tvs static\tovershoot\tof B %\tbound\tverdict\tfalse rej %\tworst fr %\tredis ops/dec\tp99 ms\tcoord msg/s\tsteady msg/s\tconverge s (×refresh)\t\n")
 	var notes []string
 	for _, r := range results {
 		for _, s := range r.Systems {
@@ -46,10 +46,7 @@ func WriteTable(w io.Writer, results []*Result) error {
 				if ro.Verdict != "" {
 					verdict = ro.Verdict
 				}
-				conv := "-"
-				if s.ConvergenceS != nil {
-					conv = fmt.Sprintf("%.2f", *s.ConvergenceS)
-				}
+				conv := convCell(s)
 				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.3f\t%s\t%.3f\t%s\t%.1f\t%.1f\t%s\t%s\t%.2f\t%.2f\t%.3f\t%.2f\t%.1f\t%s\t%s\t\n",
 					r.Scenario, r.Seed, name, ro.Rule, ro.Utilization, worstUtil(ro), ro.MeanUtilization, vsStaticCell(ro),
 					ro.PeakTokens, ro.PeakPctOfBurst, bound, verdict, ro.FalseRejectPct, ro.WorstFalseRejectPct,
@@ -82,6 +79,18 @@ func vsStaticCell(ro RuleOutcome) string {
 		return "-"
 	}
 	return fmt.Sprintf("%+.3f (k%d)", *ro.VsStatic, ro.VsStaticKey)
+}
+
+// convCell is a system's convergence time in seconds and refresh
+// intervals, "never" when it never converges, "-" without a shift.
+func convCell(s SystemResult) string {
+	switch {
+	case s.ConvergenceS == nil:
+		return "-"
+	case s.ConvergenceRefreshes == nil:
+		return "never"
+	}
+	return fmt.Sprintf("%.2f (%.2f×)", *s.ConvergenceS, *s.ConvergenceRefreshes)
 }
 
 func optF(v *float64, f string) string {
@@ -277,7 +286,7 @@ func writeScenarioHTML(b *strings.Builder, r *Result) {
 		html.EscapeString(r.Scenario), r.Seed, html.EscapeString(r.Scenario), r.Seed, r.Verdict, r.Verdict, html.EscapeString(r.Description))
 	fmt.Fprintf(b, `<p><small>%.0f s simulated, %d arrivals, %d decisions, %d events, %d messages (%d lost)</small></p>`,
 		r.DurationS, r.Arrivals, r.Decisions, r.Events, r.Messages, r.MessagesLost)
-	b.WriteString(`<table><tr><th class="l">system</th><th class="l">rule</th><th>admitted</th><th>util</th><th>worst util</th><th>mean util</th><th>vs static</th><th>overshoot</th><th>% of B</th><th>time-weighted</th><th>bound</th><th>verdict</th><th>false rej %</th><th>worst fr %</th><th>mean fr %</th><th>unavailable</th><th>redis ops/dec</th><th>coord msg/s</th><th>steady msg/s</th><th>converge s</th><th class="l">latency p50/p99 ms by path</th></tr>`)
+	b.WriteString(`<table><tr><th class="l">system</th><th class="l">rule</th><th>admitted</th><th>util</th><th>worst util</th><th>mean util</th><th>vs static</th><th>overshoot</th><th>% of B</th><th>time-weighted</th><th>bound</th><th>verdict</th><th>false rej %</th><th>worst fr %</th><th>mean fr %</th><th>unavailable</th><th>redis ops/dec</th><th>coord msg/s</th><th>steady msg/s</th><th>converge s (×refresh)</th><th class="l">latency p50/p99 ms by path</th></tr>`)
 	for _, s := range r.Systems {
 		for _, ro := range s.Rules {
 			bound := "-"
@@ -286,10 +295,7 @@ func writeScenarioHTML(b *strings.Builder, r *Result) {
 			} else if ro.Unbounded {
 				bound = "∞"
 			}
-			conv := "-"
-			if s.ConvergenceS != nil {
-				conv = fmt.Sprintf("%.2f", *s.ConvergenceS)
-			}
+			conv := convCell(s)
 			var lat []string
 			for _, l := range s.Latency {
 				lat = append(lat, fmt.Sprintf("%s %.2f/%.2f", l.Path, l.P50Us/1000, l.P99Us/1000))

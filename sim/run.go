@@ -158,6 +158,10 @@ type SystemResult struct {
 	// rule's hottest budget, per bin.
 	Allocation [][][]float64  `json:"allocation,omitempty"`
 	Extra      map[string]any `json:"extra,omitempty"`
+
+	// ConvergenceRefreshes is ConvergenceS in the scenario's refresh
+	// intervals (target ≤ 3); absent when it never converges.
+	ConvergenceRefreshes *float64 `json:"convergence_refreshes,omitempty"`
 }
 
 // LatencyStats is the decision latency on one path.
@@ -394,6 +398,10 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 		}
 		sr.Extra = s.finish(w)
 		sr.ConvergenceS = w.convergence(m)
+		if c := sr.ConvergenceS; c != nil && *c >= 0 {
+			v := round(*c/w.sc.Coordinator.Refresh.Seconds(), 3)
+			sr.ConvergenceRefreshes = &v
+		}
 	}
 	return sr
 }
