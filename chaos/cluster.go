@@ -61,6 +61,10 @@ type Cluster struct {
 	regions  []*Region
 	proxies  []*Proxy
 	docPath  string
+	// auth holds the files regions prove their names with: the
+	// coordinators' certificate and the CA it chains to, their tokens
+	// file, and each region's token.
+	auth     clusterAuth
 	http     *http.Client
 	closeMu  sync.Mutex
 	isClosed bool
@@ -137,6 +141,9 @@ func StartCluster(ctx context.Context, sc *Scenario, bins Binaries, dir string, 
 		}
 	}()
 	if err := c.writeConfig(); err != nil {
+		return c, err
+	}
+	if err := c.writeAuth(); err != nil {
 		return c, err
 	}
 	if sc.Block.Coordinators > 1 {
@@ -295,6 +302,7 @@ func (c *Cluster) startCoordinators(ctx context.Context) error {
 		// Regions reach a coordinator through its proxy, and so does a
 		// redirect: the advertised address is the proxy's.
 		args := []string{"serve", "-listen", listen, "-http", httpAddr, "-advertise", px.Addr(), "-budgets", c.docPath}
+		args = append(args, c.auth.coordinatorArgs()...)
 		if c.etcd != nil {
 			args = append(args, "-etcd", c.etcdAddr, "-prefix", c.prefix, "-session-ttl", strconv.Itoa(sessionTTL(s)))
 		}
@@ -455,6 +463,7 @@ func (c *Cluster) startRegion(ctx context.Context, rs sim.RegionSpec) error {
 			"-batch-window", s.Agent.BatchWindow.String(),
 			"-batch-max-fraction", strconv.FormatFloat(s.Agent.BatchMaxFraction, 'g', -1, 64),
 			"-log-level", "warn"}
+		args = append(args, c.auth.agentArgs(rs.Name)...)
 		if !sentinel {
 			px, err := c.newPartyProxy("redis-"+rs.Name+"-for-"+a.Name, fmt.Sprintf("127.0.0.1:%d", primary.Port), a.Name)
 			if err != nil {
