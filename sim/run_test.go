@@ -120,7 +120,17 @@ func checkRun(t *testing.T, sc, small *Scenario, tight bool, seed uint64) {
 	for _, m := range res.Missed {
 		t.Errorf("%s seed=%d: expectation missed: %s; replay: %s on the scenario named %s", small.Name, seed, m, replay, sc.Name)
 	}
-	if res.Arrivals == 0 || al.Admitted == 0 {
+	switch {
+	case res.Arrivals == 0:
+		t.Errorf("%s seed=%d: no arrivals", small.Name, seed)
+	case al.Admitted == 0 && tight && raceEnabled:
+		// At the race detector's fiftieth of the load a tight form's
+		// per-key budgets are a few tokens a second with a burst of one,
+		// so every floor's burst rounds to zero and a run may admit
+		// nothing; the normal form, and both forms without the race
+		// detector, are checked.
+		t.Logf("%s seed=%d: nothing admitted at this scale (%d arrivals)", small.Name, seed, res.Arrivals)
+	case al.Admitted == 0:
 		t.Errorf("%s seed=%d: nothing admitted (%d arrivals)", small.Name, seed, res.Arrivals)
 	}
 }
