@@ -185,6 +185,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 			case sim.Fail:
 				failed = true
 				fmt.Fprintf(stderr, "FAIL %s seed=%d; replay: %s %s\n", sc.Name, sd, replay, paths[i])
+				for _, m := range res.Missed {
+					fmt.Fprintf(stderr, "  expectation missed: %s\n", m)
+				}
 			case sim.Beyond:
 				for _, ro := range res.Systems[0].Rules {
 					if b := ro.Beyond; b != nil {
