@@ -101,12 +101,15 @@ type Result struct {
 	MessagesLost int64      `json:"messages_lost"`
 	// MessagesDuplicated counts lease messages a duplicate fault delivered
 	// twice.
-	MessagesDuplicated int64          `json:"messages_duplicated,omitempty"`
-	Verdict            string         `json:"verdict"`
-	Faults             []FaultRecord  `json:"faults"`
-	BinS               float64        `json:"bin_s"`
-	Ideal              SystemResult   `json:"ideal"`
-	Systems            []SystemResult `json:"systems"`
+	MessagesDuplicated int64  `json:"messages_duplicated,omitempty"`
+	Verdict            string `json:"verdict"`
+	// Missed lists the scenario's expectations (Scenario.Expect) allot
+	// missed; each makes the run FAIL.
+	Missed  []string       `json:"missed,omitempty"`
+	Faults  []FaultRecord  `json:"faults"`
+	BinS    float64        `json:"bin_s"`
+	Ideal   SystemResult   `json:"ideal"`
+	Systems []SystemResult `json:"systems"`
 }
 
 // RuleInfo describes one rule.
@@ -294,6 +297,14 @@ func (w *world) result() *Result {
 				}
 			}
 		}
+		if _, ok := s.(bounder); ok {
+			for _, e := range w.sc.Expect.Shares {
+				if miss := w.missed(e, w.meters[i]); miss != "" {
+					res.Missed = append(res.Missed, sr.Name+": "+miss)
+					res.Verdict = Fail
+				}
+			}
+		}
 		res.Systems = append(res.Systems, sr)
 	}
 	vsStatic(res)
@@ -440,6 +451,32 @@ func (w *world) convergence(m *meter) *float64 {
 	}
 	v := round(worst, 6)
 	return &v
+}
+
+// missed checks expectation e against a system's meter: the first bin
+// from e.After in which e.Region admitted at least e.AtLeast of the rule's
+// rate must start within e.Within. It says how it was missed, or "".
+func (w *world) missed(e ShareExpect, m *meter) string {
+	ri := 0
+	if e.Rule != "" {
+		ri = w.sc.ruleIndex(e.Rule)
+	}
+	g := w.sc.regionIndex(e.Region)
+	bs := m.bins
+	binS := float64(bs.width) / 1e6
+	want := e.AtLeast * w.rules[ri].limit.Rate()
+	from, until := us(e.After), us(e.After+e.Within)
+	for i := bs.bin(from); i < bs.nbins; i++ {
+		start := Micros(i) * bs.width
+		if start > until {
+			break
+		}
+		if float64(bs.byReg[(i*bs.nrules+ri)*bs.nreg+g])/binS >= want {
+			return ""
+		}
+	}
+	return fmt.Sprintf("%s admitted less than %.0f%% of %s's rate (%.0f/s) in every bin from %s to %s",
+		e.Region, 100*e.AtLeast, w.rules[ri].spec.Name, want, e.After, e.After+e.Within)
 }
 
 // sortedKeys returns m's keys in order, for deterministic output.

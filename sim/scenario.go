@@ -49,11 +49,33 @@ type Scenario struct {
 	Rules   []RuleSpec    `yaml:"rules"`
 	Traffic []TrafficSpec `yaml:"traffic"`
 	Faults  []FaultSpec   `yaml:"faults"`
+	// Expect states what allot must achieve beyond its bound: a liveness
+	// property the design promises for the scenario's faults. A run that
+	// misses it FAILs.
+	Expect ExpectSpec `yaml:"expect"`
 
 	// Chaos is the block the chaos harness (package chaos) reads, so that
 	// one file drives both the simulator and the harness's real processes.
 	// The simulator ignores it; the harness parses and validates it.
 	Chaos yaml.Node `yaml:"chaos"`
+}
+
+// ExpectSpec is a scenario's liveness expectations of allot.
+type ExpectSpec struct {
+	// Shares are regions that must get a share of a rule's budget in time.
+	Shares []ShareExpect `yaml:"shares"`
+}
+
+// ShareExpect says that from After, within Within, Region must admit at
+// least AtLeast of Rule's rate (in one bin of the admitted-rate series):
+// capacity the design says is free by then reaches the region that wants
+// it.
+type ShareExpect struct {
+	Region  string        `yaml:"region"`
+	Rule    string        `yaml:"rule"` // default: the first rule
+	After   time.Duration `yaml:"after"`
+	Within  time.Duration `yaml:"within"`
+	AtLeast float64       `yaml:"at_least"`
 }
 
 // RegionSpec is one region: its agents and the clocks of its nodes.
@@ -168,6 +190,9 @@ type TrafficSpec struct {
 	Stop  time.Duration `yaml:"stop"`
 	// Diurnal modulates the rate: Rate×(1 + Amplitude·sin(2π(t/Period + Phase))).
 	Diurnal *DiurnalSpec `yaml:"diurnal"`
+	// Cycle switches the stream on and off on a fixed schedule (demand that
+	// rotates between regions, a crowd that moves).
+	Cycle *CycleSpec `yaml:"cycle"`
 	// Cost is the distribution of request costs; empty means cost 1.
 	Cost []CostSpec `yaml:"cost"`
 	// Shift marks the stream's start as a demand shift, for the
@@ -180,6 +205,14 @@ type DiurnalSpec struct {
 	Amplitude float64       `yaml:"amplitude"`
 	Period    time.Duration `yaml:"period"`
 	Phase     float64       `yaml:"phase"`
+}
+
+// CycleSpec turns a stream on for On out of every Period, the first
+// on-window starting Phase after the stream's start.
+type CycleSpec struct {
+	Period time.Duration `yaml:"period"`
+	On     time.Duration `yaml:"on"`
+	Phase  time.Duration `yaml:"phase"`
 }
 
 // CostSpec is one cost and its relative weight.
@@ -514,6 +547,18 @@ func (sc *Scenario) Validate() error {
 	if err := sc.LeaseConfig().Validate(); err != nil {
 		return bad("coordinator: lease_ttl=%s refresh=%s drift=%v: %w", c.LeaseTTL, c.Refresh, c.Drift, err)
 	}
+	for i, e := range sc.Expect.Shares {
+		switch {
+		case !seen[e.Region]:
+			return bad("expect.shares[%d].region=%q is not a region", i, e.Region)
+		case e.Rule != "" && sc.ruleIndex(e.Rule) < 0:
+			return bad("expect.shares[%d].rule=%q is not a rule", i, e.Rule)
+		case e.After < 0 || e.Within <= 0 || e.After+e.Within > sc.Duration:
+			return bad("expect.shares[%d]: after=%s and within=%s must lie inside duration=%s", i, e.After, e.Within, sc.Duration)
+		case e.AtLeast <= 0 || e.AtLeast > 1:
+			return bad("expect.shares[%d].at_least=%v must be in (0, 1]", i, e.AtLeast)
+		}
+	}
 	if sc.Redis.Lag < 0 {
 		return bad("redis.lag=%s must be ≥ 0", sc.Redis.Lag)
 	}
@@ -583,6 +628,10 @@ func (sc *Scenario) Validate() error {
 		ru := sc.Rules[sc.ruleIndex(t.Rule)]
 		if t.Key != nil && (*t.Key < 0 || *t.Key >= ru.Keys) {
 			return bad("traffic[%d].key=%d must be in [0, %d)", i, *t.Key, ru.Keys)
+		}
+		if c := t.Cycle; c != nil && (c.Period <= 0 || c.On <= 0 || c.On > c.Period || c.Phase < 0 ||
+			c.Period%time.Microsecond != 0 || c.On%time.Microsecond != 0 || c.Phase%time.Microsecond != 0) {
+			return bad("traffic[%d].cycle: period=%s, on=%s and phase=%s must be whole microseconds with 0 < on ≤ period and phase ≥ 0", i, c.Period, c.On, c.Phase)
 		}
 		if d := t.Diurnal; d != nil && (d.Amplitude < 0 || d.Amplitude > 1 || d.Period <= 0) {
 			return bad("traffic[%d].diurnal: amplitude=%v must be in [0, 1] and period=%s > 0", i, d.Amplitude, d.Period)

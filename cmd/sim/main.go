@@ -49,6 +49,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	jsonOut := fs.String("json", "", "write the results as JSON to this file")
 	htmlOut := fs.String("html", "", "write the HTML report to this file")
 	quiet := fs.Bool("q", false, "print no table")
+	failFast := fs.Bool("failfast", false, "stop at the first run that FAILs")
 	forms := fs.String("forms", "normal", "which forms of each scenario to run: normal, tight (every burst cut to at most 0.1 s of rate) or both")
 	unsafeSkipEscrow := fs.Bool("unsafe-skip-escrow", false, "run allot's allocator with its escrow check off, to watch the simulator catch it (escrow-cut FAILs); never for figures")
 	fs.Usage = func() {
@@ -150,6 +151,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		for _, sd := range runSeeds {
+			if *failFast && failed {
+				return nil
+			}
 			o := opts
 			began := time.Now()
 			if tty {
@@ -181,6 +185,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 			case sim.Fail:
 				failed = true
 				fmt.Fprintf(stderr, "FAIL %s seed=%d; replay: %s %s\n", sc.Name, sd, replay, paths[i])
+				for _, m := range res.Missed {
+					fmt.Fprintf(stderr, "  expectation missed: %s\n", m)
+				}
 			case sim.Beyond:
 				for _, ro := range res.Systems[0].Rules {
 					if b := ro.Beyond; b != nil {
