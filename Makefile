@@ -5,6 +5,21 @@ PKGS    ?= ./...
 BENCH   ?= .
 PROTOS  := $(shell find api -name '*.proto' 2>/dev/null)
 
+# Pinned Go tools, installed through the Go module proxy into GOBIN_DIR when
+# missing or built from another version (see `gotool`). protoc-gen-go matches
+# google.golang.org/protobuf in go.mod, so the generated code uses only what
+# that runtime supports without deprecation.
+GOBIN_DIR                  := $(firstword $(subst :, ,$(shell $(GO) env GOPATH)))/bin
+STATICCHECK_VERSION        := v0.8.2
+GOSEC_VERSION              := v2.30.0
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+
+# gotool installs package $(2) at version $(3) as GOBIN_DIR/$(1) unless the
+# binary there was built from exactly that module version.
+gotool = $(GO) version -m $(GOBIN_DIR)/$(1) 2>/dev/null | awk '$$1 == "mod" { print $$3 }' | grep -qx '$(3)' || \
+	GOBIN=$(GOBIN_DIR) $(GO) install $(2)@$(3)
+
 .PHONY: all build test test-short bench bench-peers lint run proto sim chaos chaos-short clean
 
 all: lint build
@@ -40,10 +55,15 @@ lint:
 	$(GO) vet $(PKGS)
 	cd deploy && $(GO) vet ./...
 
-## proto: regenerate committed gRPC code with Debian's protoc and Go plugins.
+## proto: regenerate committed gRPC code with Debian's protoc and the Go
+## plugins pinned above.
 proto:
-	@command -v protoc >/dev/null || (apt-get update && apt-get install -y protobuf-compiler protoc-gen-go protoc-gen-go-grpc)
-	protoc -I api --go_out=api --go_opt=paths=source_relative \
+	@command -v protoc >/dev/null || (apt-get update && apt-get install -y protobuf-compiler)
+	@$(call gotool,protoc-gen-go,google.golang.org/protobuf/cmd/protoc-gen-go,$(PROTOC_GEN_GO_VERSION))
+	@$(call gotool,protoc-gen-go-grpc,google.golang.org/grpc/cmd/protoc-gen-go-grpc,$(PROTOC_GEN_GO_GRPC_VERSION))
+	protoc -I api --plugin=protoc-gen-go=$(GOBIN_DIR)/protoc-gen-go \
+		--plugin=protoc-gen-go-grpc=$(GOBIN_DIR)/protoc-gen-go-grpc \
+		--go_out=api --go_opt=paths=source_relative \
 		--go-grpc_out=api --go-grpc_opt=paths=source_relative $(PROTOS)
 
 run:
