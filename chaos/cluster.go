@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,11 +26,11 @@ type Binaries struct {
 }
 
 // Build builds cmd/agent and cmd/coordinator into dir with the go command
-// (from PATH, else GOROOT). It must run inside the module.
+// found on PATH. It must run inside the module.
 func Build(ctx context.Context, dir string) (Binaries, error) {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
-		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		return Binaries{}, fmt.Errorf("chaos: the go command builds the binaries: %w", err)
 	}
 	b := Binaries{Agent: filepath.Join(dir, "agent"), Coordinator: filepath.Join(dir, "coordinator")}
 	for bin, pkg := range map[string]string{b.Agent: "github.com/allot-dev/allot/cmd/agent",

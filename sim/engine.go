@@ -201,12 +201,3 @@ func (c nodeClock) local(t Micros) Micros {
 
 // at returns the node's reading at t as a time.Time.
 func (c nodeClock) at(t Micros) time.Time { return wall(c.local(t)) }
-
-// virtual returns the virtual time at which the node's clock reads l, the
-// inverse of local, used to turn a node's own timers into events.
-func (c nodeClock) virtual(l Micros) Micros {
-	if c.drift == 0 {
-		return l - c.offset
-	}
-	return Micros(float64(l-c.offset) / (1 + c.drift))
-}

@@ -85,7 +85,6 @@ type options struct {
 	coordTLS, redisTLS                 bool
 	failoverEmpty                      string
 	leaseRefresh, leaseDrift           time.Duration
-	onFailover                         string
 	logLevel                           string
 	breakerFailures                    int
 	breakerBackoff, batchWindow        time.Duration
