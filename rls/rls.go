@@ -341,7 +341,7 @@ func (s *Server) request(i int, req *rlsv3.RateLimitRequest, desc *rlcommon.Rate
 	}
 	if hits > 0 {
 		c, err := bucket.CostOf(float64(hits))
-		if err != nil || uint64(c) != hits {
+		if err != nil || uint64(c) != hits { // #nosec G115 -- without an error, CostOf returns c >= 1
 			return status.Errorf(codes.InvalidArgument, "rls: descriptor %d (%s): hits_addend=%d is not a usable cost", i, lr.Descriptor, hits)
 		}
 		lr.Cost = c
@@ -370,7 +370,7 @@ func fill(p *statusParts, d limiter.Decision) {
 // with a multiplier for periods such as 10 minutes.
 func currentLimit(rl *rlsv3.RateLimitResponse_RateLimit, name string, l bucket.Limit) *rlsv3.RateLimitResponse_RateLimit {
 	rl.Name = name
-	rl.RequestsPerUnit = uint32(min(int64(l.Count()), math.MaxUint32))
+	rl.RequestsPerUnit = uint32(min(int64(l.Count()), math.MaxUint32)) // #nosec G115 -- a count >= 1, capped at MaxUint32
 	p := l.Period()
 	for _, u := range [...]struct {
 		d    time.Duration
@@ -384,7 +384,7 @@ func currentLimit(rl *rlsv3.RateLimitResponse_RateLimit, name string, l bucket.L
 		if p%u.d == 0 {
 			rl.Unit = u.unit
 			if m := p / u.d; m != 1 {
-				rl.UnitMultiplier = wrapperspb.UInt32(uint32(min(int64(m), math.MaxUint32)))
+				rl.UnitMultiplier = wrapperspb.UInt32(uint32(min(int64(m), math.MaxUint32))) // #nosec G115 -- m >= 1, capped at MaxUint32
 			}
 			return rl
 		}
