@@ -153,7 +153,7 @@ func (c *LeaseClient) Run(ctx context.Context) error {
 			continue
 		}
 		c.stream(ctx, st, tick)
-		st.Close()
+		_ = st.Close() // the stream has ended; its close reports nothing to act on
 		// A stream that ends (a redirect, a coordinator restart, another
 		// agent of the region taking the stream over while membership
 		// converges) is reopened after a pause, never in a tight loop.
@@ -199,7 +199,7 @@ func (c *LeaseClient) idle(ctx context.Context, tick clock.Timer) {
 		case <-redial.C():
 			return
 		case <-tick.C():
-			c.round(ctx, nil)
+			_ = c.round(ctx, nil) // without a stream, round sends nothing and cannot fail
 			tick.Reset(c.cfg.Tick)
 		}
 	}
@@ -235,7 +235,7 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 		var err error
 		select {
 		case <-ctx.Done():
-			st.Close()
+			_ = st.Close() // shutting down
 			<-done
 			return
 		case err := <-done:
@@ -254,7 +254,7 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 			tick.Reset(c.cfg.Tick)
 		}
 		if err != nil {
-			st.Close()
+			_ = st.Close() // the send failed; the stream is dropped either way
 			<-done
 			return
 		}

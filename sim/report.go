@@ -23,7 +23,9 @@ func WriteJSON(w io.Writer, results []*Result) error {
 // WriteTable prints one line per scenario, seed, system and rule.
 func WriteTable(w io.Writer, results []*Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	io.WriteString(tw, "scenario\tseed\tsystem\trule\tutil\tovershoot\tof B %\tbound\tverdict\tfalse rej %\tredis ops/dec\tp99 ms\tcoord msg/s\tconverge s\t\n")
+	// As with the Fprintf calls below, a writer that fails here fails again at
+	// Flush, whose error is returned.
+	_, _ = io.WriteString(tw, "scenario\tseed\tsystem\trule\tutil\tovershoot\tof B %\tbound\tverdict\tfalse rej %\tredis ops/dec\tp99 ms\tcoord msg/s\tconverge s\t\n")
 	for _, r := range results {
 		for _, s := range r.Systems {
 			for _, ro := range s.Rules {

@@ -380,7 +380,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	agentDone := make(chan struct{})
-	go func() { defer close(agentDone); ag.Run(runCtx) }()
+	go func() { defer close(agentDone); _ = ag.Run(runCtx) }() // Run ends with nil when runCtx does
 	go watcher.Run(runCtx)
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(gl) }()
@@ -468,7 +468,7 @@ func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rul
 	m := http.NewServeMux()
 	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write([]byte("ok\n"))
+		_, _ = w.Write([]byte("ok\n")) // the client has gone; nothing is left to tell it
 	})
 	m.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		st := ag.Status()
@@ -476,7 +476,7 @@ func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rul
 			http.Error(w, "regional store unavailable (circuit breaker open)", http.StatusServiceUnavailable)
 			return
 		}
-		w.Write([]byte("ready\n"))
+		_, _ = w.Write([]byte("ready\n")) // the client has gone; nothing is left to tell it
 	})
 	m.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		st := ag.Status()
@@ -499,7 +499,7 @@ func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rul
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		enc.Encode(out)
+		_ = enc.Encode(out) // the client has gone; nothing is left to tell it
 	})
 	m.Handle("POST /v1/allow", callers.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := readBody(w, r, b.maxBody)
@@ -532,7 +532,7 @@ func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rul
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		w.Write(out)
+		_, _ = w.Write(out) // the client has gone; nothing is left to tell it
 	})))
 	return m
 }
