@@ -203,7 +203,7 @@ func (w *world) reject(si int, idealOK bool, p path, lat Micros, unavailable boo
 func (w *world) at(t Micros, si int, e event) {
 	e.at = t
 	e.kind = evSystem
-	e.i = int32(si)
+	e.i = int32(si) // #nosec G115 -- an index into the run's systems; 2^31 would not fit in memory
 	w.eng.schedule(e)
 }
 
