@@ -62,12 +62,12 @@ func measureMemory(ctx context.Context, cfg Config, systems []*system) ([]MemRes
 		for _, kind := range []string{"idle", "hot"} {
 			r, err := memoryRedis(ctx, cfg, s, c, kind)
 			if err != nil {
-				c.Close()
+				_ = c.Close() // the error below is the one to report
 				return nil, fmt.Errorf("peers: memory of %s: %w", s.name, err)
 			}
 			out = append(out, r)
 		}
-		c.Close()
+		_ = c.Close() // the figures are taken
 	}
 	return out, nil
 }
