@@ -164,7 +164,7 @@ func (c *LeaseClient) Run(ctx context.Context) error {
 			continue
 		}
 		heard, err := c.stream(ctx, st, tick)
-		st.Close()
+		_ = st.Close() // the stream has ended; its close reports nothing to act on
 		switch {
 		case ctx.Err() != nil:
 		case heard:
@@ -219,7 +219,7 @@ func (c *LeaseClient) idle(ctx context.Context, tick clock.Timer) {
 		case <-redial.C():
 			return
 		case <-tick.C():
-			c.round(ctx, nil)
+			_ = c.round(ctx, nil) // without a stream, round sends nothing and cannot fail
 			tick.Reset(c.cfg.Tick)
 		}
 	}
@@ -281,7 +281,7 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 		var err error
 		select {
 		case <-ctx.Done():
-			st.Close()
+			_ = st.Close() // shutting down
 			<-done
 			return heard, nil
 		case err := <-done:
@@ -303,7 +303,7 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 			tick.Reset(c.cfg.Tick)
 		}
 		if err != nil {
-			st.Close()
+			_ = st.Close() // the send failed; the stream is dropped either way
 			<-done
 			return heard, err
 		}

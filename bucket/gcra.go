@@ -94,7 +94,7 @@ func load(s *State, now int64, l *Limit) gcra {
 	if s.full(now) {
 		return g // fresh or full
 	}
-	if s.num != l.num || s.frac&(1<<denBits-1) != uint64(l.den) || s.burst != int64(l.burst) {
+	if s.num != l.num || s.frac&(1<<denBits-1) != uint64(l.den) || s.burst != int64(l.burst) { // #nosec G115 -- l.den is in [1, 2^32): load runs only under a validated limit
 		g.moved = true
 		if s.num <= 0 || s.burst <= 0 {
 			g.used = tau // not a state this package wrote: empty, never full
@@ -105,12 +105,12 @@ func load(s *State, now int64, l *Limit) gcra {
 	}
 	// (tat−now)×den can overflow for a TAT far ahead (a clock stepped
 	// back); the full product decides the cap either way.
-	hi, lo := bits.Mul64(uint64(s.tat-now), uint64(l.den))
-	if hi != 0 || lo > uint64(tau) {
+	hi, lo := bits.Mul64(uint64(s.tat-now), uint64(l.den)) // #nosec G115 -- the state is not full, so tat >= now; l.den >= 1
+	if hi != 0 || lo > uint64(tau) {                       // #nosec G115 -- tau > 0 under a validated limit
 		g.used, g.moved = tau, true
 		return g
 	}
-	g.used = int64(lo) + s.rem()
+	g.used = int64(lo) + s.rem() // #nosec G115 -- lo <= tau, an int64
 	if g.used > tau {
 		g.used, g.moved = tau, true
 	}
@@ -164,7 +164,7 @@ func (g *gcra) store(s *State) {
 		q = g.used / den
 		r = g.used - q*den
 	}
-	s.tat, s.frac = g.now+q, uint64(r)<<denBits|uint64(g.l.den)
+	s.tat, s.frac = g.now+q, uint64(r)<<denBits|uint64(g.l.den) // #nosec G115 -- r is in [0, den) and den in [1, 2^32)
 	s.num, s.burst = g.l.num, int64(g.l.burst)
 }
 

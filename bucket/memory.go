@@ -138,7 +138,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 	m := &Memory{
 		clock:  opts.Clock,
 		seed:   maphash.MakeSeed(),
-		mask:   uint64(n - 1),
+		mask:   uint64(n - 1), // #nosec G115 -- n >= 1
 		window: opts.AttemptWindow.Microseconds(),
 		shards: make([]memShard, n),
 

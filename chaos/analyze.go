@@ -283,10 +283,7 @@ func Analyze(sc *Scenario, hist []Decision, rounds []Round, recs []FaultRecord, 
 		}
 	}
 	// The windows that meet no fault: inside the gaps between influences.
-	var cover []infl
-	for _, x := range influence {
-		cover = append(cover, x)
-	}
+	cover := append([]infl(nil), influence...)
 	sort.Slice(cover, func(i, j int) bool { return cover[i].from < cover[j].from })
 	var gaps []infl
 	at := time.Duration(math.MinInt64)

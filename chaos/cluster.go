@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,11 +26,11 @@ type Binaries struct {
 }
 
 // Build builds cmd/agent and cmd/coordinator into dir with the go command
-// (from PATH, else GOROOT). It must run inside the module.
+// found on PATH. It must run inside the module.
 func Build(ctx context.Context, dir string) (Binaries, error) {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
-		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		return Binaries{}, fmt.Errorf("chaos: the go command builds the binaries: %w", err)
 	}
 	b := Binaries{Agent: filepath.Join(dir, "agent"), Coordinator: filepath.Join(dir, "coordinator")}
 	for bin, pkg := range map[string]string{b.Agent: "github.com/allot-dev/allot/cmd/agent",
@@ -175,7 +174,7 @@ func (c *Cluster) Close() {
 	c.isClosed = true
 	c.sup.Close()
 	for _, p := range c.proxies {
-		p.Close()
+		_ = p.Close() // tearing down; a proxy already closed has nothing more to say
 	}
 }
 
@@ -226,7 +225,7 @@ func (c *Cluster) regionNames() []string {
 func (c *Cluster) writeConfig() error {
 	s := c.sc.Sim
 	rules := rulesText(s)
-	if err := os.WriteFile(c.path("rules.yaml"), []byte(rules), 0o644); err != nil {
+	if err := os.WriteFile(c.path("rules.yaml"), []byte(rules), 0o600); err != nil {
 		return fmt.Errorf("chaos: rules file: %w", err)
 	}
 	ttl, refresh, drift, hold, demandTTL := leaseTimings(s)
@@ -238,7 +237,7 @@ func (c *Cluster) writeConfig() error {
 		doc.WriteString("  " + line + "\n")
 	}
 	c.docPath = c.path("budgets.yaml")
-	if err := os.WriteFile(c.docPath, []byte(doc.String()), 0o644); err != nil {
+	if err := os.WriteFile(c.docPath, []byte(doc.String()), 0o600); err != nil {
 		return fmt.Errorf("chaos: budgets document: %w", err)
 	}
 	return nil
@@ -337,7 +336,7 @@ func (c *Cluster) startRedis(ctx context.Context, name string, extra func(proxyP
 		return nil, err
 	}
 	dir := c.path(name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, err
 	}
 	var ex []string
@@ -400,14 +399,14 @@ func (c *Cluster) startRegion(ctx context.Context, rs sim.RegionSpec) error {
 				return err
 			}
 			dir := c.path(fmt.Sprintf("sentinel-%s-%d", rs.Name, i))
-			if err := os.MkdirAll(dir, 0o755); err != nil {
+			if err := os.MkdirAll(dir, 0o750); err != nil {
 				return err
 			}
 			conf := filepath.Join(dir, "sentinel.conf")
 			body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 2\n"+
 				"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\nsentinel parallel-syncs %s 1\n",
 				port, dir, sentinelMaster, proxyPort(primary.Proxy), sentinelMaster, sentinelMaster, sentinelMaster)
-			if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+			if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 				return err
 			}
 			name := fmt.Sprintf("sentinel-%s-%d", rs.Name, i)
@@ -523,7 +522,7 @@ func (c *Cluster) sentinelsReady(ctx context.Context, reg *Region) bool {
 		qctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		reps, err := sc.Replicas(qctx, sentinelMaster).Result()
 		cancel()
-		sc.Close()
+		_ = sc.Close() // a query client; the answer is already in hand
 		if err != nil || len(reps) == 0 {
 			return false
 		}
@@ -540,7 +539,7 @@ func (c *Cluster) SentinelMaster(ctx context.Context, reg *Region) (string, erro
 		qctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		a, err := sc.GetMasterAddrByName(qctx, sentinelMaster).Result()
 		cancel()
-		sc.Close()
+		_ = sc.Close() // as above
 		if err == nil && len(a) == 2 {
 			return a[0] + ":" + a[1], nil
 		}

@@ -112,10 +112,10 @@ func diagInode(laddr, raddr *net.TCPAddr) (uint32, error) {
 	le.PutUint16(req[6:], syscall.NLM_F_REQUEST)
 	le.PutUint32(req[8:], 1)
 	req[16], req[17] = syscall.AF_INET, syscall.IPPROTO_TCP
-	le.PutUint32(req[20:], 0xffffffff) // every state
-	id := req[24:]                     // struct inet_diag_sockid
-	binary.BigEndian.PutUint16(id[0:], uint16(laddr.Port))
-	binary.BigEndian.PutUint16(id[2:], uint16(raddr.Port))
+	le.PutUint32(req[20:], 0xffffffff)                     // every state
+	id := req[24:]                                         // struct inet_diag_sockid
+	binary.BigEndian.PutUint16(id[0:], uint16(laddr.Port)) // #nosec G115 -- a TCP port, in [0, 65535]
+	binary.BigEndian.PutUint16(id[2:], uint16(raddr.Port)) // #nosec G115 -- as above
 	copy(id[4:8], src)
 	copy(id[20:24], dst)
 	le.PutUint32(id[40:], 0xffffffff) // INET_DIAG_NOCOOKIE
@@ -134,7 +134,7 @@ func diagInode(laddr, raddr *net.TCPAddr) (uint32, error) {
 	switch typ := le.Uint16(buf[4:]); typ {
 	case sockDiagByFamily:
 	case syscall.NLMSG_ERROR:
-		return 0, fmt.Errorf("chaos: sock_diag: error %d", int32(le.Uint32(buf[16:])))
+		return 0, fmt.Errorf("chaos: sock_diag: error %d", int32(le.Uint32(buf[16:]))) // #nosec G115 -- nlmsgerr.error is a negative errno in an int32
 	default:
 		return 0, fmt.Errorf("chaos: sock_diag: message type %d", typ)
 	}

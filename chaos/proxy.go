@@ -83,8 +83,8 @@ type pconn struct {
 
 func (c *pconn) close() {
 	c.once.Do(func() {
-		c.client.Close()
-		c.server.Close()
+		_ = c.client.Close() // both ends go; an end already closed has nothing more to say
+		_ = c.server.Close() // as above
 	})
 }
 
@@ -213,7 +213,7 @@ func (p *Proxy) serve(client net.Conn) {
 	if err != nil {
 		// The server is down (killed): the client sees its connection
 		// closed, as it would from a host whose process died.
-		client.Close()
+		_ = client.Close()
 		return
 	}
 	c := &pconn{party: party, client: client, server: server}

@@ -67,7 +67,7 @@ func WriteJSON(path string, results []*Result) error {
 	if err != nil {
 		return fmt.Errorf("chaos: results: %w", err)
 	}
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(path, append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("chaos: results: %w", err)
 	}
 	return nil
@@ -173,7 +173,7 @@ func PrintSummary(w io.Writer, results []*Result) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s / %s\t%.2f (%.2f)\t%.2f\t%s / %s\t%.1f–%.1f\t%s\n", r.Scenario, r.Expect, r.Verdict, r.Outcome,
 			ex, bd, u, uw, vi, optS(ca), optS(cd), r.LoadAvg.Start, r.LoadAvg.Max, why)
 	}
-	tw.Flush()
+	_ = tw.Flush() // a table for the terminal; a failed write there has no one to tell
 }
 
 // PrintDetail writes a run's fault rows and checks.
@@ -198,7 +198,7 @@ func PrintDetail(w io.Writer, r *Result) {
 		fmt.Fprintf(tw, "   %s\t%s/%s\t%s\t%s\t%s\t%s\t%.2f–%.2f\t%s\t%s\n", f.Fault, f.Rule, f.Key, when, f.Term.Formula,
 			f1(f.Bound), f1(math.Max(f.Excess, 0)), f.FromS, f.ToS, f.Verdict, detail)
 	}
-	tw.Flush()
+	_ = tw.Flush() // a table for the terminal; a failed write there has no one to tell
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "   check\tsubject\tvalue\tlimit\tresult")
 	for _, c := range r.Checks {
@@ -211,7 +211,7 @@ func PrintDetail(w io.Writer, r *Result) {
 		}
 		fmt.Fprintf(tw, "   %s\t%s\t%s\t%s\t%s\n", c.Name, c.Subject, c.Value, c.Limit, res)
 	}
-	tw.Flush()
+	_ = tw.Flush() // a table for the terminal; a failed write there has no one to tell
 	for _, b := range r.Budgets {
 		fmt.Fprintf(w, "   budget %s/%s: offered %.0f, admitted %.0f, ideal %.0f; utilization %.3f of min(offered, B+R·T), %.3f of ideal; excess %s (bound %s) %s\n",
 			b.Rule, b.Key, b.Offered, b.Admitted, b.Ideal, b.Utilization, b.VsIdeal, f1(math.Max(b.Excess, 0)), f1(b.Bound), b.Verdict)
@@ -270,5 +270,5 @@ func PrintSideBySide(w io.Writer, results []*Result) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.3f\t%.3f\t%s\t%s\t%s\n", r.Scenario, rex, r.Verdict, sex, sv, vi,
 			r.Sim.Utilization, optS(cd), optS(r.Sim.ConvergenceS), notRun)
 	}
-	tw.Flush()
+	_ = tw.Flush() // a table for the terminal; a failed write there has no one to tell
 }

@@ -80,13 +80,13 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (res *Result, err erro
 		if !opts.Keep {
 			defer os.RemoveAll(dir)
 		}
-	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+	} else if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
 	if raw, err := os.ReadFile(sc.Path); err == nil {
 		// A copy of the scenario beside the history, so the run can be
 		// judged again later (Judge).
-		_ = os.WriteFile(filepath.Join(dir, "scenario.yaml"), raw, 0o644)
+		_ = os.WriteFile(filepath.Join(dir, "scenario.yaml"), raw, 0o600) // #nosec G703 -- dir is the operator's -dir or a fresh temporary directory
 	}
 	bins := opts.Bins
 	if bins.Agent == "" {

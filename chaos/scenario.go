@@ -266,6 +266,8 @@ func (sc *Scenario) validate() error {
 		return bad("loss=%v: a TCP proxy cannot lose single messages inside a stream", s.Loss)
 	case len(s.Regions) > 5:
 		return bad("regions has %d entries: the harness starts at most 5 on one machine", len(s.Regions))
+	case len(s.Rules) > math.MaxInt16+1:
+		return bad("rules has %d entries: the history records a rule's index in 16 bits, at most %d", len(s.Rules), math.MaxInt16+1)
 	}
 	for _, c := range b.Checks {
 		if c != CheckNoFalseOutage && c != CheckConvergence {

@@ -100,7 +100,7 @@ func (p *Proc) Start() error {
 	if closed {
 		return fmt.Errorf("chaos: start %s: supervisor closed", p.Name)
 	}
-	f, err := os.OpenFile(filepath.Join(p.s.dir, p.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := os.OpenFile(filepath.Join(p.s.dir, p.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("chaos: %s log: %w", p.Name, err)
 	}
@@ -112,11 +112,11 @@ func (p *Proc) Start() error {
 	select {
 	case p.s.reqs <- req:
 	case <-p.s.quit:
-		f.Close()
+		_ = f.Close() // the start failed; that is the error to report
 		return fmt.Errorf("chaos: start %s: supervisor closed", p.Name)
 	}
 	if err := <-req.done; err != nil {
-		f.Close()
+		_ = f.Close() // as above
 		return fmt.Errorf("chaos: start %s: %w", p.Name, err)
 	}
 	p.starts++
@@ -128,7 +128,7 @@ func (p *Proc) Start() error {
 	}
 	go func() {
 		_ = cmd.Wait() // a killed process exits with an error by design
-		f.Close()
+		_ = f.Close()  // the child wrote the log; closing it loses nothing the run judges
 		if p.s.owners != nil {
 			p.s.owners.Forget(cmd.Process.Pid)
 		}
@@ -221,11 +221,11 @@ func (ps *Ports) Next() (int, error) {
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
+		_ = l.Close() // only the port number was wanted
 		if err != nil {
 			continue
 		}
-		u.Close()
+		_ = u.Close() // as above
 		if !ps.given[port] {
 			ps.given[port] = true
 			return port, nil

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"math"
 	"time"
 
 	leasev1 "github.com/allot-dev/allot/api/lease/v1"
@@ -40,7 +41,7 @@ func ToProto(m lease.Message) *leasev1.Message {
 // FromProto converts a wire message to a lease.Message.
 func FromProto(p *leasev1.Message) lease.Message {
 	m := lease.Message{
-		Type: lease.MsgType(p.GetType()), Region: p.GetRegion(), Session: p.GetSession(), Term: p.GetTerm(),
+		Type: msgType(p.GetType()), Region: p.GetRegion(), Session: p.GetSession(), Term: p.GetTerm(),
 		Seq: p.GetSeq(), Grant: p.GetGrant(), Version: p.GetVersion(), Base: p.GetBase(), Full: p.GetFull(),
 		Renew: p.GetRenew(), TTL: us(p.GetTtlUs()), Hold: us(p.GetHoldUs()), Refresh: us(p.GetRefreshUs()),
 		Drift: us(p.GetDriftUs()), Leader: p.GetLeader(), Learning: p.GetLearning(),
@@ -55,7 +56,7 @@ func FromProto(p *leasev1.Message) lease.Message {
 	for _, b := range p.GetBudgets() {
 		m.Budgets = append(m.Budgets, lease.Budget{Rule: b.GetRule(),
 			Limit:   bucket.Per(bucket.Tokens(b.GetCount()), us(b.GetPeriodUs())).WithBurst(bucket.Tokens(b.GetBurst())),
-			Regions: b.GetRegions(), Weights: b.GetWeights(), Reserve: b.GetReserve(), Policy: lease.AllocationPolicy(b.GetPolicy())})
+			Regions: b.GetRegions(), Weights: b.GetWeights(), Reserve: b.GetReserve(), Policy: policy(b.GetPolicy())})
 	}
 	if len(p.GetDemand()) > 0 {
 		m.Demand = make([]lease.Demand, len(p.Demand))
@@ -64,6 +65,25 @@ func FromProto(p *leasev1.Message) lease.Message {
 		}
 	}
 	return m
+}
+
+// msgType converts a wire type. A value outside lease.MsgType's range
+// becomes 0, a type no side accepts, instead of wrapping onto a real one.
+func msgType(t leasev1.Type) lease.MsgType {
+	if t < 0 || t > math.MaxUint8 {
+		return 0
+	}
+	return lease.MsgType(t)
+}
+
+// policy converts a wire policy. A value outside lease.AllocationPolicy's
+// range becomes 255, which Budget.Validate rejects, instead of wrapping
+// onto a real policy.
+func policy(p int32) lease.AllocationPolicy {
+	if p < 0 || p > math.MaxUint8 {
+		return math.MaxUint8
+	}
+	return lease.AllocationPolicy(p)
 }
 
 func key(k *leasev1.Key) bucket.Key { return bucket.Key{Rule: k.GetRule(), Subject: k.GetSubject()} }

@@ -82,7 +82,7 @@ func campaign(ctx context.Context, cli *clientv3.Client, cfg ElectionConfig, s *
 	if err != nil {
 		return fmt.Errorf("coordinator: campaign: %w", err)
 	}
-	term := uint64(e.Rev())
+	term := uint64(e.Rev()) // #nosec G115 -- a revision after a won campaign is >= 1
 	if err := s.BecomeLeader(term); err != nil {
 		return err
 	}

@@ -54,7 +54,6 @@ type pod struct {
 	wl    workload
 	dir   string
 	ports map[int32]int // containerPort → loopback port
-	mu    sync.Mutex
 	procs []*proc
 }
 

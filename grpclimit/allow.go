@@ -151,7 +151,7 @@ func DecisionToProto(d limiter.Decision) *allotv1.AllowResponse {
 		Allowed: d.Allowed, Reason: reasons[d.Reason], Remaining: int64(d.Remaining),
 		RetryAfter: durationpb.New(d.RetryAfter), ResetAfter: durationpb.New(d.ResetAfter),
 		Policy: d.Policy, Rule: d.Rule, Plan: d.Plan, Cost: int64(d.Cost), Shadow: d.Shadow,
-		Fallback: string(d.Fallback), HttpStatus: int32(d.Status), RulesVersion: d.RulesVersion,
+		Fallback: string(d.Fallback), HttpStatus: int32(d.Status), RulesVersion: d.RulesVersion, // #nosec G115 -- an HTTP status: rules bound it to [400, 599], the limiter sets constants
 		RetryAfterSeconds: d.RetryAfterSeconds(),
 	}
 	if d.Limited() {

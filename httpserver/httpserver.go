@@ -228,7 +228,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		select {
 		case l.sem <- struct{}{}:
 		case <-l.done:
-			c.Close()
+			_ = c.Close() // the listener is closing; the connection was never served
 			return nil, net.ErrClosed
 		}
 	}

@@ -961,10 +961,12 @@ func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want []int64) {
 // up once it is worth a grant, not only once it is worth a move.
 const sliverDiv = 100
 
-// cmpRatio compares a/b with c/d for b, d > 0 without overflow.
+// cmpRatio compares a/b with c/d for a, c >= 0 and b, d > 0 without
+// overflow. Its callers pass wants above lower bounds (want = max(w, lb))
+// and capacity left, which never drops below 0, over positive weights.
 func cmpRatio(a, b, c, d int64) int {
-	h1, l1 := bits.Mul64(uint64(a), uint64(d))
-	h2, l2 := bits.Mul64(uint64(c), uint64(b))
+	h1, l1 := bits.Mul64(uint64(a), uint64(d)) // #nosec G115 -- non-negative by the precondition above
+	h2, l2 := bits.Mul64(uint64(c), uint64(b)) // #nosec G115 -- as above
 	switch {
 	case h1 < h2 || h1 == h2 && l1 < l2:
 		return -1

@@ -93,7 +93,7 @@ func NewCore(cfg Config, store bucket.Store, alloc Allocations) (*Core, error) {
 		alloc:      alloc,
 		breaker:    NewBreaker(cfg.BreakerFailures, cfg.BreakerBackoff, cfg.BreakerMaxBackoff),
 		seed:       maphash.MakeSeed(),
-		mask:       uint64(n - 1),
+		mask:       uint64(n - 1), // #nosec G115 -- n >= 1
 		shards:     make([]coreShard, n),
 		batchMinus: float64(cfg.MinBatch),
 	}

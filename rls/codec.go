@@ -157,7 +157,7 @@ func UnmarshalRequest(b []byte, m *rlsv3.RateLimitRequest) error {
 			b = b[l:]
 		case num == 3 && typ == protowire.VarintType:
 			v, l := protowire.ConsumeVarint(b)
-			m.HitsAddend = uint32(v)
+			m.HitsAddend = uint32(v) // #nosec G115 -- a uint32 field keeps the low 32 bits, as protobuf-go decodes it
 			b = b[l:]
 		default:
 			b = b[protowire.ConsumeFieldValue(num, typ, b):]
@@ -316,7 +316,7 @@ func encodable(m *rlsv3.RateLimitResponse) bool {
 func sizeResponse(m *rlsv3.RateLimitResponse) int {
 	n := 0
 	if m.OverallCode != 0 {
-		n += 1 + protowire.SizeVarint(uint64(m.OverallCode))
+		n += 1 + protowire.SizeVarint(uint64(m.OverallCode)) // #nosec G115 -- protobuf encodes an enum or signed field as its two's-complement uint64
 	}
 	for _, st := range m.Statuses {
 		n += 1 + sizeMessage(sizeStatus(st))
@@ -336,11 +336,11 @@ func sizeResponse(m *rlsv3.RateLimitResponse) int {
 func appendResponse(b []byte, m *rlsv3.RateLimitResponse) []byte {
 	if m.OverallCode != 0 {
 		b = protowire.AppendTag(b, 1, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(m.OverallCode))
+		b = protowire.AppendVarint(b, uint64(m.OverallCode)) // #nosec G115 -- protobuf encodes an enum or signed field as its two's-complement uint64
 	}
 	for _, st := range m.Statuses {
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizeStatus(st)))
+		b = protowire.AppendVarint(b, uint64(sizeStatus(st))) // #nosec G115 -- a length, >= 0
 		b = appendStatus(b, st)
 	}
 	for _, h := range m.ResponseHeadersToAdd {
@@ -361,7 +361,7 @@ func sizeMessage(n int) int { return protowire.SizeBytes(n) }
 func sizeStatus(st *rlsv3.RateLimitResponse_DescriptorStatus) int {
 	n := 0
 	if st.Code != 0 {
-		n += 1 + protowire.SizeVarint(uint64(st.Code))
+		n += 1 + protowire.SizeVarint(uint64(st.Code)) // #nosec G115 -- protobuf encodes an enum or signed field as its two's-complement uint64
 	}
 	if l := st.CurrentLimit; l != nil {
 		n += 1 + sizeMessage(sizeLimit(l))
@@ -378,18 +378,18 @@ func sizeStatus(st *rlsv3.RateLimitResponse_DescriptorStatus) int {
 func appendStatus(b []byte, st *rlsv3.RateLimitResponse_DescriptorStatus) []byte {
 	if st.Code != 0 {
 		b = protowire.AppendTag(b, 1, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(st.Code))
+		b = protowire.AppendVarint(b, uint64(st.Code)) // #nosec G115 -- protobuf encodes an enum or signed field as its two's-complement uint64
 	}
 	if l := st.CurrentLimit; l != nil {
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizeLimit(l)))
+		b = protowire.AppendVarint(b, uint64(sizeLimit(l))) // #nosec G115 -- a length, >= 0
 		if l.RequestsPerUnit != 0 {
 			b = protowire.AppendTag(b, 1, protowire.VarintType)
 			b = protowire.AppendVarint(b, uint64(l.RequestsPerUnit))
 		}
 		if l.Unit != 0 {
 			b = protowire.AppendTag(b, 2, protowire.VarintType)
-			b = protowire.AppendVarint(b, uint64(l.Unit))
+			b = protowire.AppendVarint(b, uint64(l.Unit)) // #nosec G115 -- protobuf encodes an enum or signed field as its two's-complement uint64
 		}
 		if l.Name != "" {
 			b = protowire.AppendTag(b, 3, protowire.BytesType)
@@ -398,7 +398,7 @@ func appendStatus(b []byte, st *rlsv3.RateLimitResponse_DescriptorStatus) []byte
 		if u := l.UnitMultiplier; u != nil {
 			b = protowire.AppendTag(b, 4, protowire.BytesType)
 			if u.Value != 0 {
-				b = protowire.AppendVarint(b, uint64(1+protowire.SizeVarint(uint64(u.Value))))
+				b = protowire.AppendVarint(b, uint64(1+protowire.SizeVarint(uint64(u.Value)))) // #nosec G115 -- a length, >= 0; u.Value is a uint32
 				b = protowire.AppendTag(b, 1, protowire.VarintType)
 				b = protowire.AppendVarint(b, uint64(u.Value))
 			} else {
@@ -412,14 +412,14 @@ func appendStatus(b []byte, st *rlsv3.RateLimitResponse_DescriptorStatus) []byte
 	}
 	if d := st.DurationUntilReset; d != nil {
 		b = protowire.AppendTag(b, 4, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizeDuration(d.Seconds, d.Nanos)))
+		b = protowire.AppendVarint(b, uint64(sizeDuration(d.Seconds, d.Nanos))) // #nosec G115 -- a length, >= 0
 		if d.Seconds != 0 {
 			b = protowire.AppendTag(b, 1, protowire.VarintType)
-			b = protowire.AppendVarint(b, uint64(d.Seconds))
+			b = protowire.AppendVarint(b, uint64(d.Seconds)) // #nosec G115 -- protobuf encodes an enum or signed field as its two's-complement uint64
 		}
 		if d.Nanos != 0 {
 			b = protowire.AppendTag(b, 2, protowire.VarintType)
-			b = protowire.AppendVarint(b, uint64(int64(d.Nanos)))
+			b = protowire.AppendVarint(b, uint64(int64(d.Nanos))) // #nosec G115 -- protobuf encodes an enum or signed field as its two's-complement uint64
 		}
 	}
 	return b
@@ -431,7 +431,7 @@ func sizeLimit(l *rlsv3.RateLimitResponse_RateLimit) int {
 		n += 1 + protowire.SizeVarint(uint64(l.RequestsPerUnit))
 	}
 	if l.Unit != 0 {
-		n += 1 + protowire.SizeVarint(uint64(l.Unit))
+		n += 1 + protowire.SizeVarint(uint64(l.Unit)) // #nosec G115 -- protobuf encodes an enum or signed field as its two's-complement uint64
 	}
 	if l.Name != "" {
 		n += 1 + protowire.SizeBytes(len(l.Name))
@@ -451,10 +451,10 @@ func sizeLimit(l *rlsv3.RateLimitResponse_RateLimit) int {
 func sizeDuration(seconds int64, nanos int32) int {
 	n := 0
 	if seconds != 0 {
-		n += 1 + protowire.SizeVarint(uint64(seconds))
+		n += 1 + protowire.SizeVarint(uint64(seconds)) // #nosec G115 -- protobuf encodes an enum or signed field as its two's-complement uint64
 	}
 	if nanos != 0 {
-		n += 1 + protowire.SizeVarint(uint64(int64(nanos)))
+		n += 1 + protowire.SizeVarint(uint64(int64(nanos))) // #nosec G115 -- protobuf encodes an enum or signed field as its two's-complement uint64
 	}
 	return n
 }
@@ -475,7 +475,7 @@ func sizeHeader(h *corev3.HeaderValue) int {
 
 func appendHeader(b []byte, field protowire.Number, h *corev3.HeaderValue) []byte {
 	b = protowire.AppendTag(b, field, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(sizeHeader(h)))
+	b = protowire.AppendVarint(b, uint64(sizeHeader(h))) // #nosec G115 -- a length, >= 0
 	if h.Key != "" {
 		b = protowire.AppendTag(b, 1, protowire.BytesType)
 		b = protowire.AppendString(b, h.Key)

@@ -341,7 +341,7 @@ func (s *Server) request(i int, req *rlsv3.RateLimitRequest, desc *rlcommon.Rate
 	}
 	if hits > 0 {
 		c, err := bucket.CostOf(float64(hits))
-		if err != nil || uint64(c) != hits {
+		if err != nil || uint64(c) != hits { // #nosec G115 -- without an error, CostOf returns c >= 1
 			return status.Errorf(codes.InvalidArgument, "rls: descriptor %d (%s): hits_addend=%d is not a usable cost", i, lr.Descriptor, hits)
 		}
 		lr.Cost = c
@@ -371,7 +371,7 @@ func fill(p *statusParts, d limiter.Decision) {
 // (a region that may admit nothing now) is 0 per the quota's period.
 func currentLimit(rl *rlsv3.RateLimitResponse_RateLimit, name string, l, quota bucket.Limit) *rlsv3.RateLimitResponse_RateLimit {
 	rl.Name = name
-	rl.RequestsPerUnit = uint32(min(int64(l.Count()), math.MaxUint32))
+	rl.RequestsPerUnit = uint32(min(int64(l.Count()), math.MaxUint32)) // #nosec G115 -- a count >= 1, capped at MaxUint32
 	p := l.Period()
 	if l.IsZero() {
 		p = quota.Period()
@@ -388,7 +388,7 @@ func currentLimit(rl *rlsv3.RateLimitResponse_RateLimit, name string, l, quota b
 		if p%u.d == 0 {
 			rl.Unit = u.unit
 			if m := p / u.d; m != 1 {
-				rl.UnitMultiplier = wrapperspb.UInt32(uint32(min(int64(m), math.MaxUint32)))
+				rl.UnitMultiplier = wrapperspb.UInt32(uint32(min(int64(m), math.MaxUint32))) // #nosec G115 -- m >= 1, capped at MaxUint32
 			}
 			return rl
 		}

@@ -386,7 +386,7 @@ func (a *allot) fault(w *world, f *FaultSpec, start bool) {
 			a.redis[r].failover(t, down)
 			a.plane.regions[r].shared.failover(t, us(w.sc.Redis.Lag))
 			a.failovers[r]++
-			w.at(t+down, a.si, event{sub: alFailoverDetected, aux: int32(r)})
+			w.at(t+down, a.si, event{sub: alFailoverDetected, aux: int32(r)}) // #nosec G115 -- a region index; Validate allows at most 255
 		}
 	case FaultAgentCrash:
 		ai := 0

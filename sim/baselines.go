@@ -123,7 +123,7 @@ func (c *central) arrive(w *world, t Micros, region, b int, cost int64, idealOK 
 	if idealOK {
 		ok8 = 1
 	}
-	w.at(at, c.si, event{j: int32(b), k: cost, aux: int32(region), agt: int32(ag), sent: t, flag: int8(ok8)})
+	w.at(at, c.si, event{j: int32(b), k: cost, aux: int32(region), agt: int32(ag), sent: t, flag: int8(ok8)}) // #nosec G115 -- an index into a slice the simulator holds; 2^31 entries would not fit in memory
 }
 
 func (c *central) handle(w *world, e *event) {
@@ -212,7 +212,7 @@ func (a *async) arrive(w *world, t Micros, region, b int, cost int64, idealOK bo
 	a.local[region][b] = ns
 	if region != a.owner {
 		if a.pending[region][b] == 0 {
-			a.touched[region] = append(a.touched[region], int32(b))
+			a.touched[region] = append(a.touched[region], int32(b)) // #nosec G115 -- an index into a slice the simulator holds; 2^31 entries would not fit in memory
 		}
 		a.pending[region][b] += cost
 	}

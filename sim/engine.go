@@ -84,7 +84,7 @@ func (g *engine) schedule(e event) {
 		g.free = g.free[:n-1]
 		g.slab[slot] = e
 	} else {
-		slot = int32(len(g.slab))
+		slot = int32(len(g.slab)) // #nosec G115 -- an index into a slice the simulator holds; 2^31 entries would not fit in memory
 		g.slab = append(g.slab, e)
 	}
 	g.heap = append(g.heap, heapKey{at: e.at, seq: e.seq, slot: slot})
@@ -201,12 +201,3 @@ func (c nodeClock) local(t Micros) Micros {
 
 // at returns the node's reading at t as a time.Time.
 func (c nodeClock) at(t Micros) time.Time { return wall(c.local(t)) }
-
-// virtual returns the virtual time at which the node's clock reads l, the
-// inverse of local, used to turn a node's own timers into events.
-func (c nodeClock) virtual(l Micros) Micros {
-	if c.drift == 0 {
-		return l - c.offset
-	}
-	return Micros(float64(l-c.offset) / (1 + c.drift))
-}

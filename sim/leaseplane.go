@@ -236,7 +236,7 @@ func (p *leasePlane) carry(w *world, r int, t Micros) {
 			}
 			at, n := w.net.sendLease(w.sysRng[p.a.si], p.agentNode(r), p.coordNode(p.leader), t)
 			for _, at := range at[:n] {
-				w.at(at, p.a.si, event{sub: alPlane, flag: plToCoord, agt: int32(p.leader), p: m})
+				w.at(at, p.a.si, event{sub: alPlane, flag: plToCoord, agt: int32(p.leader), p: m}) // #nosec G115 -- an index into p.coords; 2^31 entries would not fit in memory
 			}
 		}
 		if !o.Refused {
@@ -381,7 +381,7 @@ func (p *leasePlane) flushAlloc(w *world, t Micros) {
 		}
 		at, n := w.net.sendLease(w.sysRng[p.a.si], p.coordNode(p.leader), p.agentNode(r), t)
 		for _, at := range at[:n] {
-			w.at(at, p.a.si, event{sub: alPlane, flag: plToRegion, aux: int32(r), agt: int32(p.regions[r].speaker), p: m})
+			w.at(at, p.a.si, event{sub: alPlane, flag: plToRegion, aux: int32(r), agt: int32(p.regions[r].speaker), p: m}) // #nosec G115 -- region (at most 255) and agent (at most 1000) indexes
 		}
 	}
 }
@@ -410,7 +410,7 @@ func (p *leasePlane) fault(w *world, f *FaultSpec, start bool) {
 		next := (p.leader + 1) % len(p.coords)
 		p.coords[p.leader].alloc = nil
 		p.leader = -1
-		w.at(t+us(w.sc.Coordinator.Election), p.a.si, event{sub: alPlane, flag: plElected, agt: int32(next)})
+		w.at(t+us(w.sc.Coordinator.Election), p.a.si, event{sub: alPlane, flag: plElected, agt: int32(next)}) // #nosec G115 -- an index into p.coords; 2^31 entries would not fit in memory
 	case FaultAgentCrash:
 		// The crashed agent no longer speaks; another live agent takes over
 		// from the shared table, or, when one returns, it speaks again

@@ -67,7 +67,7 @@ func (r *regionalRedis) store(b int, t Micros, st bucket.State, debit int64) {
 	if r.replica == nil {
 		return
 	}
-	r.log = append(r.log, repWrite{at: t, b: int32(b), debit: debit, st: st})
+	r.log = append(r.log, repWrite{at: t, b: int32(b), debit: debit, st: st}) // #nosec G115 -- an index into a slice the simulator holds; 2^31 entries would not fit in memory
 	r.replicate(t)
 }
 

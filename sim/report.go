@@ -24,7 +24,9 @@ func WriteJSON(w io.Writer, results []*Result) error {
 // faults each baseline suffers only in part (its name marked *).
 func WriteTable(w io.Writer, results []*Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	io.WriteString(tw, "scenario\tseed\tsystem\trule\tutil\tworst util\tmean util\tvs static\tovershoot\tof B %\tbound\tverdict\tfalse rej %\tworst fr %\tredis ops/dec\tp99 ms\tcoord msg/s\tsteady msg/s\tconverge s (×refresh)\t\n")
+	// As with the Fprintf calls below, a writer that fails here fails again at
+	// Flush, whose error is returned.
+	_, _ = io.WriteString(tw, "scenario\tseed\tsystem\trule\tutil\tworst util\tmean util\tvs static\tovershoot\tof B %\tbound\tverdict\tfalse rej %\tworst fr %\tredis ops/dec\tp99 ms\tcoord msg/s\tsteady msg/s\tconverge s (×refresh)\t\n")
 	var notes []string
 	for _, r := range results {
 		for _, s := range r.Systems {

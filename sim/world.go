@@ -212,7 +212,7 @@ func (w *world) reject(si, b int, idealOK bool, p path, lat Micros, unavailable 
 func (w *world) at(t Micros, si int, e event) {
 	e.at = t
 	e.kind = evSystem
-	e.i = int32(si)
+	e.i = int32(si) // #nosec G115 -- an index into the run's systems; 2^31 would not fit in memory
 	w.eng.schedule(e)
 }
 

@@ -139,7 +139,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	printReport(out, rep)
 	if cfg.JSON != "" {
 		b, _ := json.MarshalIndent(rep, "", "  ")
-		if err := os.WriteFile(cfg.JSON, b, 0o644); err != nil {
+		if err := os.WriteFile(cfg.JSON, b, 0o600); err != nil {
 			return rep, err
 		}
 	}

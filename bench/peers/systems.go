@@ -94,7 +94,7 @@ func (s *system) redisCalls(ctx context.Context) int64 {
 
 func (s *system) close() {
 	if s.conn != nil {
-		s.conn.Close()
+		_ = s.conn.Close() // the run is over
 	}
 	s.svc.stop()
 	s.redis.stop()
@@ -117,7 +117,7 @@ func start(dir, name, bin string, args, env []string) (*proc, error) {
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), env...)
 	if err := cmd.Start(); err != nil {
-		f.Close()
+		_ = f.Close() // the start failed; that is the error to report
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	p := &proc{name: name, cmd: cmd, log: f, done: make(chan struct{})}
@@ -143,7 +143,7 @@ func (p *proc) stop() {
 	}
 	_ = p.cmd.Process.Kill()
 	<-p.done
-	p.log.Close()
+	_ = p.log.Close() // the process is gone; its log is complete or lost either way
 }
 
 // tail is the end of the process's output, for an error message.
@@ -181,7 +181,7 @@ func startRedis(ctx context.Context, dir, name string) (*proc, string, error) {
 		return nil, "", err
 	}
 	rdir := filepath.Join(dir, name+"-redis")
-	if err := os.MkdirAll(rdir, 0o755); err != nil {
+	if err := os.MkdirAll(rdir, 0o750); err != nil {
 		return nil, "", err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
@@ -263,7 +263,7 @@ rules:
 func startAllot(ctx context.Context, dir, name, bin string) (*system, error) {
 	scope := strings.TrimPrefix(name, "allot-")
 	rulesPath := filepath.Join(dir, name+"-rules.yaml")
-	if err := os.WriteFile(rulesPath, []byte(allotRules(scope)), 0o644); err != nil {
+	if err := os.WriteFile(rulesPath, []byte(allotRules(scope)), 0o600); err != nil {
 		return nil, err
 	}
 	grpcAddr, err := freeAddr()
@@ -311,7 +311,7 @@ func startRatelimit(ctx context.Context, dir, bin string) (*system, error) {
 	const name = "envoyproxy-ratelimit"
 	root := filepath.Join(dir, "ratelimit-runtime")
 	cdir := filepath.Join(root, "ratelimit", "config")
-	if err := os.MkdirAll(cdir, 0o755); err != nil {
+	if err := os.MkdirAll(cdir, 0o750); err != nil {
 		return nil, err
 	}
 	yaml := fmt.Sprintf(`domain: %s
@@ -327,7 +327,7 @@ descriptors:
       - key: path
         rate_limit: {unit: second, requests_per_unit: %d}
 `, domain, subjectHeader, pathIdle, idlePerHour, pathHot, hotPerSecond, apiPerSecond)
-	if err := os.WriteFile(filepath.Join(cdir, "bench.yaml"), []byte(yaml), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cdir, "bench.yaml"), []byte(yaml), 0o600); err != nil {
 		return nil, err
 	}
 	s := &system{name: name, setup: "its service_cmd, fixed window (INCRBY + EXPIRE pipelined), REDIS_PIPELINE_WINDOW=150us, pool 10, Prometheus metrics, its own Redis"}
@@ -550,7 +550,7 @@ func workDir() (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	return dir, func() { os.RemoveAll(dir) }, nil
+	return dir, func() { _ = os.RemoveAll(dir) }, nil
 }
 
 // buildAgent builds cmd/agent from the module this program runs in.

@@ -317,9 +317,9 @@ func scriptArgs(ops []*op, now, window string) ([]string, []any) {
 		if o.ak != "" {
 			keys = append(keys, o.ak)
 		}
-		blob = binary.LittleEndian.AppendUint64(blob, uint64(o.code))
+		blob = binary.LittleEndian.AppendUint64(blob, uint64(o.code)) // #nosec G115 -- the int64's bit pattern; script.lua unpacks it as '<i8'
 		for _, x := range o.args {
-			blob = binary.LittleEndian.AppendUint64(blob, uint64(x))
+			blob = binary.LittleEndian.AppendUint64(blob, uint64(x)) // #nosec G115 -- as above
 		}
 	}
 	return keys, []any{blob, now, window}
@@ -357,7 +357,7 @@ func (r *Store) deliver(ops []*op, cmd *redis.Cmd) error {
 // le64 reads a little-endian int64 from the start of s.
 func le64(s string) int64 {
 	_ = s[7]
-	return int64(uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+	return int64(uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 | // #nosec G115 -- the bit pattern script.lua packed as '<i8'
 		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56)
 }
 

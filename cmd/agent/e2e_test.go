@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,7 +55,10 @@ const (
 
 func buildBinaries(t *testing.T, dir string) (agentBin, coordBin string) {
 	t.Helper()
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	gobin, err := exec.LookPath("go") // go test puts its own GOROOT/bin first on PATH
+	if err != nil {
+		t.Fatalf("go command: %v", err)
+	}
 	agentBin, coordBin = filepath.Join(dir, "agent"), filepath.Join(dir, "coordinator")
 	for bin, pkg := range map[string]string{agentBin: "github.com/allot-dev/allot/cmd/agent", coordBin: "github.com/allot-dev/allot/cmd/coordinator"} {
 		out, err := exec.Command(gobin, "build", "-o", bin, pkg).CombinedOutput()

@@ -86,7 +86,6 @@ type options struct {
 	coordTLS, redisTLS                 bool
 	failoverEmpty                      string
 	leaseRefresh, leaseDrift           time.Duration
-	onFailover                         string
 	logLevel                           string
 	breakerFailures                    int
 	breakerBackoff, batchWindow        time.Duration
@@ -403,7 +402,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	agentDone := make(chan struct{})
-	go func() { defer close(agentDone); ag.Run(runCtx) }()
+	go func() { defer close(agentDone); _ = ag.Run(runCtx) }() // Run ends with nil when runCtx does
 	go watcher.Run(runCtx)
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(gl) }()
@@ -491,7 +490,7 @@ func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rul
 	m := http.NewServeMux()
 	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write([]byte("ok\n"))
+		_, _ = w.Write([]byte("ok\n")) // the client has gone; nothing is left to tell it
 	})
 	m.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		st := ag.Status()
@@ -499,7 +498,7 @@ func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rul
 			http.Error(w, "regional store unavailable (circuit breaker open)", http.StatusServiceUnavailable)
 			return
 		}
-		w.Write([]byte("ready\n"))
+		_, _ = w.Write([]byte("ready\n")) // the client has gone; nothing is left to tell it
 	})
 	m.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, statusOf(ag.Status(), ag.Core().Stats(), src.Current().Version(), info), true)

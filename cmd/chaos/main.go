@@ -154,7 +154,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		if !*keep {
 			res.Dir = ""
-			os.RemoveAll(opts.Dir)
+			_ = os.RemoveAll(opts.Dir) // a run directory left behind costs only disk
 		}
 		if *withSim {
 			logf("%s: the simulator on the same file", sc.Name())

@@ -214,7 +214,7 @@ rules:
 			}
 			dr.agents, dr.lims = append(dr.agents, a), append(dr.lims, lim)
 			wg.Add(1)
-			go func() { defer wg.Done(); a.Run(cctx) }()
+			go func() { defer wg.Done(); _ = a.Run(cctx) }() // Run ends with nil when cctx does
 		}
 		drs = append(drs, dr)
 	}

@@ -280,7 +280,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	}
 	root := http.NewServeMux()
 	root.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	root.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	root.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") }) // a gone client needs no answer
 	root.Handle("/", mw(api))
 
 	hl, err := net.Listen("tcp", o.httpAddr)
@@ -289,7 +289,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	}
 	httpSrv, err := httpserver.New(o.http, root, nil)
 	if err != nil {
-		hl.Close()
+		_ = hl.Close() // already failing with the error below
 		return err
 	}
 	reg.MustRegister(httpserver.NewCollector(map[string]*httpserver.Server{"gateway": httpSrv}))
@@ -301,14 +301,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	if o.grpcAddr != "" {
 		gl, err := net.Listen("tcp", o.grpcAddr)
 		if err != nil {
-			hl.Close()
+			_ = hl.Close() // already failing with the error below
 			return err
 		}
 		var callers *auth.Callers
 		if o.allowTokens != "" {
 			tk, err := auth.LoadTokens(o.allowTokens)
 			if err != nil {
-				hl.Close()
+				_ = hl.Close() // already failing with the error below
 				return fmt.Errorf("-allow-tokens: %w", err)
 			}
 			callers = auth.NewCallers("allow", tk, nil)

@@ -235,7 +235,7 @@ func writeFile(path string, write func(io.Writer) error) error {
 		return fmt.Errorf("sim: %w", err)
 	}
 	if err := write(f); err != nil {
-		f.Close()
+		_ = f.Close() // the write error is the one to report
 		return err
 	}
 	if err := f.Close(); err != nil {

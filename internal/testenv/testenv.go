@@ -58,7 +58,7 @@ func RedisAddr(t testing.TB) string {
 func RedisClient(t testing.TB) *redis.Client {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: RedisAddr(t), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
@@ -143,7 +143,7 @@ func (s *RedisServer) Restart(t testing.TB) {
 // Client returns a client of this server, closed at cleanup.
 func (s *RedisServer) Client(t testing.TB) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
@@ -167,11 +167,11 @@ func FreePort(t testing.TB) int {
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
+		_ = l.Close() // only the port number was wanted
 		if err != nil {
 			continue
 		}
-		u.Close()
+		_ = u.Close() // as above
 		if !given[port] {
 			given[port] = true
 			return port
@@ -264,7 +264,7 @@ func StartRedisCluster(t testing.TB, n int) []string {
 		for _, a := range addrs {
 			c := redis.NewClient(&redis.Options{Addr: a})
 			info, err := c.ClusterInfo(context.Background()).Result()
-			c.Close()
+			_ = c.Close() // the answer is in hand
 			if err == nil && strings.Contains(info, "cluster_state:ok") {
 				ok++
 			}

@@ -1,0 +1,39 @@
+package coordinator
+
+import (
+	"testing"
+
+	leasev1 "github.com/allot-dev/allot/api/lease/v1"
+	"github.com/allot-dev/allot/lease"
+)
+
+// TestFromProtoOutOfRange checks that a wire type or policy beyond the
+// uint8 range is not wrapped onto a real one (257 would wrap to hello, 256
+// to max-min).
+func TestFromProtoOutOfRange(t *testing.T) {
+	for _, tc := range []struct {
+		typ  leasev1.Type
+		want lease.MsgType
+	}{
+		{leasev1.Type_TYPE_HELLO, lease.MsgHello},
+		{257, 0},
+		{-255, 0},
+	} {
+		if got := FromProto(&leasev1.Message{Type: tc.typ}).Type; got != tc.want {
+			t.Errorf("type %d: got %d, want %d", tc.typ, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		p    int32
+		want lease.AllocationPolicy
+	}{
+		{int32(lease.Proportional), lease.Proportional},
+		{256, 255},
+		{-256, 255},
+	} {
+		m := FromProto(&leasev1.Message{Budgets: []*leasev1.Budget{{Rule: "r", Policy: tc.p}}})
+		if got := m.Budgets[0].Policy; got != tc.want {
+			t.Errorf("policy %d: got %d, want %d", tc.p, got, tc.want)
+		}
+	}
+}
