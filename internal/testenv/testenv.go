@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -127,6 +128,25 @@ func (s *RedisServer) Kill() {
 		_ = s.cmd.Process.Kill()
 		_ = s.cmd.Wait()
 		s.cmd = nil
+	}
+}
+
+// Pause stops the server's process (SIGSTOP) without closing anything:
+// connections stay open and new ones are accepted by the kernel, but
+// nothing is answered, as with a server blackholed by the network.
+func (s *RedisServer) Pause(t testing.TB) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("testenv: pause redis-server: %v", err)
+	}
+	t.Cleanup(func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) })
+}
+
+// Resume lets a paused server answer again (SIGCONT).
+func (s *RedisServer) Resume(t testing.TB) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatalf("testenv: resume redis-server: %v", err)
 	}
 }
 

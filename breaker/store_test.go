@@ -1,0 +1,147 @@
+package breaker
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/internal/testenv"
+)
+
+// TestGuardOnABlackholedRedis is the gateway's Redis path with Redis
+// blackholed (its process stopped: connections accepted, nothing
+// answered). The breaker's state moves on a manual clock; the calls' waits
+// are real. Calls wait out their deadlines, doubling from 100 ms to the
+// 500 ms cap, five in a row; then the breaker opens and every call fails
+// at once with ErrOpen, the store not called. Redis answers again: after
+// the back-off one call probes, and its answer closes the breaker.
+func TestGuardOnABlackholedRedis(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	c := redisstore.NewUniversalClient([]string{srv.Addr}, "", "")
+	t.Cleanup(func() { c.Close() })
+	b, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := redisstore.New(c, redisstore.Options{Prefix: "allot-test-" + t.Name() + ":", Timeout: b.Config().MaxTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewManual(t0)
+	s := Guard(rs, b, clk)
+	ctx := context.Background()
+	k, lim := bucket.Key{Rule: "r", Subject: "s"}, bucket.PerSecond(1000)
+	for range 20 {
+		if _, err := s.Decide(ctx, k, lim, 1, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Pause(t)
+	var waited []time.Duration
+	for b.State(clk.Now()) == Closed {
+		if len(waited) > 10 {
+			t.Fatalf("breaker still closed after %d calls timed out", len(waited))
+		}
+		d := b.Deadline()
+		_, err := s.Decide(ctx, k, lim, 1, "")
+		if !errors.Is(err, ErrTimeout) || !errors.Is(err, bucket.ErrUnavailable) {
+			t.Fatalf("call %d on a blackholed Redis: %v, want a timeout", len(waited)+1, err)
+		}
+		waited = append(waited, d)
+	}
+	want := []time.Duration{100, 200, 400, 500, 500}
+	if len(waited) != len(want) {
+		t.Fatalf("deadlines %v before the breaker opened, want %v ms", waited, want)
+	}
+	for i := range want {
+		if waited[i] != want[i]*time.Millisecond {
+			t.Fatalf("deadlines %v before the breaker opened, want %v ms", waited, want)
+		}
+	}
+	for range 100 {
+		if _, err := s.Decide(ctx, k, lim, 1, ""); !errors.Is(err, ErrOpen) {
+			t.Fatalf("breaker open: %v, want ErrOpen at once", err)
+		}
+	}
+	srv.Resume(t)
+	clk.Advance(b.Config().Backoff)
+	if _, err := s.Decide(ctx, k, lim, 1, ""); err != nil {
+		t.Fatalf("probe after Redis came back: %v", err)
+	}
+	if st := b.State(clk.Now()); st != Closed {
+		t.Fatalf("breaker %s after a good probe, want closed", st)
+	}
+	if d := b.Deadline(); d != b.Config().Timeout {
+		t.Fatalf("deadline %s after Redis answered at once, want back at %s", d, b.Config().Timeout)
+	}
+}
+
+// TestTimedOnAStalledRedis: Redis stalls for 150 ms at a time (DEBUG
+// SLEEP on another connection, over and over), so calls take up to 150 ms,
+// above the 100 ms floor; under Timed the deadlines follow, and after the
+// first timeouts every call is answered. With the deadline fixed at 100
+// ms (Timeout = MaxTimeout), the baseline, calls keep timing out.
+func TestTimedOnAStalledRedis(t *testing.T) {
+	run := func(t *testing.T, cfg Config) (timeouts, answered int, b *Breaker) {
+		srv := testenv.StartRedis(t, "--enable-debug-command", "yes")
+		c := redisstore.NewUniversalClient([]string{srv.Addr}, "", "")
+		t.Cleanup(func() { c.Close() })
+		b, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs, err := redisstore.New(c, redisstore.Options{Prefix: "allot-test:", Timeout: cfg.MaxTimeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := Timed(rs, b, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		sc := srv.Client(t)
+		if err := sc.Do(ctx, "DEBUG", "SLEEP", "0").Err(); err != nil {
+			t.Fatalf("DEBUG SLEEP: %v", err)
+		}
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			for ctx.Err() == nil {
+				_ = sc.Do(ctx, "DEBUG", "SLEEP", "0.15").Err()
+			}
+		}()
+		k, lim := bucket.Key{Rule: "r", Subject: "s"}, bucket.PerSecond(1000)
+		for i := 0; i < 30; i++ {
+			_, err := s.Decide(ctx, k, lim, 1, "")
+			switch {
+			case err == nil:
+				if i >= 15 {
+					answered++
+				}
+			case errors.Is(err, ErrTimeout):
+				if i >= 15 {
+					timeouts++
+				}
+			default:
+				t.Fatalf("call %d: %v", i, err)
+			}
+		}
+		cancel()
+		<-stopped
+		return timeouts, answered, b
+	}
+	timeouts, answered, b := run(t, DefaultConfig())
+	t.Logf("adaptive: %d timeouts and %d answers in the last 15 calls; deadline %s", timeouts, answered, b.Deadline())
+	if timeouts != 0 {
+		t.Fatalf("%d of the last 15 calls timed out on a Redis that answers within 150 ms, want none", timeouts)
+	}
+	fixed := DefaultConfig()
+	fixed.MaxTimeout = fixed.Timeout
+	bt, _, _ := run(t, fixed)
+	t.Logf("fixed 100 ms: %d timeouts in the last 15 calls", bt)
+	if bt == 0 {
+		t.Fatal("the fixed deadline timed nothing out: the stall does not make calls slower than 100 ms")
+	}
+}
