@@ -5,7 +5,7 @@ PKGS    ?= ./...
 BENCH   ?= .
 PROTOS  := $(shell find api -name '*.proto' 2>/dev/null)
 
-.PHONY: all build test test-short bench lint run proto sim chaos chaos-short clean
+.PHONY: all build test test-short bench bench-peers lint run proto sim chaos chaos-short clean
 
 all: lint build
 
@@ -25,6 +25,15 @@ test-short:
 ## scripts/test.sh starts one).
 bench:
 	BENCH_ONLY=1 BENCH='$(BENCH)' bash scripts/test.sh
+
+## bench-peers: the agent beside envoyproxy/ratelimit and Gubernator, each
+## started here (with its own redis-server on loopback) and driven by one
+## generator; installs the peers first (go install, pinned, through the Go
+## module proxy, into the user cache directory). PEERSFLAGS narrows it,
+## e.g. PEERSFLAGS='-callers 32 -keys 1000'.
+bench-peers:
+	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
+	$(GO) run ./bench/peers -install $(PEERSFLAGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

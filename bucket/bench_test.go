@@ -2,22 +2,16 @@ package bucket_test
 
 import (
 	"context"
-	"fmt"
-	"math"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
 	"github.com/allot-dev/allot/bucket"
-	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/clock"
-	"github.com/allot-dev/allot/internal/testenv"
 )
 
 // The benchmarks compare, in one run: the pure decision and the in-process
@@ -152,166 +146,6 @@ func BenchmarkMemory(b *testing.B) {
 				i++
 				v, _ := limiters.Load(keys[i&1023])
 				v.(*rate.Limiter).AllowN(clk.Now(), 1)
-			}
-		})
-	})
-}
-
-// naiveScript is the token bucket most articles show: read the hash, refill
-// with the client's clock, write it back. It is the baseline the Redis store
-// must not be slower than.
-var naiveScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local cap = tonumber(ARGV[1]); local rate = tonumber(ARGV[2]); local now = tonumber(ARGV[3]); local cost = tonumber(ARGV[4])
-local tokens = tonumber(v[1]) or cap
-local ts = tonumber(v[2]) or now
-tokens = math.min(cap, tokens + math.max(0, now - ts) * rate / 1000)
-local ok = 0
-if tokens >= cost then tokens = tokens - cost; ok = 1 end
-redis.call('HMSET', KEYS[1], 'tokens', tokens, 'ts', now)
-redis.call('PEXPIRE', KEYS[1], math.ceil(cap / rate * 1000))
-return {ok, math.floor(tokens)}
-`)
-
-// serverMicros reports the server's own time per EVALSHA during a benchmark,
-// read from INFO commandstats: steadier than the round trip on a busy host.
-func serverMicros(b *testing.B, c *redis.Client) func() {
-	_ = c.ConfigResetStat(context.Background()).Err()
-	return func() {
-		if v, ok := evalshaMicros(c); ok {
-			b.ReportMetric(v, "server-µs/op")
-		}
-	}
-}
-
-// evalshaMicros is the server's mean time per EVALSHA since the last
-// CONFIG RESETSTAT, from INFO commandstats.
-func evalshaMicros(c *redis.Client) (float64, bool) {
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		return 0, false
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
-			for _, f := range strings.Split(strings.TrimSpace(rest), ",") {
-				if v, ok := strings.CutPrefix(f, "usec_per_call="); ok {
-					x, err := strconv.ParseFloat(v, 64)
-					return x, err == nil
-				}
-			}
-		}
-	}
-	return 0, false
-}
-
-func BenchmarkRedis(b *testing.B) {
-	c := testenv.RedisClient(b)
-	ctx := context.Background()
-	// server-time-interleaved is the steadiest comparison on a shared host:
-	// each iteration is one round of 2,000 calls of the store, 2,000 of the
-	// naive script and 2,000 of the store with the client's clock, each
-	// measured by the server itself (and the round trip by the caller); the
-	// figures are the best round of each, so a neighbour's burst of load in
-	// one round does not decide the comparison.
-	b.Run("server-time-interleaved", func(b *testing.B) {
-		s, err := redisstore.New(c, redisstore.Options{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		key := bucket.Key{Rule: "bench", Subject: fmt.Sprint(time.Now().UnixNano())}
-		nkey := "naive:" + fmt.Sprint(time.Now().UnixNano())
-		// The same script with the client's clock passed in instead of the
-		// server's TIME: the share of the difference that reading the one
-		// clock every agent shares costs.
-		sc, err := redisstore.New(c, redisstore.Options{Now: time.Now})
-		if err != nil {
-			b.Fatal(err)
-		}
-		const calls = 2000
-		bestAllot, bestNaive, bestClient := math.Inf(1), math.Inf(1), math.Inf(1)
-		rtAllot, rtNaive := math.Inf(1), math.Inf(1)
-		for i := 0; i < b.N; i++ {
-			_ = c.ConfigResetStat(ctx).Err()
-			for j := 0; j < calls; j++ {
-				if _, err := sc.Decide(ctx, key, benchLimit, 1, ""); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if v, ok := evalshaMicros(c); ok {
-				bestClient = min(bestClient, v)
-			}
-			_ = c.ConfigResetStat(ctx).Err()
-			start := time.Now()
-			for j := 0; j < calls; j++ {
-				if _, err := s.Decide(ctx, key, benchLimit, 1, ""); err != nil {
-					b.Fatal(err)
-				}
-			}
-			rtAllot = min(rtAllot, float64(time.Since(start).Microseconds())/calls)
-			if v, ok := evalshaMicros(c); ok {
-				bestAllot = min(bestAllot, v)
-			}
-			_ = c.ConfigResetStat(ctx).Err()
-			start = time.Now()
-			for j := 0; j < calls; j++ {
-				if err := naiveScript.Run(ctx, c, []string{nkey}, 1_000_000_000, 1_000_000, time.Now().UnixMilli(), 1).Err(); err != nil {
-					b.Fatal(err)
-				}
-			}
-			rtNaive = min(rtNaive, float64(time.Since(start).Microseconds())/calls)
-			if v, ok := evalshaMicros(c); ok {
-				bestNaive = min(bestNaive, v)
-			}
-		}
-		b.ReportMetric(bestAllot, "allot-server-µs")
-		b.ReportMetric(bestNaive, "naive-server-µs")
-		b.ReportMetric(bestClient, "allot-client-clock-server-µs")
-		b.ReportMetric(rtAllot, "allot-rt-µs")
-		b.ReportMetric(rtNaive, "naive-rt-µs")
-	})
-	b.Run("allot-script", func(b *testing.B) {
-		defer serverMicros(b, c)()
-		s, err := redisstore.New(c, redisstore.Options{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		key := bucket.Key{Rule: "bench", Subject: fmt.Sprint(time.Now().UnixNano())}
-		b.ReportAllocs()
-		for i := 0; i < b.N; i++ {
-			if _, err := s.Decide(ctx, key, benchLimit, 1, ""); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("naive-hmget-hmset", func(b *testing.B) {
-		defer serverMicros(b, c)()
-		key := "naive:" + fmt.Sprint(time.Now().UnixNano())
-		b.ReportAllocs()
-		for i := 0; i < b.N; i++ {
-			now := time.Now().UnixMilli()
-			if err := naiveScript.Run(ctx, c, []string{key}, 1_000_000_000, 1_000_000, now, 1).Err(); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("allot-script-parallel", func(b *testing.B) {
-		defer serverMicros(b, c)()
-		s, _ := redisstore.New(c, redisstore.Options{})
-		key := bucket.Key{Rule: "bench", Subject: fmt.Sprint(time.Now().UnixNano())}
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				_, _ = s.Decide(ctx, key, benchLimit, 1, "")
-			}
-		})
-	})
-	b.Run("naive-hmget-hmset-parallel", func(b *testing.B) {
-		defer serverMicros(b, c)()
-		key := "naive:" + fmt.Sprint(time.Now().UnixNano())
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				_ = naiveScript.Run(ctx, c, []string{key}, 1_000_000_000, 1_000_000, time.Now().UnixMilli(), 1).Err()
 			}
 		})
 	})

@@ -1,6 +1,7 @@
-// Package redisstore is the bucket.Store on Redis: one atomic Lua script
-// per operation on the server's clock, through go-redis's UniversalClient so
-// one setting covers a single primary, Sentinel and Cluster. It lives apart
+// Package redisstore is the bucket.Store on Redis: every operation applied
+// atomically by one Lua script on the server's clock (concurrent operations
+// sharing a script call), through go-redis's UniversalClient so one setting
+// covers a single primary, Sentinel and Cluster. It lives apart
 // from package bucket so that the deterministic packages (bucket's pure
 // functions and in-process store, lease, region, sim) import no Redis
 // client.
@@ -16,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,6 +46,16 @@ type Options struct {
 	Timeout time.Duration // default 100 ms
 	// AttemptWindow is how long an attempt id's decision is remembered.
 	AttemptWindow time.Duration // default bucket.DefaultAttemptWindow
+	// Batch is the most operations one script call carries. Operations
+	// that arrive while Pipes script calls are in flight queue, and the
+	// first to return hands the queue to one of them, which sends it as
+	// one call: concurrent decisions share a round trip, a script run and
+	// the server's clock, and a lone decision goes at once. 1 sends every
+	// operation on its own.
+	Batch int // default 128
+	// Pipes is how many script calls of this store may be in flight at
+	// once; it also bounds the connections the store holds busy.
+	Pipes int // default 1
 	// Now, when set, replaces the Redis server's clock in the script. It is
 	// for tests and deterministic drivers only: in production the server's
 	// TIME is the one clock every agent shares.
@@ -56,19 +68,26 @@ func DefaultOptions() Options {
 		Prefix:        "allot:",
 		Timeout:       100 * time.Millisecond, // a regional round trip is ~1 ms; 100× that is an outage
 		AttemptWindow: bucket.DefaultAttemptWindow,
+		Batch:         128, // ~8 KiB of arguments; past it a larger batch saves no measurable time
+		Pipes:         1,   // Redis runs one script at a time; one call in flight makes the next batch larger
 	}
 }
 
 // Store is a bucket.Store on a Redis primary (single, Sentinel or Cluster through
 // redis.UniversalClient). Each bucket is one string key, hash-tagged so that a
 // bucket and its attempt records live in one Cluster slot, and every
-// operation is one atomic Lua script that reads the server's clock, so the
-// agents' clocks do not matter. Keys expire when their bucket would be full
-// again, so none lingers and none expires early. Store is safe for concurrent
-// use.
+// operation is applied atomically by one Lua script that reads the server's
+// clock, so the agents' clocks do not matter. Operations that arrive while
+// a script call is in flight go together in the next one (see pipe), so
+// concurrent decisions share round trips. Keys expire when their bucket
+// would be full again, so none lingers and none expires early. Store is
+// safe for concurrent use.
 type Store struct {
 	c       redis.UniversalClient
 	opts    Options
+	cluster bool   // keys of one script call must share a slot
+	window  string // opts.AttemptWindow in ms, as the script reads it
+	pipe    pipe
 	hashers sync.Pool
 	// repaired counts keys found corrupt or of the wrong type and replaced
 	// by an empty bucket; read it with RepairedKeys.
@@ -105,7 +124,22 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	if !contextTimeouts(c) {
 		return nil, errors.New("redisstore: the Redis client must set ContextTimeoutEnabled=true, or a stalled server holds callers for ReadTimeout instead of Options.Timeout")
 	}
-	r := &Store{c: c, opts: opts}
+	if opts.Batch < 0 {
+		return nil, fmt.Errorf("redisstore: Options.Batch=%d must be ≥ 0", opts.Batch)
+	}
+	if opts.Batch == 0 {
+		opts.Batch = def.Batch
+	}
+	if opts.Pipes < 0 {
+		return nil, fmt.Errorf("redisstore: Options.Pipes=%d must be ≥ 0", opts.Pipes)
+	}
+	if opts.Pipes == 0 {
+		opts.Pipes = def.Pipes
+	}
+	_, single := c.(*redis.Client)
+	r := &Store{c: c, opts: opts, cluster: !single,
+		window: strconv.FormatInt(opts.AttemptWindow.Milliseconds(), 10),
+		pipe:   pipe{max: opts.Pipes, size: opts.Batch}}
 	secret := opts.Secret
 	r.hashers.New = func() any {
 		if len(secret) > 0 {
@@ -165,62 +199,167 @@ func (res result) decision(l bucket.Limit) bucket.Decision {
 	return bucket.Decision{Allowed: res.allowed, Remaining: res.remaining, RetryAfter: res.retry, ResetAfter: res.reset, Limit: l}
 }
 
-func (r *Store) run(ctx context.Context, op scriptOp, key bucket.Key, l bucket.Limit, n bucket.Tokens, attemptID string, from ...int64) (result, error) {
-	bk := r.RedisKey(key)
-	keys := []string{bk}
+// Script operation codes (see script.lua); codeAttempt is added when the
+// operation carries an attempt record.
+const (
+	codeDecide  = 1
+	codeTake    = 2
+	codeReturn  = 3
+	codePeek    = 4
+	codeRebase  = 5
+	codeAttempt = 8
+)
+
+var opNames = [...]string{codeDecide: "decide", codeTake: "take-up-to", codeReturn: "return", codePeek: "peek", codeRebase: "rebase"}
+
+// run applies one operation to key through the pipe: alone when the store
+// is idle, in one script call with every other operation that arrives
+// while earlier ones are in flight otherwise.
+func (r *Store) run(ctx context.Context, code int64, key bucket.Key, l bucket.Limit, n bucket.Tokens, attemptID string, from ...int64) (result, error) {
+	o := opPool.Get().(*op)
+	o.code = code
+	o.bk = r.RedisKey(key)
+	o.ak = ""
 	if attemptID != "" {
-		keys = append(keys, r.attemptKey(bk, attemptID))
+		o.ak = r.attemptKey(o.bk, attemptID)
+		o.code |= codeAttempt
 	}
+	num, den := l.IntervalFraction()
+	o.args = [7]int64{num, den, int64(l.Burst()), int64(n)}
+	copy(o.args[4:], from)
+	o.deadline = time.Now().Add(r.opts.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(o.deadline) {
+		o.deadline = d
+	}
+	o.err = nil
+	bk := o.bk
+	var (
+		res result
+		err error
+	)
+	if err = ctx.Err(); err == nil {
+		if err = r.pipe.do(ctx, o, r.exec); err == nil {
+			res, err = o.res, o.err
+		} else {
+			o = nil // abandoned: a running batch may still write to it
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("%w: redis %s on %s: %w", bucket.ErrUnavailable, opNames[code], bk, err)
+	}
+	if o != nil {
+		o.bk, o.ak = "", ""
+		opPool.Put(o)
+	}
+	return res, err
+}
+
+// exec runs one batch of operations and returns the error of a call that
+// failed as a whole. On a single primary (or Sentinel's) that is one script
+// call; on a Cluster, where the keys of one script call must share a slot,
+// one script call per slot, pipelined so that the client sends each node
+// its calls in one round trip (and a failure of one node is not the
+// batch's).
+func (r *Store) exec(ctx context.Context, batch []*op) error {
 	now := ""
 	if r.opts.Now != nil {
-		now = fmt.Sprint(r.opts.Now().UnixMicro())
+		now = strconv.FormatInt(r.opts.Now().UnixMicro(), 10)
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
-	defer cancel()
-	// The numbers travel as one binary argument (the script unpacks it
-	// with struct.unpack): fewer arguments to box here and to intern there.
-	var buf [64]byte
-	p := buf[:0]
-	num, den := l.IntervalFraction()
-	for _, x := range [...]int64{num, den, int64(l.Burst()), int64(n), r.opts.AttemptWindow.Milliseconds()} {
-		p = binary.LittleEndian.AppendUint64(p, uint64(x))
+	if !r.cluster || len(batch) == 1 {
+		return r.call(ctx, r.c, batch, now)
 	}
-	for _, x := range from {
-		p = binary.LittleEndian.AppendUint64(p, uint64(x))
+	groups := make(map[uint16][]*op, len(batch))
+	for _, o := range batch {
+		s := slot(o.bk)
+		groups[s] = append(groups[s], o)
 	}
-	v, err := script.Run(ctx, r.c, keys, op.code, string(p), now).Int64Slice()
+	if len(groups) == 1 {
+		return r.call(ctx, r.c, batch, now)
+	}
+	ordered := make([][]*op, 0, len(groups))
+	for _, g := range groups {
+		ordered = append(ordered, g)
+	}
+	cmds := make([]*redis.Cmd, len(ordered))
+	_, _ = r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, g := range ordered {
+			keys, argv := scriptArgs(g, now, r.window)
+			cmds[i] = script.EvalSha(ctx, p, keys, argv...)
+		}
+		return nil
+	})
+	for i, g := range ordered {
+		if err := cmds[i].Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			// A node restarted or failed over to a replica that never saw
+			// the script: that slot's call goes again with the source.
+			_ = r.call(ctx, r.c, g, now)
+			continue
+		}
+		_ = r.deliver(g, cmds[i])
+	}
+	return nil
+}
+
+// call runs one script call for ops, whose keys share a slot or are on a
+// single primary, falling back from EVALSHA to EVAL when the server has
+// lost the script.
+func (r *Store) call(ctx context.Context, c redis.Scripter, ops []*op, now string) error {
+	keys, argv := scriptArgs(ops, now, r.window)
+	return r.deliver(ops, script.Run(ctx, c, keys, argv...))
+}
+
+// scriptArgs lays out a batch as script.lua reads it.
+func scriptArgs(ops []*op, now, window string) ([]string, []any) {
+	keys := make([]string, 0, len(ops)+1)
+	blob := make([]byte, 0, 64*len(ops))
+	for _, o := range ops {
+		keys = append(keys, o.bk)
+		if o.ak != "" {
+			keys = append(keys, o.ak)
+		}
+		blob = binary.LittleEndian.AppendUint64(blob, uint64(o.code))
+		for _, x := range o.args {
+			blob = binary.LittleEndian.AppendUint64(blob, uint64(x))
+		}
+	}
+	return keys, []any{blob, now, window}
+}
+
+// deliver sets every operation's result from the script's reply, or the
+// call's error, which it returns.
+func (r *Store) deliver(ops []*op, cmd *redis.Cmd) error {
+	v, err := cmd.Text()
+	if err == nil && len(v) != 48*len(ops) {
+		err = fmt.Errorf("script returned %d bytes for %d operations, want %d", len(v), len(ops), 48*len(ops))
+	}
 	if err != nil {
-		return result{}, fmt.Errorf("%w: redis %s on %s: %w", bucket.ErrUnavailable, op.name, bk, err)
+		for _, o := range ops {
+			o.err = err
+		}
+		return err
 	}
-	if len(v) != 6 {
-		return result{}, fmt.Errorf("%w: redis %s on %s: script returned %d values, want 6", bucket.ErrUnavailable, op.name, bk, len(v))
+	for i, o := range ops {
+		b := v[48*i:]
+		if le64(b[40:]) != 0 {
+			r.repaired.Add(1)
+		}
+		o.res = result{
+			allowed:   le64(b) == 1,
+			remaining: bucket.Tokens(le64(b[8:])),
+			retry:     time.Duration(le64(b[16:])) * time.Microsecond,
+			reset:     time.Duration(le64(b[24:])) * time.Microsecond,
+			granted:   bucket.Tokens(le64(b[32:])),
+		}
 	}
-	if v[5] != 0 {
-		r.repaired.Add(1)
-	}
-	return result{
-		allowed:   v[0] == 1,
-		remaining: bucket.Tokens(v[1]),
-		retry:     time.Duration(v[2]) * time.Microsecond,
-		reset:     time.Duration(v[3]) * time.Microsecond,
-		granted:   bucket.Tokens(v[4]),
-	}, nil
+	return nil
 }
 
-// scriptOp is an operation of the script: its code, already boxed so that
-// passing it to the script does not allocate, and its name for errors.
-type scriptOp struct {
-	code any
-	name string
+// le64 reads a little-endian int64 from the start of s.
+func le64(s string) int64 {
+	_ = s[7]
+	return int64(uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56)
 }
-
-var (
-	opDecide   = scriptOp{"d", "decide"}
-	opTakeUpTo = scriptOp{"t", "take-up-to"}
-	opReturn   = scriptOp{"r", "return"}
-	opPeek     = scriptOp{"p", "peek"}
-	opRebase   = scriptOp{"b", "rebase"}
-)
 
 // RepairedKeys is how many keys of the wrong type or with a corrupt value
 // the store has replaced by an empty bucket.
@@ -233,7 +372,7 @@ func (r *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost
 	if err := bucket.Check(l, cost); err != nil {
 		return bucket.Decision{Limit: l}, err
 	}
-	res, err := r.run(ctx, opDecide, key, l, cost, attemptID)
+	res, err := r.run(ctx, codeDecide, key, l, cost, attemptID)
 	if err != nil {
 		return bucket.Decision{Limit: l}, err
 	}
@@ -248,7 +387,7 @@ func (r *Store) TakeUpTo(ctx context.Context, key bucket.Key, l bucket.Limit, n 
 	if n <= 0 {
 		return 0, errCost(n)
 	}
-	res, err := r.run(ctx, opTakeUpTo, key, l, n, "")
+	res, err := r.run(ctx, codeTake, key, l, n, "")
 	return res.granted, err
 }
 
@@ -260,7 +399,7 @@ func (r *Store) Return(ctx context.Context, key bucket.Key, l bucket.Limit, n bu
 	if n <= 0 {
 		return errCost(n)
 	}
-	_, err := r.run(ctx, opReturn, key, l, n, "")
+	_, err := r.run(ctx, codeReturn, key, l, n, "")
 	return err
 }
 
@@ -273,7 +412,7 @@ func (r *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limi
 		return err
 	}
 	fnum, fden := from.IntervalFraction()
-	_, err := r.run(ctx, opRebase, key, to, 1, "", fnum, fden, int64(from.Burst()))
+	_, err := r.run(ctx, codeRebase, key, to, 1, "", fnum, fden, int64(from.Burst()))
 	return err
 }
 
@@ -282,7 +421,7 @@ func (r *Store) Peek(ctx context.Context, key bucket.Key, l bucket.Limit) (bucke
 	if err := bucket.Check(l, 1); err != nil {
 		return bucket.Decision{Limit: l}, err
 	}
-	res, err := r.run(ctx, opPeek, key, l, 1, "")
+	res, err := r.run(ctx, codePeek, key, l, 1, "")
 	if err != nil {
 		return bucket.Decision{Limit: l}, err
 	}

@@ -53,6 +53,23 @@ func TestRedisClusterConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, clk clock.Clock) bucket.Store {
 		return newRedisStore(t, c, redisstore.Options{Now: clk.Now, Timeout: 5 * time.Second})
 	})
+	// The store groups a batch's operations by the slot it computes; a
+	// slot the server computes differently would send a script call keys
+	// of two slots, which the Cluster refuses.
+	s := newRedisStore(t, c, redisstore.Options{})
+	ctx := context.Background()
+	for i := range 200 {
+		k := s.RedisKey(bucket.Key{Rule: fmt.Sprint("r", i%7), Subject: fmt.Sprint(i)})
+		for _, key := range []string{k, fmt.Sprint("plain-", i), fmt.Sprint("a{}b", i), fmt.Sprint("{", i, "}x{y}")} {
+			want, err := c.ClusterKeySlot(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := redisstore.Slot(key); int64(got) != want {
+				t.Fatalf("slot(%q) = %d, CLUSTER KEYSLOT says %d", key, got, want)
+			}
+		}
+	}
 }
 
 func uniqueRule(t *testing.T) string {
@@ -94,6 +111,55 @@ func TestRedisConcurrentExact(t *testing.T) {
 	if admitted.Load() != 500 || denied.Load() != 1100 {
 		t.Fatalf("admitted %d denied %d of 1600, want exactly 500 and 1100", admitted.Load(), denied.Load())
 	}
+}
+
+// Concurrent decisions share script calls: many callers on distinct keys
+// make far fewer calls than decisions, and each gets its own key's answer.
+func TestRedisConcurrentCallsShareScriptCalls(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	s := newRedisStore(t, c, redisstore.Options{Timeout: 5 * time.Second})
+	l := bucket.Per(1000, 24*time.Hour)
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const workers, each = 32, 50
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := bucket.Key{Rule: "shared", Subject: fmt.Sprint("tenant-", w)}
+			for i := range each {
+				cost := bucket.Tokens(1 + w%3)
+				d, err := s.Decide(ctx, key, l, cost, "")
+				if want := l.Burst() - cost*bucket.Tokens(i+1); err != nil || !d.Allowed || d.Remaining != want {
+					t.Errorf("worker %d call %d = %+v, %v; want allowed with %d remaining", w, i, d, err, want)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	for _, line := range strings.Split(info, "\n") {
+		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			if rest, ok := strings.CutPrefix(line, cmd); ok {
+				n := 0
+				fmt.Sscanf(rest, "%d", &n)
+				calls += n
+			}
+		}
+	}
+	if decisions := workers * each; calls == 0 || calls > decisions/2 {
+		t.Fatalf("%d decisions made %d script calls, want at most %d", decisions, calls, decisions/2)
+	}
+	t.Logf("%d decisions in %d script calls", workers*each, calls)
 }
 
 // The server's clock decides; the key expires when the bucket would be full.
@@ -148,6 +214,12 @@ func TestRedisKeyHashing(t *testing.T) {
 	}
 	if _, err := redisstore.New(c, redisstore.Options{Prefix: "a{b"}); err == nil || !strings.Contains(err.Error(), `Prefix="a{b"`) {
 		t.Fatalf("prefix with a brace: err = %v, want one naming the prefix", err)
+	}
+	if _, err := redisstore.New(c, redisstore.Options{Batch: -1}); err == nil || !strings.Contains(err.Error(), "Batch=-1") {
+		t.Fatalf("negative batch: err = %v, want one naming Batch", err)
+	}
+	if _, err := redisstore.New(c, redisstore.Options{Pipes: -2}); err == nil || !strings.Contains(err.Error(), "Pipes=-2") {
+		t.Fatalf("negative pipes: err = %v, want one naming Pipes", err)
 	}
 }
 
@@ -246,6 +318,24 @@ func TestRedisUnavailable(t *testing.T) {
 	if el := time.Since(start); el > 2*time.Second {
 		t.Fatalf("decide on a paused server took %s, want about the 100ms deadline", el)
 	}
+	// Callers queued behind the stalled calls leave at their own
+	// deadlines too, without having run.
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			_, err := s.Decide(ctx, bucket.Key{Rule: key.Rule, Subject: fmt.Sprint(w)}, bucket.PerMinute(10), 1, "")
+			if !errors.Is(err, bucket.ErrUnavailable) {
+				t.Errorf("caller %d on a paused server: err = %v, want ErrUnavailable", w, err)
+			}
+			if el := time.Since(start); el > 2*time.Second {
+				t.Errorf("caller %d on a paused server took %s, want about the 100ms deadline", w, el)
+			}
+		}()
+	}
+	wg.Wait()
 	_ = admin.Do(ctx, "CLIENT", "UNPAUSE").Err()
 
 	// Stopped.

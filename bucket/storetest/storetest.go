@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -191,6 +192,7 @@ func Run(t *testing.T, newStore Factory) {
 	}
 	t.Run("seeds example", func(t *testing.T) { seedsExample(t, newStore) })
 	t.Run("matches pure functions", func(t *testing.T) { matchesModel(t, newStore) })
+	t.Run("matches pure functions concurrently", func(t *testing.T) { matchesModelConcurrently(t, newStore) })
 }
 
 func rebaser(t *testing.T, s bucket.Store) bucket.Rebaser {
@@ -324,6 +326,91 @@ func matchesModel(t *testing.T, newStore Factory) {
 			if got != want {
 				t.Fatalf("%s: peek\n got %+v\nwant %+v", where, got, want)
 			}
+		}
+	}
+}
+
+// matchesModelConcurrently is matchesModel for many keys at once: in each
+// round every worker applies one random operation to its own key, all at
+// the same instant and at the same time, and each answer must be the pure
+// functions' for that worker's own sequence. A store that groups
+// concurrent operations (the Redis store sends them as one script call)
+// must hand every caller its own answer.
+func matchesModelConcurrently(t *testing.T, newStore Factory) {
+	ctx := context.Background()
+	limits := []bucket.Limit{
+		bucket.PerSecond(3), bucket.PerMinute(10), bucket.Per(7, 3*time.Second).WithBurst(20),
+		bucket.PerSecond(1000).WithBurst(50),
+	}
+	workers, rounds := 24, 60
+	if testing.Short() {
+		workers, rounds = 8, 20
+	}
+	clk := clock.NewManual(T0)
+	s := newStore(t, clk)
+	rule := fmt.Sprintf("concurrent-%d", rand.Int64())
+	now := T0
+	type worker struct {
+		rng *rand.Rand
+		st  bucket.State
+		l   bucket.Limit
+		key bucket.Key
+	}
+	ws := make([]*worker, workers)
+	for i := range ws {
+		// Two workers share each key's subject under different rules'
+		// names, so keys differ only in their hash tags' content.
+		ws[i] = &worker{rng: rand.New(rand.NewPCG(uint64(i), 7)), l: limits[i%len(limits)],
+			key: bucket.Key{Rule: fmt.Sprintf("%s-%d", rule, i), Subject: fmt.Sprint("s", i/2)}}
+	}
+	for round := range rounds {
+		now = now.Add(time.Duration(rand.Int64N(int64(300 * time.Millisecond)))).Truncate(time.Microsecond)
+		clk.Set(now)
+		errs := make(chan error, workers)
+		var wg sync.WaitGroup
+		for i, w := range ws {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n := bucket.Tokens(1 + w.rng.IntN(int(min(w.l.Burst(), 6))))
+				where := fmt.Sprintf("round %d worker %d at %s limit %s n=%d", round, i, now.Sub(T0), w.l, n)
+				switch w.rng.IntN(5) {
+				case 0, 1:
+					want, ns, _ := bucket.Decide(w.st, now, w.l, n)
+					got, err := s.Decide(ctx, w.key, w.l, n, "")
+					if err != nil || got != want {
+						errs <- fmt.Errorf("%s: decide\n got %+v, %v\nwant %+v", where, got, err, want)
+						return
+					}
+					w.st = ns
+				case 2:
+					want, _, ns, _ := bucket.TakeUpTo(w.st, now, w.l, n)
+					got, err := s.TakeUpTo(ctx, w.key, w.l, n)
+					if err != nil || got != want {
+						errs <- fmt.Errorf("%s: take got %d, %v want %d", where, got, err, want)
+						return
+					}
+					w.st = ns
+				case 3:
+					_, ns, _ := bucket.Return(w.st, now, w.l, n)
+					if err := s.Return(ctx, w.key, w.l, n); err != nil {
+						errs <- fmt.Errorf("%s: return: %v", where, err)
+						return
+					}
+					w.st = ns
+				case 4:
+					want, _ := bucket.Peek(w.st, now, w.l)
+					got, err := s.Peek(ctx, w.key, w.l)
+					if err != nil || got != want {
+						errs <- fmt.Errorf("%s: peek\n got %+v, %v\nwant %+v", where, got, err, want)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
 		}
 	}
 }
