@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -137,8 +138,11 @@ type Agent struct {
 	members   []string
 	runID     string
 	role      string
+	shards    map[string]string // on a Cluster: slot range → primary's node id
+	runs      map[string]string // on a Cluster: primary's node id → run id
 	closing   bool
 	lastError error
+	opened    int64 // breaker openings already logged; tick's alone
 }
 
 // New returns an agent; Run starts it.
@@ -269,6 +273,12 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 		a.pollFailover(ctx, now)
 	}
 	a.core.Tick(ctx, now)
+	if n := a.core.Breaker().Opened(); n != a.opened {
+		// Why a breaker opened is what tells an outage from a slow store.
+		a.opened = n
+		a.log.Warn("agent: breaker on the regional store opened", "region", a.Region(), "agent", a.cfg.Name,
+			"opened", n, "state", a.core.Breaker().State(now).String(), "deadline", a.core.Breaker().Deadline(), "err", a.core.LastError())
+	}
 	if !speak {
 		if t, err := a.deps.Shared.LoadTable(ctx); err != nil {
 			a.noteErr(err)
@@ -443,13 +453,17 @@ func (a *Agent) Members() []string {
 
 // pollFailover reads the Redis server's run id and role; a change of
 // either from what was seen before is a failover or a restart, after which
-// buckets may have lost writes.
+// buckets may have lost writes. On a Cluster it does so per shard: each
+// slot range's primary (a replica promoted, by CLUSTER FAILOVER or after
+// its primary died, changes it) and each primary's run id (a primary
+// restarted in place).
 func (a *Agent) pollFailover(ctx context.Context, now time.Time) {
-	if _, ok := a.deps.Redis.(*redis.ClusterClient); ok {
-		return // each shard fails over on its own; not detected here
-	}
 	c, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
+	if cc, ok := a.deps.Redis.(*redis.ClusterClient); ok {
+		a.pollCluster(c, cc, now)
+		return
+	}
 	info, err := a.deps.Redis.Info(c, "server", "replication").Result()
 	if err != nil {
 		return
@@ -461,6 +475,66 @@ func (a *Agent) pollFailover(ctx context.Context, now time.Time) {
 	a.mu.Unlock()
 	if changed {
 		a.log.Warn("agent: regional Redis failed over or restarted", "region", a.Region(), "run_id", runID, "role", role)
+		a.core.Failover(now)
+	}
+}
+
+// pollCluster is pollFailover on a Redis Cluster. A shard is known by
+// its slot range; its identity is its primary's node id, and each
+// primary's run id is kept by node id. A shard that fails over drains
+// every key of the rules that empty on failover, not only its own: the
+// core keeps one failover epoch, which errs on the side of denying.
+func (a *Agent) pollCluster(ctx context.Context, cc *redis.ClusterClient, now time.Time) {
+	slots, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		return
+	}
+	shards := make(map[string]string, len(slots))
+	for _, s := range slots {
+		if len(s.Nodes) > 0 {
+			shards[strconv.Itoa(s.Start)+"-"+strconv.Itoa(s.End)] = s.Nodes[0].ID
+		}
+	}
+	var mu sync.Mutex
+	runs := map[string]string{}
+	// A primary that does not answer leaves its run id unknown this round;
+	// the slot map above still shows its replacement.
+	_ = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		id, err := c.ClusterMyID(ctx).Result()
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(ctx, "server").Result()
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		runs[id] = infoField(info, "run_id")
+		mu.Unlock()
+		return nil
+	})
+	var moved []string
+	a.mu.Lock()
+	for rng, id := range shards {
+		if old, ok := a.shards[rng]; ok && old != id {
+			moved = append(moved, rng)
+		} else if ok && runs[id] != "" && a.runs[id] != "" && runs[id] != a.runs[id] {
+			moved = append(moved, rng)
+		}
+	}
+	if a.shards == nil {
+		a.shards, a.runs = map[string]string{}, map[string]string{}
+	}
+	for rng, id := range shards {
+		a.shards[rng] = id
+	}
+	for id, run := range runs {
+		a.runs[id] = run
+	}
+	a.mu.Unlock()
+	if len(moved) > 0 {
+		slices.Sort(moved)
+		a.log.Warn("agent: regional Redis Cluster shards failed over or restarted", "region", a.Region(), "slots", moved)
 		a.core.Failover(now)
 	}
 }
