@@ -7,7 +7,8 @@
 //
 //   - It sets the deadline of every call from the latency of the calls the
 //     store answered (SRTT + 4·RTTVAR, as TCP's retransmission timer does,
-//     RFC 6298), between Timeout and MaxTimeout; a call that gets no answer
+//     RFC 6298, and at least twice the slowest answer within Window),
+//     between Timeout and MaxTimeout; a call that gets no answer
 //     doubles the next calls' deadline until one is answered. A slow but
 //     healthy store therefore gets the time it needs, and a store slower
 //     than MaxTimeout counts as down.
@@ -163,6 +164,12 @@ type Breaker struct {
 	// raised the deadline to until the next answer.
 	srtt, rttvar float64
 	floor        time.Duration
+	// peak is the slowest answer within the last Window (µs peakAt when
+	// it came): the deadline stays at least twice it, so an answer that
+	// lifts a timeout's floor does not drop the deadline back under the
+	// latencies just seen while the smoothed estimate catches up.
+	peak   time.Duration
+	peakAt int64
 }
 
 // New returns a closed breaker.
@@ -350,6 +357,9 @@ func (b *Breaker) Observe(now time.Time, latency time.Duration) {
 		b.srtt = 0.875*b.srtt + 0.125*r
 	}
 	b.floor = 0
+	if nowUS := now.UnixMicro(); latency >= b.peak || nowUS-b.peakAt > b.cfg.Window.Microseconds() {
+		b.peak, b.peakAt = latency, nowUS
+	}
 	b.setDeadlineLocked()
 }
 
@@ -373,7 +383,7 @@ func (b *Breaker) TimedOut(now time.Time, d time.Duration) bool {
 
 // setDeadlineLocked recomputes the deadline. Requires that b.mu is held.
 func (b *Breaker) setDeadlineLocked() {
-	d := b.cfg.Timeout
+	d := max(b.cfg.Timeout, 2*b.peak)
 	if b.srtt > 0 {
 		d = max(d, time.Duration(b.srtt+4*b.rttvar))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
@@ -88,7 +89,15 @@ func (s *Store) do(ctx context.Context, probe bool, f func(context.Context) erro
 	}
 	cctx, cancel := context.WithTimeout(ctx, d)
 	err := f(cctx)
-	timedOut := errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+	// A call ran out of its deadline if ours expired, or if the inner
+	// store says a deadline passed: a store that waits under a context
+	// derived from cctx (a queue, a batch) can see that context's timer
+	// fire before cctx's own, so cctx.Err() may still be nil, and a
+	// connection's read deadline ends in an i/o timeout, not a context
+	// error. Counted as plain failures, such timeouts bypassed the rule
+	// that a deadline already raised past does not count.
+	timedOut := ctx.Err() == nil && (errors.Is(cctx.Err(), context.DeadlineExceeded) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded))
 	cancel()
 	end := s.clk.Now()
 	switch {

@@ -3,6 +3,7 @@ package breaker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -143,5 +144,39 @@ func TestTimedOnAStalledRedis(t *testing.T) {
 	t.Logf("fixed 100 ms: %d timeouts in the last 15 calls", bt)
 	if bt == 0 {
 		t.Fatal("the fixed deadline timed nothing out: the stall does not make calls slower than 100 ms")
+	}
+}
+
+// lateStore fails every call as a store that waits under a context derived
+// from the caller's does when that context's timer fires first: with
+// context.DeadlineExceeded, while the caller's own context may not have
+// noticed yet.
+type lateStore struct{ bucket.Store }
+
+func (lateStore) Decide(context.Context, bucket.Key, bucket.Limit, bucket.Tokens, string) (bucket.Decision, error) {
+	return bucket.Decision{}, fmt.Errorf("%w: late: %w", bucket.ErrUnavailable, context.DeadlineExceeded)
+}
+
+// TestInnerDeadlineIsATimeout: a call whose inner store reports a passed
+// deadline is a timeout, whether or not the wrapper's context has noticed:
+// it doubles the deadline and comes back as ErrTimeout, so the caller can
+// tell a timeout under a deadline since raised (ErrOutgrown) from one that
+// counts. Counted as plain failures, a burst of them opened the breaker
+// on a slow but healthy Redis under concurrency (the chaos harness's
+// redis-slow).
+func TestInnerDeadlineIsATimeout(t *testing.T) {
+	clk := clock.NewManual(t0)
+	b, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Timed(lateStore{}, b, clk)
+	k, lim := bucket.Key{Rule: "r", Subject: "s"}, bucket.PerSecond(10)
+	_, err = s.Decide(context.Background(), k, lim, 1, "")
+	if !errors.Is(err, ErrTimeout) || errors.Is(err, ErrOutgrown) || !errors.Is(err, bucket.ErrUnavailable) {
+		t.Fatalf("first late call: %v, want a counted timeout", err)
+	}
+	if d := b.Deadline(); d != 200*time.Millisecond {
+		t.Fatalf("deadline %s after a timeout at 100 ms, want 200ms", d)
 	}
 }
