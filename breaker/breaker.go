@@ -18,7 +18,8 @@
 //     while answering some). A timeout of a call whose deadline the
 //     breaker had already raised past (another call's timeout, or a slow
 //     answer, came first) is not counted: it says the deadline was too
-//     short, not that the store is gone. So the failures in a row that
+//     short, not that the store is gone; nor is the timeout of a call
+//     while which the store answered another (a slow store's straggler). So the failures in a row that
 //     open it on a store that answers nothing come at ever longer
 //     deadlines, up to MaxTimeout: a slow store gets its answers in
 //     before that.
@@ -151,10 +152,12 @@ type Breaker struct {
 	// ended with its latency (Observe or TimedOut): a failure reported
 	// with the instant its call began opens the breaker from then.
 	lastEnd atomic.Int64
-	window  [slots]slot
-	run     atomic.Int64 // failures since the last answer
-	opened  atomic.Int64 // times the breaker opened
-	since   atomic.Int64 // µs the breaker opened, closed to open; 0 while closed
+	// lastOK is the latest instant (µs) an answer came (Observe).
+	lastOK atomic.Int64
+	window [slots]slot
+	run    atomic.Int64 // failures since the last answer
+	opened atomic.Int64 // times the breaker opened
+	since  atomic.Int64 // µs the breaker opened, closed to open; 0 while closed
 
 	mu      sync.Mutex
 	current time.Duration // current back-off
@@ -349,6 +352,7 @@ func (b *Breaker) Observe(now time.Time, latency time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.lastEnd.Store(max(b.lastEnd.Load(), now.UnixMicro()))
+	b.lastOK.Store(max(b.lastOK.Load(), now.UnixMicro()))
 	r := float64(max(latency, 0))
 	if b.srtt == 0 {
 		b.srtt, b.rttvar = max(r, 1), r/2
@@ -368,12 +372,15 @@ func (b *Breaker) Observe(now time.Time, latency time.Duration) {
 // reports whether the timeout counts against the store (the caller then
 // reports a Failure): not when the deadline was already above d, raised by
 // an earlier timeout or a slow answer since the call began, since the
-// call only shows what the breaker already knew, that d was too short.
+// call only shows what the breaker already knew, that d was too short;
+// and not when the store answered another call while this one waited,
+// since a store that answers is slow, not gone (at MaxTimeout many calls
+// in flight time out together on a slow store, and each would count).
 func (b *Breaker) TimedOut(now time.Time, d time.Duration) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.lastEnd.Store(max(b.lastEnd.Load(), now.UnixMicro()))
-	counts := d >= b.Deadline()
+	counts := d >= b.Deadline() && b.lastOK.Load() < now.Add(-d).UnixMicro()
 	if f := min(2*d, b.cfg.MaxTimeout); f > b.floor {
 		b.floor = f
 	}

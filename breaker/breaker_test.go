@@ -321,3 +321,36 @@ func TestFailuresInARow(t *testing.T) {
 		}
 	}
 }
+
+// TestTimeoutWhileAnsweredDoesNotCount: at MaxTimeout every call in
+// flight has the same deadline, so the rule about deadlines since raised
+// cannot tell a slow store's stragglers from a dead store's silence. A
+// timeout counts only when no answer came while the call waited: on a
+// store that answers others, it is a straggler.
+func TestTimeoutWhileAnsweredDoesNotCount(t *testing.T) {
+	b := newBreaker(t, nil)
+	now := t0
+	for range 4 { // the deadline to its cap
+		d := b.Deadline()
+		now = now.Add(d)
+		b.TimedOut(now, d)
+	}
+	d := b.Deadline()
+	if d != b.Config().MaxTimeout {
+		t.Fatalf("deadline %s, want MaxTimeout", d)
+	}
+	// A call begins; another is answered while it waits; it times out.
+	begin := now
+	b.Observe(begin.Add(200*time.Millisecond), 450*time.Millisecond)
+	if d := b.Deadline(); d != b.Config().MaxTimeout {
+		t.Fatalf("deadline %s after a 450 ms answer, want MaxTimeout", d)
+	}
+	if b.TimedOut(begin.Add(d), d) {
+		t.Fatal("a timeout counted though the store answered another call meanwhile")
+	}
+	// The next call waits and nothing is answered: it counts.
+	begin = begin.Add(d)
+	if !b.TimedOut(begin.Add(d), d) {
+		t.Fatal("a timeout with no answer meanwhile did not count")
+	}
+}

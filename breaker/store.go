@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
@@ -115,7 +116,8 @@ func (s *Store) do(ctx context.Context, probe bool, f func(context.Context) erro
 		}
 		return err
 	case timedOut:
-		if !s.b.TimedOut(end, d) {
+		// It lasted d at least, whatever a manual clock says.
+		if !s.b.TimedOut(maxTime(end, start.Add(d)), d) {
 			if s.guard {
 				s.b.Cancel()
 			}
@@ -195,3 +197,10 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // CanRebase reports whether the inner store implements bucket.Rebaser.
 func (s *Store) CanRebase() bool { _, ok := s.inner.(bucket.Rebaser); return ok }
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

@@ -42,6 +42,7 @@ func TestGuardOnABlackholedRedis(t *testing.T) {
 		}
 	}
 	srv.Pause(t)
+	clk.Advance(time.Millisecond)
 	var waited []time.Duration
 	for b.State(clk.Now()) == Closed {
 		if len(waited) > 10 {
@@ -49,6 +50,7 @@ func TestGuardOnABlackholedRedis(t *testing.T) {
 		}
 		d := b.Deadline()
 		_, err := s.Decide(ctx, k, lim, 1, "")
+		clk.Advance(d) // the call waited d
 		if !errors.Is(err, ErrTimeout) || !errors.Is(err, bucket.ErrUnavailable) {
 			t.Fatalf("call %d on a blackholed Redis: %v, want a timeout", len(waited)+1, err)
 		}
