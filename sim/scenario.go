@@ -190,12 +190,15 @@ type FaultSpec struct {
 	//   leader_failover  the coordinator leader dies; the next one takes over
 	//   agent_crash      an agent stops (and restarts after For)
 	//   loss             message loss rises to Loss during the window
+	//   redis_slow       Redis answers agents (Agent, or all) Delay later each
+	//                    way and fails Loss of their calls (slowredis.go)
 	Kind   string        `yaml:"kind"`
 	At     time.Duration `yaml:"at"`
 	For    time.Duration `yaml:"for"`
 	Region string        `yaml:"region"`
 	Agent  *int          `yaml:"agent"`
 	Loss   float64       `yaml:"loss"`
+	Delay  time.Duration `yaml:"delay"`
 }
 
 // Fault kinds.
@@ -554,6 +557,10 @@ func (sc *Scenario) Validate() error {
 		case FaultCoordinatorCut, FaultRegionCut, FaultRedisCut, FaultAgentCrash:
 			if f.For <= 0 {
 				return bad("faults[%d].for=%s must be > 0 for %s", i, f.For, f.Kind)
+			}
+		case FaultRedisSlow:
+			if f.For <= 0 || f.Delay < 0 || f.Loss < 0 || f.Loss >= 1 || (f.Delay == 0 && f.Loss == 0) {
+				return bad("faults[%d]: redis_slow needs for > 0, delay=%s ≥ 0 and loss=%v in [0, 1), not both zero", i, f.Delay, f.Loss)
 			}
 		case FaultRedisFailover:
 		case FaultLeaderFailover:
