@@ -552,9 +552,12 @@ func infoField(info, field string) string {
 
 // Status describes an agent for health checks, metrics and the demo.
 type Status struct {
-	Region   string
-	Agent    string
-	Members  []string
+	Region  string
+	Agent   string
+	Members []string
+	// Speaking: the agent runs the region's lease client and holds the
+	// speaker lease at now (a client whose lease ended sends nothing, even
+	// before the next tick stops it).
 	Speaking bool
 	// Lease is the region's lease as the shared table says (zero without
 	// a table).
@@ -570,7 +573,7 @@ func (a *Agent) Status() Status {
 	now := a.deps.Clock.Now()
 	t := a.view.Table()
 	a.mu.Lock()
-	st := Status{Region: a.Region(), Agent: a.cfg.Name, Members: slices.Clone(a.members), Speaking: a.speaking,
+	st := Status{Region: a.Region(), Agent: a.cfg.Name, Members: slices.Clone(a.members), Speaking: a.speaking && now.Before(a.fenceTill),
 		Table: t, Breaker: a.core.Breaker().State(now), LastError: a.lastError}
 	a.mu.Unlock()
 	if t != nil {
