@@ -380,7 +380,7 @@ func (b *Breaker) TimedOut(now time.Time, d time.Duration) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.lastEnd.Store(max(b.lastEnd.Load(), now.UnixMicro()))
-	counts := d >= b.Deadline() && b.lastOK.Load() < now.Add(-d).UnixMicro()
+	counts := d >= b.Deadline() && b.lastOK.Load() <= now.Add(-d).UnixMicro()
 	if f := min(2*d, b.cfg.MaxTimeout); f > b.floor {
 		b.floor = f
 	}
