@@ -109,6 +109,9 @@ func RequestFromProtoBounded(in *allotv1.AllowRequest, b limiter.Bounds) (limite
 		Subject: in.GetSubject(), Plan: in.GetPlan(), Rule: in.GetRule(),
 		Cost: bucket.Tokens(in.GetCost()), AttemptID: in.GetAttemptId(),
 	}
+	if n := len(in.GetDescriptor_()); n > 0 {
+		req.Descriptor = make(rules.Descriptor, 0, n) // one allocation, not one per doubling
+	}
 	for i, e := range in.GetDescriptor_() {
 		if e.GetKey() == "" {
 			return limiter.Request{}, fmt.Errorf("grpclimit: descriptor entry %d has an empty key", i)

@@ -405,8 +405,17 @@ func setQuotaHeaders(h http.Header, d limiter.Decision, policy string) {
 
 // RateLimitItem renders one RateLimit item: "name";r=<remaining>;t=<reset seconds>.
 func RateLimitItem(d limiter.Decision) string {
-	return sfString(d.Policy) + ";r=" + strconv.FormatInt(int64(max(d.Remaining, 0)), 10) +
-		";t=" + strconv.FormatInt(d.ResetSeconds(), 10)
+	return string(AppendRateLimitItem(nil, d))
+}
+
+// AppendRateLimitItem appends RateLimitItem(d) to b, for a caller that
+// builds a header value without allocating each part.
+func AppendRateLimitItem(b []byte, d limiter.Decision) []byte {
+	b = appendSFString(b, d.Policy)
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, int64(max(d.Remaining, 0)), 10)
+	b = append(b, ";t="...)
+	return strconv.AppendInt(b, d.ResetSeconds(), 10)
 }
 
 // PolicyHeader renders one RateLimit-Policy item: "name";q=<burst>;w=<seconds>.
@@ -432,21 +441,22 @@ func Window(l bucket.Limit) int64 {
 // sfString renders s as a Structured Field String (RFC 9651 §3.3.3):
 // quoted, with '"' and '\' escaped; bytes outside printable ASCII become '?'.
 func sfString(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('"')
+	return string(appendSFString(make([]byte, 0, len(s)+2), s))
+}
+
+// appendSFString appends sfString(s) to b.
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
+			b = append(b, '\\', c)
 		case c < 0x20 || c > 0x7e:
-			b.WriteByte('?')
+			b = append(b, '?')
 		default:
-			b.WriteByte(c)
+			b = append(b, c)
 		}
 	}
-	b.WriteByte('"')
-	return b.String()
+	return append(b, '"')
 }

@@ -362,7 +362,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	// Servers.
 	hs := health.NewServer()
-	gopts := grpcGuard(callers)
+	gopts := append(rls.ServerOptions(), grpcGuard(callers)...)
 	if serverTLS != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(serverTLS)))
 	}
