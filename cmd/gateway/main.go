@@ -203,6 +203,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	var store bucket.Store = mem
 	storeName := "memory"
 	var client *redis.Client
+	// regional is the store an embedded agent decides on: it runs its own
+	// breaker over it (agent.New), so it gets the store without the
+	// gateway's.
+	var regional bucket.Store = mem
 	if o.redisAddr != "" {
 		client = redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true})
 		defer client.Close()
@@ -219,8 +223,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 		// The agent's circuit breaker: a Redis that does not answer fails
 		// calls at once by the rule's failure policy instead of holding
 		// each for its deadline.
-		store, storeName = breaker.Guard(rs, br, nil), "redis "+o.redisAddr
-		reg.MustRegister(limiter.NewBreakerCollector(br, nil))
+		regional, storeName = rs, "redis "+o.redisAddr
+		if o.embed.region == "" {
+			store = breaker.Guard(rs, br, nil)
+			reg.MustRegister(limiter.NewBreakerCollector(br, nil))
+		}
 	} else {
 		reg.MustRegister(limiter.NewMemoryCollector(map[string]*bucket.Memory{"buckets": mem}))
 	}
@@ -230,7 +237,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 		// call out of the process. It stops when ctx ends, before the
 		// stores close.
 		actx, stopAgent := context.WithCancel(context.WithoutCancel(ctx))
-		e, err := startAgent(actx, o.embed, src.Current(), store, client, logger, reg)
+		e, err := startAgent(actx, o.embed, src.Current(), regional, client, logger, reg)
 		if err != nil {
 			stopAgent()
 			return err
