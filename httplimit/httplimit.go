@@ -235,17 +235,18 @@ type middleware struct {
 const maxCachedPolicies = 4096
 
 type policyKey struct {
-	name  string
-	limit bucket.Limit
+	name         string
+	limit, quota bucket.Limit
 }
 
-// policy renders the RateLimit-Policy value of d, once per policy and limit.
+// policy renders the RateLimit-Policy value of d, once per policy, limit
+// and quota.
 func (m *middleware) policy(d limiter.Decision) string {
-	k := policyKey{d.Policy, d.Limit}
+	k := policyKey{d.Policy, d.Limit, d.Quota}
 	if v, ok := m.policies.Load(k); ok {
 		return v.(string)
 	}
-	v := PolicyHeader(d.Policy, d.Limit)
+	v := PolicyHeader(d.Policy, d.Limit, d.Quota)
 	if m.cached.Add(1) <= maxCachedPolicies {
 		m.policies.Store(k, v)
 	}
@@ -418,9 +419,24 @@ func AppendRateLimitItem(b []byte, d limiter.Decision) []byte {
 	return strconv.AppendInt(b, d.ResetSeconds(), 10)
 }
 
-// PolicyHeader renders one RateLimit-Policy item: "name";q=<burst>;w=<seconds>.
-func PolicyHeader(name string, l bucket.Limit) string {
-	return sfString(name) + ";q=" + strconv.FormatInt(int64(l.Burst()), 10) + ";w=" + strconv.FormatInt(Window(l), 10)
+// PolicyHeader renders one RateLimit-Policy item for a decision made
+// under the limit in force l of the rules' quota: "name";q=<burst>;w=<seconds>
+// of l. When l is a share of quota (a regional agent's allocation, or an
+// emergency limit), the quota follows as the vendor parameters
+// allot-global-q and allot-global-w (draft-ietf-httpapi-ratelimit-headers-10
+// §3.1: other parameters are comments, prefixed by a vendor identifier):
+// "name";q=6;w=60;allot-global-q=10;allot-global-w=60. A zero l (the region
+// may admit nothing now) is q=0 over the quota's window.
+func PolicyHeader(name string, l, quota bucket.Limit) string {
+	w := l
+	if l.IsZero() {
+		w = quota
+	}
+	v := sfString(name) + ";q=" + strconv.FormatInt(int64(l.Burst()), 10) + ";w=" + strconv.FormatInt(Window(w), 10)
+	if quota.IsZero() || quota == l {
+		return v
+	}
+	return v + ";allot-global-q=" + strconv.FormatInt(int64(quota.Burst()), 10) + ";allot-global-w=" + strconv.FormatInt(Window(quota), 10)
 }
 
 // Window is the seconds a full burst takes to refill (burst × period ÷

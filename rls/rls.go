@@ -359,19 +359,23 @@ func fill(p *statusParts, d limiter.Decision) {
 	if !d.Limited() || d.Shadow || (d.Allowed && d.Fallback != "") {
 		return
 	}
-	st.CurrentLimit = currentLimit(&p.limit, d.Policy, d.Limit)
+	st.CurrentLimit = currentLimit(&p.limit, d.Policy, d.Limit, d.Quota)
 	st.LimitRemaining = uint32(min(max(int64(d.Remaining), 0), math.MaxUint32))
 	// durationpb.New's arithmetic, into the status's own Duration.
 	p.reset.Seconds, p.reset.Nanos = int64(d.ResetAfter/time.Second), int32(d.ResetAfter%time.Second)
 	st.DurationUntilReset = &p.reset
 }
 
-// currentLimit expresses a limit in Envoy's units, in rl: count per unit,
-// with a multiplier for periods such as 10 minutes.
-func currentLimit(rl *rlsv3.RateLimitResponse_RateLimit, name string, l bucket.Limit) *rlsv3.RateLimitResponse_RateLimit {
+// currentLimit expresses the limit in force l in Envoy's units, in rl:
+// count per unit, with a multiplier for periods such as 10 minutes. A zero l
+// (a region that may admit nothing now) is 0 per the quota's period.
+func currentLimit(rl *rlsv3.RateLimitResponse_RateLimit, name string, l, quota bucket.Limit) *rlsv3.RateLimitResponse_RateLimit {
 	rl.Name = name
 	rl.RequestsPerUnit = uint32(min(int64(l.Count()), math.MaxUint32))
 	p := l.Period()
+	if l.IsZero() {
+		p = quota.Period()
+	}
 	for _, u := range [...]struct {
 		d    time.Duration
 		unit rlsv3.RateLimitResponse_RateLimit_Unit
@@ -487,17 +491,18 @@ func (s *Server) headers(a *answer, ds []limiter.Decision, overLimit bool) []*co
 const maxCachedPolicies = 4096
 
 type policyKey struct {
-	name  string
-	limit bucket.Limit
+	name         string
+	limit, quota bucket.Limit
 }
 
-// policy renders the RateLimit-Policy value of d, once per policy and limit.
+// policy renders the RateLimit-Policy value of d, once per policy, limit in
+// force and quota.
 func (s *Server) policy(d *limiter.Decision) string {
-	k := policyKey{d.Policy, d.Limit}
+	k := policyKey{d.Policy, d.Limit, d.Quota}
 	if v, ok := s.policies.Load(k); ok {
 		return v.(string)
 	}
-	v := httplimit.PolicyHeader(d.Policy, d.Limit)
+	v := httplimit.PolicyHeader(d.Policy, d.Limit, d.Quota)
 	if s.cached.Add(1) <= maxCachedPolicies {
 		s.policies.Store(k, v)
 	}

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -86,4 +88,33 @@ func (a *allot) announce(r, ai int, now time.Time) {
 		}
 	}
 	ag.core.SetPeersCut(n)
+}
+
+// slowTerm is a redis_slow fault's term (fault i) for rule ri: 0 when the
+// rule fails closed, unbounded when it fails open, and under the
+// emergency policy what the affected agents' emergency buckets can admit
+// beyond what their peers leave them: each affected agent's share (the
+// allocation at the fault's start ÷ live agents), from a bucket empty at
+// each opening of its breaker, for the fault and one longest deadline.
+func (a *allot) slowTerm(w *world, ri, i int) term {
+	f := &w.sc.Faults[i]
+	r := w.sc.regionIndex(f.Region)
+	n, who := w.regions[r].agents, "every agent"
+	if f.Agent != nil {
+		n, who = 1, fmt.Sprintf("agent %d", *f.Agent)
+	}
+	what := fmt.Sprintf("redis slow (+%s each way, %g failing) in %s (%s) for %s", f.Delay, f.Loss, f.Region, who, f.For)
+	switch w.rules[ri].spec.Policy {
+	case PolicyClosed:
+		return zero(what + ": fails closed")
+	case PolicyOpen:
+		return term{unbounded: true, formula: what + ": fails open"}
+	}
+	l := a.starts[i].alloc[r][ri]
+	live := a.minLive(w, r, f.At, f.For)
+	share := math.Min(1, float64(n)/float64(max(live, 1)))
+	d := f.For + a.cfg[r].MaxTimeout
+	return term{tokens: share * l.rate * d.Seconds(),
+		formula: fmt.Sprintf("%s, emergency: %d of %d live agents × allocation %.3f/s at the fault's start × (fault %s + max timeout %s), buckets empty at each opening",
+			what, n, live, l.rate, f.For, a.cfg[r].MaxTimeout)}
 }
