@@ -12,7 +12,7 @@ import (
 // with the failures taken out and a 300 ms round trip (slow alone) opens
 // no breaker: the deadline follows the latency.
 func TestSlowRedis(t *testing.T) {
-	sc, err := LoadScenario("scenarios/17-redis-slow-partial.yaml")
+	sc, err := LoadScenario("scenarios/29-redis-slow-partial.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
