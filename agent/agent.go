@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/allot-dev/allot/breaker"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/lease"
@@ -40,6 +42,11 @@ type Config struct {
 	// for the region, so that membership converges first and two agents
 	// starting together do not both speak.
 	SpeakerWait time.Duration
+	// SpeakerLease is the speaker lease's time to live in the regional
+	// store (Shared.HoldSpeaker), renewed every Tick: an agent speaks only
+	// while it holds the lease, counted from when it asked for it, less a
+	// tenth for the store's clock and the round trip.
+	SpeakerLease time.Duration
 }
 
 // DefaultConfig returns a Config with production defaults; Name and
@@ -51,6 +58,7 @@ func DefaultConfig() Config {
 		Tick:         100 * time.Millisecond,  // tables and demand move within a tenth of a refresh
 		FailoverPoll: 500 * time.Millisecond,  // a failover takes seconds; notice it within half of one
 		SpeakerWait:  1500 * time.Millisecond, // memberlist joins and gossips within about a second
+		SpeakerLease: 2 * time.Second,         // a crashed speaker's lease ends about when memberlist declares it dead
 	}
 }
 
@@ -65,6 +73,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: agent failover_poll=%s must be ≥ 0", ErrInvalidConfig, c.FailoverPoll)
 	case c.SpeakerWait < 0:
 		return fmt.Errorf("%w: agent speaker_wait=%s must be ≥ 0", ErrInvalidConfig, c.SpeakerWait)
+	case c.SpeakerLease <= c.Tick:
+		return fmt.Errorf("%w: agent speaker_lease=%s must exceed tick=%s (it is renewed every tick)", ErrInvalidConfig, c.SpeakerLease, c.Tick)
 	case c.Speaker.Tick <= 0 || c.Speaker.Refresh <= 0 || c.Speaker.Redial <= 0 || c.Speaker.DemandMaxAge <= 0:
 		return fmt.Errorf("%w: speaker tick=%s, refresh=%s, redial=%s and demand_max_age=%s must be > 0",
 			ErrInvalidConfig, c.Speaker.Tick, c.Speaker.Refresh, c.Speaker.Redial, c.Speaker.DemandMaxAge)
@@ -78,7 +88,9 @@ type Deps struct {
 	// region.Store is the regional store: redisstore.Store, or bucket.Memory for the
 	// embedded default.
 	Store bucket.Store
-	// Redis, when set, is watched for failovers (run id or role changes).
+	// Redis, when set, is watched for failovers (run id or role changes),
+	// and Store's calls run under the core's breaker's deadlines
+	// (breaker.Timed): Store should then carry a longer timeout of its own.
 	Redis redis.UniversalClient
 	// Shared is the region's shared state; nil means a MemShared private
 	// to this agent.
@@ -117,14 +129,20 @@ type Agent struct {
 
 	mu        sync.Mutex
 	speaking  bool
+	fence     Fence     // the speaker lease this agent holds (zero: none)
+	fenceTill time.Time // until when, by the agent's clock
+	spkFence  Fence     // the lease the running lease client speaks under
 	spk       *LeaseClient
 	stopSpk   context.CancelFunc
 	spkDone   chan struct{}
 	members   []string
 	runID     string
 	role      string
+	shards    map[string]string // on a Cluster: slot range → primary's node id
+	runs      map[string]string // on a Cluster: primary's node id → run id
 	closing   bool
 	lastError error
+	opened    int64 // breaker openings already logged; tick's alone
 	// lastErrorAt is when lastError happened; recovered is set once a
 	// later round reached the shared state without error.
 	lastErrorAt time.Time
@@ -146,7 +164,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		deps.Logger = slog.Default()
 	}
 	if deps.Shared == nil {
-		deps.Shared = NewMemShared()
+		deps.Shared = NewMemSharedOn(deps.Clock)
 	}
 	if deps.Membership == nil {
 		deps.Membership = NewStaticMembership(cfg.Name)
@@ -158,6 +176,16 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		return nil, fmt.Errorf("agent: Deps.Store %T does not implement bucket.Rebaser", deps.Store)
 	}
 	cfg.Speaker.Region, cfg.Speaker.Agent = cfg.Core.Region, cfg.Name
+	if deps.Redis != nil && cfg.Core.Breaker == nil {
+		// The breaker sets each Redis call's deadline from the latency it
+		// observes; the core counts the outcomes.
+		b, err := breaker.New(cfg.Core.BreakerConfig())
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		cfg.Core.Breaker = b
+		deps.Store = breaker.Timed(deps.Store, b, deps.Clock)
+	}
 	view := region.NewTableView(cfg.Core.Region, cfg.Core.Floors)
 	core, err := region.NewCore(cfg.Core, deps.Store, view)
 	if err != nil {
@@ -219,17 +247,41 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 		slices.Sort(members)
 	}
 	a.core.SetLive(len(members))
-	speak := a.deps.Transport != nil && region.SpeakerOf(members) == a.cfg.Name && now.Sub(a.started) >= a.cfg.SpeakerWait
+	// An agent that cannot reach the store says so (its emergency buckets
+	// decide), and the others take its share out of the regional bucket.
+	cutSelf := a.core.Breaker().State(now) != region.BreakerClosed
+	var cut []string
+	if an, ok := a.deps.Membership.(Announcer); ok {
+		an.SetCut(cutSelf)
+		cut = an.Cut()
+	}
+	a.core.SetPeersCut(len(cut))
+	// The speaker is the lowest of the agents that reach the store (all
+	// of them when none does), and speaks only while it holds the lease.
+	candidates := slices.DeleteFunc(slices.Clone(members), func(m string) bool {
+		return slices.Contains(cut, m) || (cutSelf && m == a.cfg.Name)
+	})
+	if len(candidates) == 0 {
+		candidates = members
+	}
+	speak := a.deps.Transport != nil && region.SpeakerOf(candidates) == a.cfg.Name && now.Sub(a.started) >= a.cfg.SpeakerWait
 	a.mu.Lock()
 	a.members = members
 	a.mu.Unlock()
-	a.setSpeaking(ctx, speak)
+	fence, held := a.holdSpeaker(ctx, now, speak)
+	a.setSpeaking(ctx, speak && held, fence)
 
 	if a.cfg.FailoverPoll > 0 && a.deps.Redis != nil && now.Sub(*lastPoll) >= a.cfg.FailoverPoll {
 		*lastPoll = now
 		a.pollFailover(ctx, now)
 	}
 	a.core.Tick(ctx, now)
+	if n := a.core.Breaker().Opened(); n != a.opened {
+		// Why a breaker opened is what tells an outage from a slow store.
+		a.opened = n
+		a.log.Warn("agent: breaker on the regional store opened", "region", a.Region(), "agent", a.cfg.Name,
+			"opened", n, "state", a.core.Breaker().State(now).String(), "deadline", a.core.Breaker().Deadline(), "err", a.core.LastError())
+	}
 	ok := true
 	if !speak {
 		if t, err := a.deps.Shared.LoadTable(ctx); err != nil {
@@ -275,9 +327,61 @@ func (a *Agent) noteOK() {
 	}
 }
 
-// setSpeaking starts or stops the lease client.
-func (a *Agent) setSpeaking(ctx context.Context, speak bool) {
+// holdSpeaker takes or renews the speaker lease when the agent stands to
+// speak, and gives it up when it no longer does; it returns the lease and
+// whether it is held at now. A lease the store did not renew (it did not
+// answer) is held until it ends.
+func (a *Agent) holdSpeaker(ctx context.Context, now time.Time, want bool) (Fence, bool) {
 	a.mu.Lock()
+	f, till := a.fence, a.fenceTill
+	a.mu.Unlock()
+	if !want {
+		if !f.IsZero() {
+			a.setSpeaking(ctx, false, Fence{}) // stop speaking before the lease goes
+			if err := a.deps.Shared.ReleaseSpeaker(ctx, f); err != nil {
+				a.noteErr(err)
+			}
+			a.mu.Lock()
+			a.fence, a.fenceTill = Fence{}, time.Time{}
+			a.mu.Unlock()
+		}
+		return Fence{}, false
+	}
+	nf, err := a.deps.Shared.HoldSpeaker(ctx, a.cfg.Name, f, a.cfg.SpeakerLease)
+	switch {
+	case err == nil:
+		f, till = nf, now.Add(a.cfg.SpeakerLease-a.cfg.SpeakerLease/10)
+	case errors.Is(err, ErrNotSpeaker):
+		f, till = Fence{}, time.Time{}
+	default:
+		a.noteErr(err)
+	}
+	a.mu.Lock()
+	a.fence, a.fenceTill = f, till
+	a.mu.Unlock()
+	return f, now.Before(till)
+}
+
+// leaseFence is the lease client's view of the speaker lease: the fence
+// it was started under, held while the agent's lease is that one and has
+// not ended.
+func (a *Agent) leaseFence() (Fence, bool) {
+	now := a.deps.Clock.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.spkFence, a.fence == a.spkFence && now.Before(a.fenceTill)
+}
+
+// setSpeaking starts or stops the lease client; a client running under
+// another lease than fence is restarted, since another agent may have
+// spoken in between.
+func (a *Agent) setSpeaking(ctx context.Context, speak bool, fence Fence) {
+	a.mu.Lock()
+	if a.speaking && speak && a.spkFence != fence {
+		a.mu.Unlock()
+		a.setSpeaking(ctx, false, Fence{})
+		a.mu.Lock()
+	}
 	if speak == a.speaking || a.closing {
 		a.mu.Unlock()
 		return
@@ -294,9 +398,10 @@ func (a *Agent) setSpeaking(ctx context.Context, speak bool) {
 	}
 	// Only setSpeaking and stop end the speaker, so that stop can decide
 	// (closing) whether the lease is released before the speaker exits.
+	a.spkFence = fence
 	s, err := NewLeaseClient(a.cfg.Speaker, LeaseDeps{Clock: a.deps.Clock, Shared: a.deps.Shared, Store: a.deps.Store,
 		View: a.view, Transport: a.deps.Transport, Members: a.Members, Release: a.releaseOnStop, Logger: a.log,
-		Seed: a.rng.Uint64()})
+		Fence: a.leaseFence, Seed: a.rng.Uint64()})
 	if err != nil {
 		a.speaking = false
 		a.mu.Unlock()
@@ -330,6 +435,7 @@ func (a *Agent) stop() {
 	a.mu.Lock()
 	a.closing = true
 	cancel, done := a.stopSpk, a.spkDone
+	f := a.fence
 	a.mu.Unlock()
 	if cancel != nil {
 		cancel()
@@ -337,6 +443,10 @@ func (a *Agent) stop() {
 	}
 	ctx, c := context.WithTimeout(context.Background(), time.Second)
 	defer c()
+	// The next agent may take the lease at once, not when it ends.
+	if err := a.deps.Shared.ReleaseSpeaker(ctx, f); err != nil {
+		a.noteErr(err)
+	}
 	a.core.Shutdown(ctx, a.deps.Clock.Now())
 }
 
@@ -366,13 +476,17 @@ func (a *Agent) Members() []string {
 
 // pollFailover reads the Redis server's run id and role; a change of
 // either from what was seen before is a failover or a restart, after which
-// buckets may have lost writes.
+// buckets may have lost writes. On a Cluster it does so per shard: each
+// slot range's primary (a replica promoted, by CLUSTER FAILOVER or after
+// its primary died, changes it) and each primary's run id (a primary
+// restarted in place).
 func (a *Agent) pollFailover(ctx context.Context, now time.Time) {
-	if _, ok := a.deps.Redis.(*redis.ClusterClient); ok {
-		return // each shard fails over on its own; not detected here
-	}
 	c, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
+	if cc, ok := a.deps.Redis.(*redis.ClusterClient); ok {
+		a.pollCluster(c, cc, now)
+		return
+	}
 	info, err := a.deps.Redis.Info(c, "server", "replication").Result()
 	if err != nil {
 		return
@@ -384,6 +498,66 @@ func (a *Agent) pollFailover(ctx context.Context, now time.Time) {
 	a.mu.Unlock()
 	if changed {
 		a.log.Warn("agent: regional Redis failed over or restarted", "region", a.Region(), "run_id", runID, "role", role)
+		a.core.Failover(now)
+	}
+}
+
+// pollCluster is pollFailover on a Redis Cluster. A shard is known by
+// its slot range; its identity is its primary's node id, and each
+// primary's run id is kept by node id. A shard that fails over drains
+// every key of the rules that empty on failover, not only its own: the
+// core keeps one failover epoch, which errs on the side of denying.
+func (a *Agent) pollCluster(ctx context.Context, cc *redis.ClusterClient, now time.Time) {
+	slots, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		return
+	}
+	shards := make(map[string]string, len(slots))
+	for _, s := range slots {
+		if len(s.Nodes) > 0 {
+			shards[strconv.Itoa(s.Start)+"-"+strconv.Itoa(s.End)] = s.Nodes[0].ID
+		}
+	}
+	var mu sync.Mutex
+	runs := map[string]string{}
+	// A primary that does not answer leaves its run id unknown this round;
+	// the slot map above still shows its replacement.
+	_ = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		id, err := c.ClusterMyID(ctx).Result()
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(ctx, "server").Result()
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		runs[id] = infoField(info, "run_id")
+		mu.Unlock()
+		return nil
+	})
+	var moved []string
+	a.mu.Lock()
+	for rng, id := range shards {
+		if old, ok := a.shards[rng]; ok && old != id {
+			moved = append(moved, rng)
+		} else if ok && runs[id] != "" && a.runs[id] != "" && runs[id] != a.runs[id] {
+			moved = append(moved, rng)
+		}
+	}
+	if a.shards == nil {
+		a.shards, a.runs = map[string]string{}, map[string]string{}
+	}
+	for rng, id := range shards {
+		a.shards[rng] = id
+	}
+	for id, run := range runs {
+		a.runs[id] = run
+	}
+	a.mu.Unlock()
+	if len(moved) > 0 {
+		slices.Sort(moved)
+		a.log.Warn("agent: regional Redis Cluster shards failed over or restarted", "region", a.Region(), "slots", moved)
 		a.core.Failover(now)
 	}
 }
@@ -401,9 +575,12 @@ func infoField(info, field string) string {
 
 // Status describes an agent for health checks, metrics and the demo.
 type Status struct {
-	Region   string
-	Agent    string
-	Members  []string
+	Region  string
+	Agent   string
+	Members []string
+	// Speaking: the agent runs the region's lease client and holds the
+	// speaker lease at now (a client whose lease ended sends nothing, even
+	// before the next tick stops it).
 	Speaking bool
 	// Lease is the region's lease as the shared table says (zero without
 	// a table).
@@ -425,7 +602,7 @@ func (a *Agent) Status() Status {
 	now := a.deps.Clock.Now()
 	t := a.view.Table()
 	a.mu.Lock()
-	st := Status{Region: a.Region(), Agent: a.cfg.Name, Members: slices.Clone(a.members), Speaking: a.speaking,
+	st := Status{Region: a.Region(), Agent: a.cfg.Name, Members: slices.Clone(a.members), Speaking: a.speaking && now.Before(a.fenceTill),
 		Table: t, Breaker: a.core.Breaker().State(now), LastError: a.lastError, LastErrorAt: a.lastErrorAt,
 		LastErrorCurrent: a.lastError != nil && !a.recovered}
 	a.mu.Unlock()

@@ -323,10 +323,22 @@ func TestRedisOutagePolicies(t *testing.T) {
 					t.Fatalf("fail open: %d of 300 open", open)
 				}
 			case rules.Emergency:
+				// The emergency bucket starts empty when the breaker
+				// opens, and no time passed on the clock.
+				if admitted != 0 {
+					t.Fatalf("emergency admitted %d at the opening, want 0", admitted)
+				}
+				opened := clk.Now()
+				st.until(40, "a second passes", func() bool { return clk.Now().Sub(opened) >= time.Second })
+				for i := 0; i < 300; i++ {
+					if d, err := a.Store().Decide(ctx, k, global, 1, ""); err == nil && d.Allowed {
+						admitted++
+					}
+				}
 				// The allocation (100/s, burst 100) divided by 2 live
-				// agents: a burst of 50, and no time passed on the clock.
+				// agents: a burst of 50, refilled in a second.
 				if admitted != 50 {
-					t.Fatalf("emergency admitted %d, want the burst of 50", admitted)
+					t.Fatalf("emergency admitted %d a second in, want the burst of 50", admitted)
 				}
 			}
 			if st := a.Core().Stats(); st.BreakerOpened < 1 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -57,6 +58,11 @@ type LeaseDeps struct {
 	// Release, read as Run ends, says whether to give the region's
 	// allocations back (its last agent stopping cleanly); nil means never.
 	Release func() bool
+	// Fence returns the speaker lease the client speaks under and
+	// whether it still holds it; publications carry the fence, and while
+	// it is not held the client neither publishes nor keeps a stream. Nil
+	// means no lease (a client alone, publishing unfenced).
+	Fence func() (Fence, bool)
 	// Logger receives the client's log; nil means slog.Default().
 	Logger *slog.Logger
 	// Seed seeds the random source lease sessions are drawn from.
@@ -114,6 +120,9 @@ func NewLeaseClient(cfg SpeakerConfig, deps LeaseDeps) (*LeaseClient, error) {
 	if deps.Release == nil {
 		deps.Release = func() bool { return false }
 	}
+	if deps.Fence == nil {
+		deps.Fence = func() (Fence, bool) { return Fence{}, true }
+	}
 	return &LeaseClient{cfg: cfg, deps: deps, log: deps.Logger, rng: rand.New(rand.NewPCG(deps.Seed, 0x7370656b))}, nil
 }
 
@@ -154,6 +163,13 @@ func (c *LeaseClient) Run(ctx context.Context) error {
 	tick := c.deps.Clock.NewTimer(c.cfg.Tick)
 	defer tick.Stop()
 	for ctx.Err() == nil {
+		if _, held := c.deps.Fence(); !held {
+			// Not the region's speaker (the lease is lost, or not yet
+			// renewed): no stream, until the agent stops this client or
+			// the lease is held again.
+			c.idle(ctx, tick)
+			continue
+		}
 		st, err := c.deps.Transport.Connect(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -274,7 +290,7 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 	c.sp.Connected(c.deps.Clock.Now())
 	out := c.carryLocked(ctx)
 	c.mu.Unlock()
-	if err := send(st, out); err != nil {
+	if err := c.send(st, out); err != nil {
 		return false, err
 	}
 	for {
@@ -297,7 +313,7 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 			}
 			out := c.carryLocked(ctx)
 			c.mu.Unlock()
-			err = send(st, out)
+			err = c.send(st, out)
 		case <-tick.C():
 			err = c.round(ctx, st)
 			tick.Reset(c.cfg.Tick)
@@ -317,18 +333,49 @@ func (c *LeaseClient) round(ctx context.Context, st lease.Stream) error {
 	if err != nil {
 		reports = nil // neither demand nor adoption moves this round
 	}
-	members := c.deps.Members()
+	now := c.deps.Clock.Now()
+	members := liveOf(c.deps.Members(), reports, now, c.cfg.DemandMaxAge)
 	c.mu.Lock()
-	c.sp.Tick(c.deps.Clock.Now(), reports, members)
+	c.sp.Tick(now, reports, members)
 	out := c.carryLocked(ctx)
 	c.mu.Unlock()
 	if st == nil {
 		return nil
 	}
-	return send(st, out)
+	return c.send(st, out)
 }
 
-func send(st lease.Stream, msgs []lease.Message) error {
+// liveOf is the region's live agents as the speaker counts them: those
+// memberlist sees, and every agent whose demand report is fresh. An agent
+// memberlist cannot see (a partition inside the region) but that reaches
+// the region's store decides with the tables published there: its demand
+// counts, and acknowledgements wait until it adopts them, as for any
+// other.
+func liveOf(members []string, reports []region.DemandReport, now time.Time, maxAge time.Duration) []string {
+	out := members
+	for _, r := range reports {
+		if now.Sub(r.At) <= maxAge && !slices.Contains(out, r.Agent) {
+			if len(out) == len(members) {
+				out = slices.Clone(members)
+			}
+			out = append(out, r.Agent)
+		}
+	}
+	if len(out) != len(members) {
+		slices.Sort(out)
+	}
+	return out
+}
+
+// errLostLease: the speaker lease is no longer held; the stream is
+// dropped.
+var errLostLease = errors.New("agent: the speaker lease is lost")
+
+// send sends msgs on st while the client holds the speaker lease.
+func (c *LeaseClient) send(st lease.Stream, msgs []lease.Message) error {
+	if _, held := c.deps.Fence(); !held {
+		return errLostLease
+	}
 	for _, m := range msgs {
 		if err := st.Send(m); err != nil {
 			return err
@@ -354,7 +401,8 @@ func (c *LeaseClient) carryLocked(ctx context.Context) []lease.Message {
 			}
 		}
 		if t := rd.Publish; t != nil {
-			ok, err := c.deps.Shared.PublishTable(ctx, t)
+			f, _ := c.deps.Fence()
+			ok, err := c.deps.Shared.PublishTable(ctx, t, f)
 			if err == nil && !ok {
 				if cur, lerr := c.deps.Shared.LoadTable(ctx); lerr == nil && cur != nil && cur.Pub >= t.Pub {
 					o.Refused, o.StoredPub = true, cur.Pub
@@ -363,7 +411,12 @@ func (c *LeaseClient) carryLocked(ctx context.Context) []lease.Message {
 			if err != nil {
 				c.log.Warn("agent: publish table", "region", c.cfg.Region, "err", err)
 			}
-			c.deps.View.Set(t)
+			if !errors.Is(err, ErrNotSpeaker) {
+				// The region's store is unreachable, or took it: this
+				// agent decides with it either way. A table refused as
+				// not the lease holder's is not this region's table.
+				c.deps.View.Set(t)
+			}
 		}
 		c.sp.Advance(o)
 		send = append(send, rd.Send...)

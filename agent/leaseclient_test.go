@@ -104,7 +104,7 @@ func TestLeaseClientPublishesAboveAnotherSpeaker(t *testing.T) {
 		// Another speaker publishes far ahead; the next renewal changes the
 		// table, and this speaker's publication is refused.
 		other := &region.Table{Region: "a", Speaker: "a-9", Pub: f.view.Table().Pub + 1_000_000_000, Term: 7, Version: 3}
-		if ok, _ := f.shared.PublishTable(ctx, other); !ok {
+		if ok, _ := f.shared.PublishTable(ctx, other, Fence{}); !ok {
 			t.Fatal("setup: other table not stored")
 		}
 		time.Sleep(time.Second)

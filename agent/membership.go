@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -22,12 +23,31 @@ type Membership interface {
 	Members() []string
 }
 
+// Announcer is a Membership through which an agent tells the region's
+// other agents that it cannot reach the regional store, and learns which
+// of them say so. It must not depend on that store: Gossip carries the
+// word in memberlist's node metadata. An agent that announces a cut
+// decides by its emergency buckets at its share of the region's
+// allocation, which the others then take out of what they spend through
+// the regional bucket (region.Core.SetPeersCut); and it does not stand to
+// speak for the region, which needs the store.
+type Announcer interface {
+	// SetCut announces whether this agent is cut from the store.
+	SetCut(cut bool)
+	// Cut returns the live agents, this one aside, that announce a cut,
+	// sorted.
+	Cut() []string
+}
+
 // StaticMembership is a fixed membership: a single agent, or tests.
 type StaticMembership struct {
 	mu      sync.Mutex
 	self    string
 	members []string
+	cut     map[string]bool
 }
+
+var _ Announcer = (*StaticMembership)(nil)
 
 // NewStaticMembership returns a membership of self and others.
 func NewStaticMembership(self string, others ...string) *StaticMembership {
@@ -44,6 +64,32 @@ func (m *StaticMembership) Members() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.Clone(m.members)
+}
+
+// SetCut implements Announcer.
+func (m *StaticMembership) SetCut(cut bool) { m.SetCutOf(m.self, cut) }
+
+// SetCutOf records what member name announces, as gossip would carry it.
+func (m *StaticMembership) SetCutOf(name string, cut bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cut == nil {
+		m.cut = map[string]bool{}
+	}
+	m.cut[name] = cut
+}
+
+// Cut implements Announcer.
+func (m *StaticMembership) Cut() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, n := range m.members {
+		if n != m.self && m.cut[n] {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // Set replaces the live members.
@@ -67,6 +113,11 @@ type GossipConfig struct {
 	// Port 0 picks a free port.
 	BindAddr string
 	BindPort int
+	// AdvertiseAddr and AdvertisePort, when set, are where the other
+	// agents reach this one (TCP and UDP) instead of the bind address: a
+	// NAT, or a proxy in front of it.
+	AdvertiseAddr string
+	AdvertisePort int
 	// Join lists host:port of agents to join; empty starts a new region.
 	Join []string
 	// ProbeInterval, ProbeTimeout and SuspicionMult set how fast a dead
@@ -106,6 +157,10 @@ func (c GossipConfig) Validate() error {
 		return fmt.Errorf("%w: gossip bind_port=%d out of range", ErrInvalidConfig, c.BindPort)
 	case net.ParseIP(c.BindAddr) == nil:
 		return fmt.Errorf("%w: gossip bind_addr=%q is not an IP address", ErrInvalidConfig, c.BindAddr)
+	case c.AdvertiseAddr != "" && net.ParseIP(c.AdvertiseAddr) == nil:
+		return fmt.Errorf("%w: gossip advertise_addr=%q is not an IP address", ErrInvalidConfig, c.AdvertiseAddr)
+	case c.AdvertisePort < 0 || c.AdvertisePort > 65535 || (c.AdvertisePort > 0) != (c.AdvertiseAddr != ""):
+		return fmt.Errorf("%w: gossip advertise_port=%d must be in [1, 65535] with an advertise_addr (%q), else 0", ErrInvalidConfig, c.AdvertisePort, c.AdvertiseAddr)
 	case c.ProbeInterval <= 0 || c.ProbeTimeout <= 0 || c.ProbeTimeout >= c.ProbeInterval:
 		return fmt.Errorf("%w: gossip probe_timeout=%s must be in (0, probe_interval=%s)", ErrInvalidConfig, c.ProbeTimeout, c.ProbeInterval)
 	case c.SuspicionMult < 1:
@@ -125,9 +180,55 @@ type Gossip struct {
 	ml   *memberlist.Memberlist
 	stop chan struct{}
 	once sync.Once
+	// cut is what this agent announces in its node metadata; updating
+	// serializes the re-advertisements.
+	cut      atomic.Bool
+	updating sync.Mutex
+	// peersCut is the agents whose metadata announces a cut, kept by the
+	// event delegate: memberlist updates a node's Meta in place, so it is
+	// read only in memberlist's callbacks.
+	metaMu   sync.Mutex
+	peersCut map[string]bool
 }
 
-var _ Membership = (*Gossip)(nil)
+var (
+	_ Membership = (*Gossip)(nil)
+	_ Announcer  = (*Gossip)(nil)
+)
+
+// metaCut is the node metadata of an agent that announces a cut.
+const metaCut = "cut"
+
+// gossipDelegate gives memberlist this agent's metadata; it carries no
+// messages of its own.
+type gossipDelegate struct{ g *Gossip }
+
+func (d gossipDelegate) NodeMeta(int) []byte {
+	if d.g.cut.Load() {
+		return []byte(metaCut)
+	}
+	return nil
+}
+
+// NotifyJoin, NotifyLeave and NotifyUpdate keep Gossip.peersCut.
+func (d gossipDelegate) NotifyJoin(n *memberlist.Node)   { d.note(n.Name, string(n.Meta) == metaCut) }
+func (d gossipDelegate) NotifyUpdate(n *memberlist.Node) { d.note(n.Name, string(n.Meta) == metaCut) }
+func (d gossipDelegate) NotifyLeave(n *memberlist.Node)  { d.note(n.Name, false) }
+
+func (d gossipDelegate) note(name string, cut bool) {
+	d.g.metaMu.Lock()
+	defer d.g.metaMu.Unlock()
+	if cut {
+		d.g.peersCut[name] = true
+	} else {
+		delete(d.g.peersCut, name)
+	}
+}
+
+func (gossipDelegate) NotifyMsg([]byte)                {}
+func (gossipDelegate) GetBroadcasts(int, int) [][]byte { return nil }
+func (gossipDelegate) LocalState(bool) []byte          { return nil }
+func (gossipDelegate) MergeRemoteState([]byte, bool)   {}
 
 // StartGossip creates the memberlist and joins the agents in cfg.Join. A
 // join that reaches nobody is not an error: the agent starts alone and the
@@ -136,12 +237,16 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gossip{cfg: cfg, stop: make(chan struct{})}
+	g := &Gossip{cfg: cfg, stop: make(chan struct{}), peersCut: map[string]bool{}}
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.Name
 	mc.Label = "allot-region:" + cfg.Region
 	mc.BindAddr, mc.BindPort = cfg.BindAddr, cfg.BindPort
 	mc.AdvertiseAddr, mc.AdvertisePort = cfg.BindAddr, cfg.BindPort
+	if cfg.AdvertiseAddr != "" {
+		mc.AdvertiseAddr, mc.AdvertisePort = cfg.AdvertiseAddr, cfg.AdvertisePort
+	}
+	mc.Delegate, mc.Events = gossipDelegate{g}, gossipDelegate{g}
 	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = cfg.ProbeInterval, cfg.ProbeTimeout, cfg.SuspicionMult
 	mc.GossipInterval = cfg.GossipInterval
 	mc.PushPullInterval = 5 * time.Second
@@ -156,7 +261,7 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 		return nil, fmt.Errorf("agent: memberlist on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
 	}
 	g.ml = ml
-	if cfg.BindPort == 0 {
+	if cfg.BindPort == 0 && cfg.AdvertiseAddr == "" {
 		// Advertise the port the OS picked.
 		g.cfg.BindPort = int(ml.LocalNode().Port)
 	}
@@ -201,6 +306,39 @@ func (g *Gossip) Members() []string {
 		out = append(out, n.Name)
 	}
 	slices.Sort(out)
+	return out
+}
+
+// SetCut implements Announcer: a change is re-advertised to the other
+// agents in the background (memberlist gossips it within a few
+// GossipIntervals).
+func (g *Gossip) SetCut(cut bool) {
+	if g.cut.Swap(cut) == cut {
+		return
+	}
+	go func() {
+		g.updating.Lock()
+		defer g.updating.Unlock()
+		select {
+		case <-g.stop:
+			return
+		default:
+		}
+		_ = g.ml.UpdateNode(time.Second) // an error means no broadcast yet; gossip and push-pull carry it later
+	}()
+}
+
+// Cut implements Announcer.
+func (g *Gossip) Cut() []string {
+	var out []string
+	members := g.Members()
+	g.metaMu.Lock()
+	defer g.metaMu.Unlock()
+	for _, n := range members {
+		if n != g.cfg.Name && g.peersCut[n] {
+			out = append(out, n)
+		}
+	}
 	return out
 }
 

@@ -131,3 +131,48 @@ func TestGossipJoinsAPeerThatStartsLater(t *testing.T) {
 		return len(g1.Members()) == 2 && len(g2.Members()) == 2
 	})
 }
+
+// TestGossipCarriesCuts: an agent that announces a cut from the store is
+// listed by the others (memberlist's node metadata, no store needed), and
+// no longer once it announces the store is back; an agent that leaves is
+// not listed.
+func TestGossipCarriesCuts(t *testing.T) {
+	var gs []*Gossip
+	for i, name := range []string{"eu-0", "eu-1", "eu-2"} {
+		var join []string
+		if i > 0 {
+			join = []string{gs[0].Addr()}
+		}
+		g, err := StartGossip(fastGossip(name, "eu", join))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { g.Shutdown() })
+		gs = append(gs, g)
+	}
+	waitFor(t, 5*time.Second, "three agents see each other", func() bool {
+		for _, g := range gs {
+			if len(g.Members()) != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	gs[1].SetCut(true)
+	waitFor(t, 3*time.Second, "eu-1's cut reaches the others", func() bool {
+		return slices.Equal(gs[0].Cut(), []string{"eu-1"}) && slices.Equal(gs[2].Cut(), []string{"eu-1"})
+	})
+	if c := gs[1].Cut(); len(c) != 0 {
+		t.Fatalf("eu-1 lists %v, want none: Cut lists the others", c)
+	}
+	gs[1].SetCut(false)
+	waitFor(t, 3*time.Second, "eu-1's return reaches the others", func() bool {
+		return len(gs[0].Cut()) == 0 && len(gs[2].Cut()) == 0
+	})
+	gs[2].SetCut(true)
+	waitFor(t, 3*time.Second, "eu-2's cut reaches eu-0", func() bool { return slices.Equal(gs[0].Cut(), []string{"eu-2"}) })
+	if err := gs[2].Leave(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*time.Second, "eu-2's leave clears its cut", func() bool { return len(gs[0].Cut()) == 0 })
+}

@@ -14,17 +14,31 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/region"
 )
 
-// Shared is the state the agents of a region share: the allocation table
-// the speaking agent publishes, and each agent's demand report, which the
-// speaking agent sums for the coordinator. RedisShared keeps it in the
-// regional Redis; MemShared in process.
+// Shared is the state the agents of a region share: the speaker lease,
+// the allocation table the speaking agent publishes, and each agent's
+// demand report, which the speaking agent sums for the coordinator.
+// RedisShared keeps it in the regional Redis; MemShared in process.
+//
+// The speaker lease makes the store the arbiter of who speaks: an agent
+// speaks for its region only while it holds the lease, and the store
+// takes a table only from the lease's holder. So two agents that cannot
+// see each other (memberlist split inside a region) never both speak:
+// the one that does not hold the lease cannot publish, and stops.
 type Shared interface {
+	// HoldSpeaker takes the region's speaker lease for agent for ttl, or
+	// renews it when held is the lease, and returns the lease's fence. It
+	// returns ErrNotSpeaker when another agent holds it.
+	HoldSpeaker(ctx context.Context, agent string, held Fence, ttl time.Duration) (Fence, error)
+	// ReleaseSpeaker gives the lease up if f is still the lease.
+	ReleaseSpeaker(ctx context.Context, f Fence) error
 	// PublishTable stores t unless the stored table has a Pub ≥ t.Pub, and
-	// reports whether it stored it.
-	PublishTable(ctx context.Context, t *region.Table) (bool, error)
+	// reports whether it stored it. It returns ErrNotSpeaker unless f is
+	// the speaker lease (a zero f: unless an agent holds it).
+	PublishTable(ctx context.Context, t *region.Table, f Fence) (bool, error)
 	// LoadTable returns the stored table, nil if there is none.
 	LoadTable(ctx context.Context) (*region.Table, error)
 	// PutDemand stores agent's demand report.
@@ -33,24 +47,105 @@ type Shared interface {
 	Demands(ctx context.Context) ([]region.DemandReport, error)
 }
 
+// Fence is a speaker lease as its holder knows it: the agent and the
+// token the store gave it when it took the lease (tokens increase with
+// every new lease). The zero Fence is no lease.
+type Fence struct {
+	Agent string
+	Token uint64
+}
+
+// IsZero reports whether f is no lease.
+func (f Fence) IsZero() bool { return f == Fence{} }
+
+// String is the lease's value in the store: "<token> <agent>".
+func (f Fence) String() string {
+	if f.IsZero() {
+		return ""
+	}
+	return strconv.FormatUint(f.Token, 10) + " " + f.Agent
+}
+
+// parseFence reads a lease's value.
+func parseFence(s string) (Fence, error) {
+	tok, agent, ok := strings.Cut(s, " ")
+	n, err := strconv.ParseUint(tok, 10, 64)
+	if !ok || err != nil || agent == "" {
+		return Fence{}, fmt.Errorf("agent: speaker lease %q is not \"<token> <agent>\"", s)
+	}
+	return Fence{Agent: agent, Token: n}, nil
+}
+
+// ErrNotSpeaker: another agent holds the region's speaker lease.
+var ErrNotSpeaker = errors.New("agent: another agent holds the speaker lease")
+
 // MemShared is Shared in process: for a region whose agents share one
-// process, or one agent on the in-process store. It is safe for concurrent
-// use.
+// process, or one agent on the in-process store. Its speaker lease expires
+// by its clock. It is safe for concurrent use.
 type MemShared struct {
+	clk    clock.Clock
 	mu     sync.Mutex
 	table  *region.Table
 	demand map[string]region.DemandReport
+	lease  Fence
+	until  time.Time // the lease's expiry
+	tokens uint64
 }
 
 var _ Shared = (*MemShared)(nil)
 
-// NewMemShared returns an empty MemShared.
-func NewMemShared() *MemShared { return &MemShared{demand: map[string]region.DemandReport{}} }
+// NewMemShared returns an empty MemShared on the real clock.
+func NewMemShared() *MemShared { return NewMemSharedOn(nil) }
 
-// PublishTable implements Shared.
-func (m *MemShared) PublishTable(_ context.Context, t *region.Table) (bool, error) {
+// NewMemSharedOn returns an empty MemShared on clk (nil: clock.Real{}).
+func NewMemSharedOn(clk clock.Clock) *MemShared {
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	return &MemShared{clk: clk, demand: map[string]region.DemandReport{}}
+}
+
+// leaseLocked is the lease in force at now. Requires that m.mu is held.
+func (m *MemShared) leaseLocked() Fence {
+	if !m.clk.Now().Before(m.until) {
+		m.lease = Fence{}
+	}
+	return m.lease
+}
+
+// HoldSpeaker implements Shared.
+func (m *MemShared) HoldSpeaker(_ context.Context, agent string, held Fence, ttl time.Duration) (Fence, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	switch cur := m.leaseLocked(); {
+	case !cur.IsZero() && cur == held:
+	case cur.IsZero():
+		m.tokens++
+		m.lease = Fence{Agent: agent, Token: m.tokens}
+	default:
+		return Fence{}, ErrNotSpeaker
+	}
+	m.until = m.clk.Now().Add(ttl)
+	return m.lease, nil
+}
+
+// ReleaseSpeaker implements Shared.
+func (m *MemShared) ReleaseSpeaker(_ context.Context, f Fence) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !f.IsZero() && m.leaseLocked() == f {
+		m.lease = Fence{}
+	}
+	return nil
+}
+
+// PublishTable implements Shared.
+func (m *MemShared) PublishTable(_ context.Context, t *region.Table, f Fence) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.leaseLocked() != f {
+		return false, ErrNotSpeaker
+	}
 	if m.table != nil && m.table.Pub >= t.Pub {
 		return false, nil
 	}
@@ -85,15 +180,19 @@ func (m *MemShared) Demands(context.Context) ([]region.DemandReport, error) {
 	return out, nil
 }
 
-// RedisShared is Shared in the regional Redis: the table in one hash and
-// the demand reports in another, both hash-tagged by region so Cluster
-// keeps each in one slot. The table is replaced by one script that
-// compares publication numbers, so a stale speaker never overwrites a newer
-// table.
+// RedisShared is Shared in the regional Redis: the speaker lease in a
+// string (SET NX PX, its value the Fence, tokens from a counter beside
+// it), the table in one hash and the demand reports in another, all
+// hash-tagged by region so Cluster keeps them in one slot. The table is
+// replaced by one script that checks the publisher's fence against the
+// lease and compares publication numbers, so neither an agent that lost
+// the lease nor a stale speaker overwrites the table.
 type RedisShared struct {
 	c        redis.UniversalClient
 	tableKey string
 	demKey   string
+	leaseKey string
+	tokenKey string
 	timeout  time.Duration
 	ttl      time.Duration
 }
@@ -108,31 +207,95 @@ func NewRedisShared(c redis.UniversalClient, prefix, region string, timeout, ttl
 		prefix = "allot:"
 	}
 	base := prefix + "region:{" + region + "}:"
-	return &RedisShared{c: c, tableKey: base + "table", demKey: base + "demand", timeout: timeout, ttl: ttl}
+	return &RedisShared{c: c, tableKey: base + "table", demKey: base + "demand", leaseKey: base + "speaker",
+		tokenKey: base + "speaker-token", timeout: timeout, ttl: ttl}
 }
 
+// publishScript: KEYS table, lease; ARGV pub, body, ttl ms, fence ("":
+// none). -1: the fence is not the lease; 0: a table as new is stored.
 var publishScript = redis.NewScript(`
+local lease = redis.call('GET', KEYS[2])
+if ARGV[4] == '' then
+  if lease then return -1 end
+elseif lease ~= ARGV[4] then
+  return -1
+end
 local cur = redis.call('HGET', KEYS[1], 'pub')
 if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'pub', ARGV[1], 'body', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1`)
 
+// holdScript: KEYS lease, token counter; ARGV agent, held fence (""),
+// lease ttl ms, counter ttl ms. The lease's value, or nil when another
+// agent holds it.
+var holdScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  if cur == ARGV[2] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    return cur
+  end
+  return false
+end
+local tok = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+local v = tok .. ' ' .. ARGV[1]
+redis.call('SET', KEYS[1], v, 'PX', ARGV[3])
+return v`)
+
+// releaseScript: KEYS lease; ARGV fence.
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`)
+
+// HoldSpeaker implements Shared.
+func (r *RedisShared) HoldSpeaker(ctx context.Context, agent string, held Fence, ttl time.Duration) (Fence, error) {
+	ctx, cancel := r.ctx(ctx)
+	defer cancel()
+	v, err := holdScript.Run(ctx, r.c, []string{r.leaseKey, r.tokenKey}, agent, held.String(),
+		max(ttl.Milliseconds(), 1), r.ttl.Milliseconds()).Text()
+	if errors.Is(err, redis.Nil) {
+		return Fence{}, ErrNotSpeaker
+	}
+	if err != nil {
+		return Fence{}, fmt.Errorf("%w: agent: speaker lease %s: %w", bucket.ErrUnavailable, r.leaseKey, err)
+	}
+	return parseFence(v)
+}
+
+// ReleaseSpeaker implements Shared.
+func (r *RedisShared) ReleaseSpeaker(ctx context.Context, f Fence) error {
+	if f.IsZero() {
+		return nil
+	}
+	ctx, cancel := r.ctx(ctx)
+	defer cancel()
+	if err := releaseScript.Run(ctx, r.c, []string{r.leaseKey}, f.String()).Err(); err != nil {
+		return fmt.Errorf("%w: agent: release speaker lease %s: %w", bucket.ErrUnavailable, r.leaseKey, err)
+	}
+	return nil
+}
+
 func (r *RedisShared) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, r.timeout)
 }
 
 // PublishTable implements Shared.
-func (r *RedisShared) PublishTable(ctx context.Context, t *region.Table) (bool, error) {
+func (r *RedisShared) PublishTable(ctx context.Context, t *region.Table, f Fence) (bool, error) {
 	body, err := json.Marshal(t)
 	if err != nil {
 		return false, fmt.Errorf("agent: encode table: %w", err)
 	}
 	ctx, cancel := r.ctx(ctx)
 	defer cancel()
-	n, err := publishScript.Run(ctx, r.c, []string{r.tableKey}, strconv.FormatUint(t.Pub, 10), body, r.ttl.Milliseconds()).Int()
+	n, err := publishScript.Run(ctx, r.c, []string{r.tableKey, r.leaseKey}, strconv.FormatUint(t.Pub, 10), body,
+		r.ttl.Milliseconds(), f.String()).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: agent: publish table to %s: %w", bucket.ErrUnavailable, r.tableKey, err)
+	}
+	if n < 0 {
+		return false, fmt.Errorf("%w: publish table to %s under %q", ErrNotSpeaker, r.tableKey, f.String())
 	}
 	return n == 1, nil
 }

@@ -47,5 +47,12 @@ type Rebaser interface {
 	Rebase(ctx context.Context, key Key, from, to Limit) error
 }
 
+// Pinger is implemented by stores that can tell cheaply whether they
+// answer, without touching a bucket: a circuit breaker probes a store
+// that failed with it (redisstore.Store sends PING).
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // IsUnavailable reports whether err means the store could not decide.
 func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }

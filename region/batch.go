@@ -65,12 +65,13 @@ func (ks *keyState) takeCount() int64 {
 // refill takes a batch for ks from the store and decides the request from
 // it. One refill per key runs at a time; a request that finds the batch
 // empty while another refills is decided exactly.
-func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim bucket.Limit, cost bucket.Tokens, attemptID string, res Result) (Result, error) {
+func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string, res Result) (Result, error) {
+	lim := ac.limit
 	c.sample(ks, now)
 	ks.mu.Lock()
 	if ks.refilling {
 		ks.mu.Unlock()
-		return c.exact(ctx, now, ks, lim, cost, attemptID, res)
+		return c.exact(ctx, now, ks, ac, cost, attemptID, res)
 	}
 	if left, ok := ks.take(cost, false); ok {
 		ks.mu.Unlock()
@@ -81,7 +82,7 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim buck
 	if !c.breaker.Allow(now) {
 		ks.mu.Unlock()
 		ks.arrived.Add(int64(cost))
-		return c.fallback(now, ks, lim, cost, res)
+		return c.fallback(now, ks, ac, cost, res)
 	}
 	want := c.batchSize(ks.rate, lim, cost)
 	ks.refilling = true
@@ -103,11 +104,11 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim buck
 	if err != nil {
 		ks.arrived.Add(int64(cost))
 		if isInputErr(err) || ctx.Err() != nil {
-			c.breaker.Success(now)
+			c.breaker.Cancel()
 			return res, err
 		}
 		c.storeFailed(now, err)
-		return c.fallback(now, ks, lim, cost, res)
+		return c.fallback(now, ks, ac, cost, res)
 	}
 	c.breaker.Success(now)
 	c.stats.refills.Add(1)
@@ -164,7 +165,9 @@ func (c *Core) giveBack(ctx context.Context, now time.Time, ks *keyState) {
 	err := c.store.Return(ctx, ks.key, lim, bucket.Tokens(n))
 	c.stats.storeOps.Add(1)
 	if err != nil {
-		if !isInputErr(err) {
+		if isInputErr(err) || ctx.Err() != nil {
+			c.breaker.Cancel()
+		} else {
 			c.storeFailed(now, err)
 		}
 		return

@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/allot-dev/allot/breaker"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/rules"
@@ -54,12 +55,25 @@ type Config struct {
 	// BatchWindow is below it is decided exactly, one store call each.
 	MinBatch bucket.Tokens
 
-	// BreakerFailures consecutive store failures open the circuit breaker.
+	// BreakerFailures store failures within BreakerWindow open the
+	// circuit breaker, when they are at least BreakerRatio of the calls
+	// that ended in it (see package breaker).
 	BreakerFailures int
+	BreakerRatio    float64
+	BreakerWindow   time.Duration
 	// BreakerBackoff is how long the breaker stays open before a probe;
 	// each failed probe doubles it up to BreakerMaxBackoff.
 	BreakerBackoff    time.Duration
 	BreakerMaxBackoff time.Duration
+	// Timeout and MaxTimeout bound the deadline of a store call, which
+	// follows the store's latency between them; the driver applies it
+	// (breaker.Timed) and the core counts the calls that outlive it.
+	Timeout    time.Duration
+	MaxTimeout time.Duration
+	// Breaker, when set, is the breaker the core uses, shared with the
+	// driver's store wrapper (breaker.Timed), which feeds it latencies;
+	// nil makes one from the fields above.
+	Breaker *breaker.Breaker
 
 	// DemandHalfLife is the half-life of the demand estimate per key.
 	DemandHalfLife time.Duration
@@ -75,15 +89,20 @@ type Config struct {
 // DefaultConfig returns a Config with production defaults; Region is left
 // to the caller.
 func DefaultConfig() Config {
+	bc := breaker.DefaultConfig()
 	return Config{
 		DefaultRule:       RuleConfig{Scope: rules.ScopeGlobal, OnUnavailable: rules.FailClosed},
 		BatchWindow:       20 * time.Millisecond,  // a few tens of ms of demand per store call
 		BatchMaxFraction:  0.1,                    // ten agents' batches fit in one burst
 		BatchTTL:          100 * time.Millisecond, // batch tokens are spent within moments or returned
 		MinBatch:          4,                      // below 4 tokens per window a batch saves little
-		BreakerFailures:   5,                      // five timeouts in a row is an outage, not a blip
-		BreakerBackoff:    time.Second,            // probe once a second
-		BreakerMaxBackoff: 15 * time.Second,       // never stay away from a recovered store long
+		BreakerFailures:   bc.Failures,            // see breaker.DefaultConfig for each reason
+		BreakerRatio:      bc.Ratio,
+		BreakerWindow:     bc.Window,
+		BreakerBackoff:    bc.Backoff,
+		BreakerMaxBackoff: bc.MaxBackoff,
+		Timeout:           bc.Timeout,
+		MaxTimeout:        bc.MaxTimeout,
 		DemandHalfLife:    500 * time.Millisecond, // follows demand within a refresh interval
 		IdleAfter:         10 * time.Second,       // keep state for keys in recent use only (~600 B each)
 		DenyRetry:         time.Second,            // about one lease refresh
@@ -104,12 +123,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: batch_ttl=%s must be > 0", ErrInvalidConfig, c.BatchTTL)
 	case c.MinBatch < 1:
 		return fmt.Errorf("%w: min_batch=%d must be ≥ 1", ErrInvalidConfig, c.MinBatch)
-	case c.BreakerFailures < 1:
-		return fmt.Errorf("%w: breaker_failures=%d must be ≥ 1", ErrInvalidConfig, c.BreakerFailures)
-	case c.BreakerBackoff <= 0:
-		return fmt.Errorf("%w: breaker_backoff=%s must be > 0", ErrInvalidConfig, c.BreakerBackoff)
-	case c.BreakerMaxBackoff < c.BreakerBackoff:
-		return fmt.Errorf("%w: breaker_max_backoff=%s must be ≥ breaker_backoff=%s", ErrInvalidConfig, c.BreakerMaxBackoff, c.BreakerBackoff)
 	case c.DemandHalfLife <= 0:
 		return fmt.Errorf("%w: demand_half_life=%s must be > 0", ErrInvalidConfig, c.DemandHalfLife)
 	case c.IdleAfter <= c.BatchTTL:
@@ -118,6 +131,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: deny_retry=%s must be > 0", ErrInvalidConfig, c.DenyRetry)
 	case c.Shards < 1:
 		return fmt.Errorf("%w: shards=%d must be ≥ 1", ErrInvalidConfig, c.Shards)
+	}
+	if c.Breaker == nil {
+		if err := c.BreakerConfig().Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
 	}
 	if err := validateFloors(c.Floors, c.Region); err != nil {
 		return err

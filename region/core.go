@@ -2,10 +2,12 @@ package region
 
 import (
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
 
+	"github.com/allot-dev/allot/breaker"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/rules"
 )
@@ -37,8 +39,14 @@ type Core struct {
 	rulesMu sync.Mutex
 	rules   atomic.Pointer[map[string]*ruleState]
 
-	live      atomic.Int64
-	coldCount atomic.Uint64
+	live atomic.Int64
+	// peersCut is how many live agents of the region other than this one
+	// announce that they cannot reach the regional store (they decide by
+	// their emergency buckets); scaleEpoch changes with it, so cached
+	// allocations are recomputed.
+	peersCut   atomic.Int64
+	scaleEpoch atomic.Uint64
+	coldCount  atomic.Uint64
 	// Demand lists keys in the order of demandOrder, sorted by key, into
 	// which the keys created since (newKeys) are merged and from which the
 	// dropped ones are taken, so a report does not sort every key on every
@@ -87,11 +95,18 @@ func NewCore(cfg Config, store bucket.Store, alloc Allocations) (*Core, error) {
 	for n < cfg.Shards {
 		n <<= 1
 	}
+	br := cfg.Breaker
+	if br == nil {
+		var err error
+		if br, err = breaker.New(cfg.BreakerConfig()); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
 	c := &Core{
 		cfg:        cfg,
 		store:      store,
 		alloc:      alloc,
-		breaker:    NewBreaker(cfg.BreakerFailures, cfg.BreakerBackoff, cfg.BreakerMaxBackoff),
+		breaker:    br,
 		seed:       maphash.MakeSeed(),
 		mask:       uint64(n - 1), // #nosec G115 -- n >= 1
 		shards:     make([]coreShard, n),
@@ -167,7 +182,48 @@ func (c *Core) rule(name string) *ruleState {
 
 // SetLive sets the number of live agents in the region (this one
 // included), which divides the emergency limit.
-func (c *Core) SetLive(n int) { c.live.Store(int64(max(n, 1))) }
+func (c *Core) SetLive(n int) {
+	if int64(max(n, 1)) != c.live.Swap(int64(max(n, 1))) && c.peersCut.Load() > 0 {
+		c.scaleEpoch.Add(1)
+	}
+}
+
+// SetPeersCut sets how many live agents of the region, this one aside,
+// announce that they cannot reach the regional store. Each of them admits
+// up to the region's allocation ÷ live agents from its emergency bucket
+// (rules with the emergency policy), so the others take that share from
+// the region's allocation instead of adding it on top: they decide the
+// keys of those rules in the regional bucket at allocation × (live − n) ÷
+// live, count and burst rounded down.
+func (c *Core) SetPeersCut(n int) {
+	n = max(n, 0)
+	if int64(n) != c.peersCut.Swap(int64(n)) {
+		c.scaleEpoch.Add(1)
+	}
+}
+
+// PeersCut returns what SetPeersCut last set.
+func (c *Core) PeersCut() int { return int(c.peersCut.Load()) }
+
+// regional is the limit this agent enforces in the regional bucket for a
+// key whose region's allocation is a: a itself, or for an emergency rule
+// while peers are cut, a's share of the agents that still reach the store.
+func (c *Core) regional(a bucket.Limit, rc *RuleConfig) bucket.Limit {
+	cut := c.peersCut.Load()
+	if cut == 0 || rc.OnUnavailable != rules.Emergency || a.IsZero() {
+		return a
+	}
+	live := c.live.Load()
+	if cut >= live {
+		return bucket.Limit{}
+	}
+	n := a.Count() * bucket.Tokens(live-cut) / bucket.Tokens(live)
+	b := a.Burst() * bucket.Tokens(live-cut) / bucket.Tokens(live)
+	if n <= 0 || b <= 0 {
+		return bucket.Limit{}
+	}
+	return bucket.Per(n, a.Period()).WithBurst(b)
+}
 
 // Live returns the number of live agents the core divides by.
 func (c *Core) Live() int { return int(c.live.Load()) }

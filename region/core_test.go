@@ -375,7 +375,8 @@ func TestFailurePolicies(t *testing.T) {
 			"open":      {OnUnavailable: rules.FailOpen},
 			"emergency": {OnUnavailable: rules.Emergency},
 		}
-		c.BreakerFailures = 1000 // this test is about the policies, not the breaker
+		// The first failures leave the breaker closed: stragglers.
+		c.BreakerFailures, c.BreakerRatio = 1000, 0
 	})
 	f.core.SetLive(2)
 	f.store.setDown(true)
@@ -392,29 +393,45 @@ func TestFailurePolicies(t *testing.T) {
 			t.Fatalf("fail open: %+v, %v", r, err)
 		}
 	}
-	// Emergency: the floor (100/s, burst 100) divided by 2 live agents.
-	admitted := 0
-	for i := 0; i < 200; i++ {
+	// Emergency with the breaker closed: a straggler, not an outage; the
+	// emergency bucket holds nothing.
+	for i := 0; i < 10; i++ {
 		r, err = f.core.Decide(ctx, f.clk.Now(), k("emergency"), global300, 1, "")
-		if err != nil || r.Path != PathEmergency {
-			t.Fatalf("emergency: %+v, %v", r, err)
-		}
-		if r.Decision.Allowed {
-			admitted++
+		if err != nil || r.Path != PathEmergency || r.Decision.Allowed {
+			t.Fatalf("emergency, breaker closed: %+v, %v", r, err)
 		}
 	}
-	if admitted != 50 {
-		t.Fatalf("emergency admitted %d at once, want burst/live = 50", admitted)
+	// The outage declared: the breaker opens now and the emergency bucket
+	// (the floor, 100/s burst 100, divided by 2 live agents) starts empty
+	// at the opening.
+	f.core.Breaker().Failure(f.clk.Now())
+	for f.core.Breaker().State(f.clk.Now()) == BreakerClosed {
+		f.core.Breaker().Failure(f.clk.Now())
 	}
-	f.clk.Advance(time.Second)
-	admitted = 0
-	for i := 0; i < 200; i++ {
-		if r, _ = f.core.Decide(ctx, f.clk.Now(), k("emergency"), global300, 1, ""); r.Decision.Allowed {
-			admitted++
+	opened := f.clk.Now()
+	emergency := func() int {
+		admitted := 0
+		for i := 0; i < 200; i++ {
+			r, err = f.core.Decide(ctx, f.clk.Now(), k("emergency"), global300, 1, "")
+			if err != nil || r.Path != PathEmergency {
+				t.Fatalf("emergency: %+v, %v", r, err)
+			}
+			if r.Decision.Allowed {
+				admitted++
+			}
 		}
+		return admitted
 	}
-	if admitted != 50 {
-		t.Fatalf("emergency admitted %d after 1 s, want rate/live = 50", admitted)
+	if n := emergency(); n != 0 {
+		t.Fatalf("emergency admitted %d at the opening, want 0 (its bucket starts empty)", n)
+	}
+	f.clk.Set(opened.Add(500 * time.Millisecond))
+	if n := emergency(); n != 25 {
+		t.Fatalf("emergency admitted %d half a second in, want rate/live × 0.5 s = 25", n)
+	}
+	f.clk.Set(opened.Add(3 * time.Second))
+	if n := emergency(); n != 50 {
+		t.Fatalf("emergency admitted %d 3 s in, want burst/live = 50", n)
 	}
 	st := f.core.Stats()
 	for _, rs := range st.Rules {
@@ -432,13 +449,23 @@ func TestFailurePolicies(t *testing.T) {
 	}
 }
 
+// TestBreakerOpensProbesAndCloses: store failures open the breaker once
+// they are Failures within the window and most of its calls; open, calls
+// are decided at once without the store; after the back-off one probe goes
+// through, a failed one doubles the back-off, a good one closes it.
 func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	f := newFixture(t, func(c *Config) {
 		c.DefaultRule = RuleConfig{OnUnavailable: rules.Emergency}
 		c.BreakerFailures = 3
-		c.BreakerBackoff = time.Second
+		c.BreakerBackoff, c.BreakerMaxBackoff = time.Second, 4*time.Second
 	})
 	ctx := context.Background()
+	// Two good calls in the window: three failures are 3 of 5, above half.
+	for i := 0; i < 2; i++ {
+		if _, err := f.core.Decide(ctx, f.clk.Now(), key(fmt.Sprint("ok", i)), global300, 1, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
 	f.store.setDown(true)
 	for i := 0; i < 10; i++ {
 		r, err := f.core.Decide(ctx, f.clk.Now(), key("k"), global300, 1, "")
@@ -446,8 +473,8 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 			t.Fatalf("request %d: %+v %v", i, r, err)
 		}
 	}
-	if n := f.store.total(); n != 3 {
-		t.Fatalf("store called %d times, want 3 before the breaker opened", n)
+	if n := f.store.total(); n != 2+3 {
+		t.Fatalf("store called %d times, want 2 good and 3 failed before the breaker opened", n)
 	}
 	if s := f.core.Breaker().State(f.clk.Now()); s != BreakerOpen {
 		t.Fatalf("breaker %s, want open", s)
@@ -456,13 +483,13 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	f.clk.Advance(time.Second)
 	f.core.Decide(ctx, f.clk.Now(), key("k"), global300, 1, "")
 	f.core.Decide(ctx, f.clk.Now(), key("k"), global300, 1, "")
-	if n := f.store.total(); n != 4 {
-		t.Fatalf("store called %d times, want one probe (4)", n)
+	if n := f.store.total(); n != 6 {
+		t.Fatalf("store called %d times, want one probe (6)", n)
 	}
 	f.clk.Advance(time.Second)
 	f.core.Decide(ctx, f.clk.Now(), key("k"), global300, 1, "")
-	if n := f.store.total(); n != 4 {
-		t.Fatalf("store called %d times during the doubled back-off, want 4", n)
+	if n := f.store.total(); n != 6 {
+		t.Fatalf("store called %d times during the doubled back-off, want 6", n)
 	}
 	f.store.setDown(false)
 	f.clk.Advance(time.Second)
@@ -472,6 +499,116 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	}
 	if f.core.Stats().BreakerOpened != 2 {
 		t.Fatalf("breaker opened %d times, want 2", f.core.Stats().BreakerOpened)
+	}
+}
+
+// TestStragglersDoNotOpenTheBreaker: failures that are a minority of the
+// window's calls (a loaded host's stragglers on a healthy store), fewer
+// than BreakerFailures in a row, leave the breaker closed, however many
+// there are in all.
+func TestStragglersDoNotOpenTheBreaker(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	good := 0
+	for ms := 0; ms < 3000; ms++ {
+		// 6 good calls, then 4 failures in a row, every 10 ms.
+		if ms%10 == 0 {
+			f.store.setDown(ms%100 >= 60)
+			if r, _ := f.core.Decide(ctx, f.clk.Now(), key(fmt.Sprint("s", ms)), global300, 1, ""); r.Path == PathStore {
+				good++
+			}
+		}
+		f.clk.Advance(time.Millisecond)
+	}
+	if f.core.Stats().StoreErrors < 100 || good < 100 {
+		t.Fatalf("%d failures and %d good calls: the test did not make both", f.core.Stats().StoreErrors, good)
+	}
+	if n := f.core.Breaker().Opened(); n != 0 {
+		t.Fatalf("breaker opened %d times on a minority of failures, want 0", n)
+	}
+}
+
+// TestTickProbesWithoutTraffic: a region whose allocation for a key is
+// zero denies the key's requests before any store call, so they can never
+// be the breaker's probe; and a region without traffic sends none. Tick
+// probes the store while the breaker is not closed, so the store's return
+// closes it all the same, and the fail-closed key's demand, counted all
+// along from its denied arrivals, is reported again at once. (Before, the
+// breaker stayed half-open and the key's demand unreported: the region's
+// share stayed lent away for good.)
+func TestTickProbesWithoutTraffic(t *testing.T) {
+	clk := clock.NewManual(t0)
+	cfg := DefaultConfig()
+	cfg.Region = "a"
+	cfg.Floors = lease.Split{Regions: []string{"a", "b", "c"}}
+	cfg.DefaultRule = RuleConfig{OnUnavailable: rules.FailClosed}
+	cfg.BreakerFailures, cfg.BreakerRatio = 1, 0
+	store := newCounting(bucket.NewMemory(bucket.MemoryOptions{Clock: clk}))
+	view := NewTableView("a", cfg.Floors)
+	core, err := NewCore(cfg, store, view)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	k := key("lent")
+	// The key is in demand and its store fails: the breaker opens.
+	if _, err := core.Decide(ctx, clk.Now(), k, global300, 1, "a1"); err != nil {
+		t.Fatal(err)
+	}
+	store.setDown(true)
+	if _, err := core.Decide(ctx, clk.Now(), k, global300, 1, ""); !errors.Is(err, ErrFailClosed) {
+		t.Fatalf("store down: %v, want fail closed", err)
+	}
+	if s := core.Breaker().State(clk.Now()); s != BreakerOpen {
+		t.Fatalf("breaker %s, want open", s)
+	}
+	// The region lends the key's share: a table entry of 0 under a live
+	// lease.
+	view.Set(TableOf("a", "a", 1, lease.HolderState{Term: 1, Version: 1, LeaseEnd: t0.Add(time.Hour),
+		Entries: []lease.Entry{{Key: k, Count: 0, Burst: 0}}}, clk.Now()))
+	// Its requests are denied without the store, and counted as demand.
+	for i := 0; i < 50; i++ {
+		clk.Advance(20 * time.Millisecond)
+		r, err := core.Decide(ctx, clk.Now(), k, global300, 1, "")
+		if err != nil || r.Path != PathNoAllocation {
+			t.Fatalf("zero allocation: %+v %v", r, err)
+		}
+		if i%5 == 4 {
+			core.Tick(ctx, clk.Now()) // probes fail: the store is still down
+		}
+	}
+	if core.Breaker().State(clk.Now()) == BreakerClosed {
+		t.Fatal("breaker closed while the store is down")
+	}
+	for _, d := range core.Demand(clk.Now()) {
+		if d.Key == k && d.Want != 0 {
+			t.Fatalf("demand %d while down, want 0 (a fail-closed key's share is lent)", d.Want)
+		}
+	}
+	probes := core.Stats().Probes
+	if probes == 0 {
+		t.Fatal("Tick sent no probe while the breaker was open")
+	}
+	// The store returns; no request reaches it. The next Tick past the
+	// back-off probes and closes the breaker.
+	store.setDown(false)
+	back := clk.Now()
+	for core.Breaker().State(clk.Now()) != BreakerClosed {
+		clk.Advance(100 * time.Millisecond)
+		core.Tick(ctx, clk.Now())
+		if clk.Now().Sub(back) > cfg.BreakerMaxBackoff+100*time.Millisecond {
+			t.Fatalf("breaker %s %s after the store returned, want closed within the longest back-off plus a tick",
+				core.Breaker().State(clk.Now()), clk.Now().Sub(back))
+		}
+	}
+	var want bucket.Tokens
+	for _, d := range core.Demand(clk.Now()) {
+		if d.Key == k {
+			want = d.Want
+		}
+	}
+	if want < 30 || want > 70 {
+		t.Fatalf("demand %d once the store answers, want about the 50/s denied meanwhile", want)
 	}
 }
 
@@ -625,7 +762,8 @@ func TestConfigValidateNamesField(t *testing.T) {
 	cases := map[string]func(*Config){
 		"region is empty":      func(c *Config) { c.Region = "" },
 		"batch_max_fraction":   func(c *Config) { c.BatchMaxFraction = 2 },
-		"breaker_failures=0":   func(c *Config) { c.BreakerFailures = 0 },
+		"failures=0":           func(c *Config) { c.BreakerFailures = 0 },
+		"max_timeout=50ms":     func(c *Config) { c.MaxTimeout = 50 * time.Millisecond },
 		"do not include":       func(c *Config) { c.Floors.Regions = []string{"x"} },
 		"on_unavailable=\"x\"": func(c *Config) { c.Rules = map[string]RuleConfig{"r": {OnUnavailable: "x"}} },
 	}

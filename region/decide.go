@@ -102,7 +102,7 @@ func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global
 	}
 	ac := c.allocation(ks, now, *global)
 	if alloc != nil {
-		*alloc = ac.limit
+		*alloc = ac.full
 	}
 	if attemptID != "" {
 		return c.decideAttempt(ctx, now, nowUS, ks, ac, cost, attemptID, d)
@@ -145,6 +145,8 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 			return 0, false, nil
 		}
 	}
+	full := lim
+	lim = c.regional(lim, &rs.cfg)
 	if attemptID != "" || (rs.cfg.EmptyOnFailover && c.failEpoch.Load() > 0) || c.coldCount.Add(1)%coldSample == 0 {
 		return 0, false, nil
 	}
@@ -154,7 +156,7 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 		return 0, false, nil
 	}
 	if alloc != nil {
-		*alloc = lim
+		*alloc = full
 	}
 	if cost > lim.Burst() {
 		*d = bucket.Decision{Limit: lim, RetryAfter: c.cfg.DenyRetry}
@@ -165,7 +167,7 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 	c.stats.storeOps.Add(1)
 	if err != nil {
 		if isInputErr(err) || ctx.Err() != nil {
-			c.breaker.Success(now)
+			c.breaker.Cancel()
 			d.Limit = lim
 			return PathStore, true, err
 		}
@@ -173,7 +175,7 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 		ks := c.state(key, now.UnixMicro())
 		ac := c.allocation(ks, now, *global)
 		ks.arrived.Add(int64(cost))
-		res, err := c.fallback(now, ks, ac.limit, cost, Result{Alloc: ac.limit, Decision: bucket.Decision{Limit: ac.limit}})
+		res, err := c.fallback(now, ks, ac, cost, Result{Alloc: ac.full, Decision: bucket.Decision{Limit: ac.limit}})
 		*d = res.Decision
 		return res.Path, true, err
 	}
@@ -236,7 +238,7 @@ func (c *Core) decideAttempt(ctx context.Context, now time.Time, nowUS int64, ks
 // slow is every decision but one from a held batch.
 func (c *Core) slow(ctx context.Context, now time.Time, nowUS int64, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string) (Result, error) {
 	lim := ac.limit
-	res := Result{Hot: ac.hot, Alloc: lim, Decision: bucket.Decision{Limit: lim}}
+	res := Result{Hot: ac.hot, Alloc: ac.full, Decision: bucket.Decision{Limit: lim}}
 	// Arrivals are counted for demand on every path but the batch's, whose
 	// spending sampleLocked reads off the batch itself.
 	if cost > lim.Burst() { // a zero allocation has burst 0
@@ -255,9 +257,9 @@ func (c *Core) slow(ctx context.Context, now time.Time, nowUS int64, ks *keyStat
 		return c.done(ks, res), nil
 	}
 	if ks.batched.Load() {
-		return c.refill(ctx, now, ks, lim, cost, attemptID, res)
+		return c.refill(ctx, now, ks, ac, cost, attemptID, res)
 	}
-	return c.exact(ctx, now, ks, lim, cost, attemptID, res)
+	return c.exact(ctx, now, ks, ac, cost, attemptID, res)
 }
 
 // done counts res.
@@ -276,26 +278,25 @@ func isInputErr(err error) bool {
 }
 
 // exact decides one request in the store.
-func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, lim bucket.Limit, cost bucket.Tokens, attemptID string, res Result) (Result, error) {
+func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string, res Result) (Result, error) {
+	lim := ac.limit
 	ks.arrived.Add(int64(cost))
 	c.sample(ks, now)
 	if !c.breaker.Allow(now) {
-		return c.fallback(now, ks, lim, cost, res)
+		return c.fallback(now, ks, ac, cost, res)
 	}
 	c.drain(ctx, now, ks, lim)
 	d, err := c.store.Decide(ctx, ks.key, lim, cost, attemptID)
 	c.stats.storeOps.Add(1)
 	if err != nil {
-		if isInputErr(err) {
-			c.breaker.Success(now)
-			return res, err
-		}
-		if ctx.Err() != nil {
-			c.breaker.Success(now) // the caller gave up; the store is not to blame
+		if isInputErr(err) || ctx.Err() != nil {
+			// About the request, or the caller gave up: no verdict on the
+			// store.
+			c.breaker.Cancel()
 			return res, err
 		}
 		c.storeFailed(now, err)
-		return c.fallback(now, ks, lim, cost, res)
+		return c.fallback(now, ks, ac, cost, res)
 	}
 	c.breaker.Success(now)
 	if !d.Allowed && d.RetryAfter > 0 {

@@ -54,7 +54,7 @@ func (c *Core) AppendDemand(dst []KeyDemand, now time.Time) []KeyDemand {
 		if down && ks.rs.Load().cfg.OnUnavailable == rules.FailClosed {
 			want, rate = 0, 0
 		}
-		out = append(out, KeyDemand{Key: ks.key, Want: want, Rate: rate, Alloc: ac.limit, Hot: ac.hot})
+		out = append(out, KeyDemand{Key: ks.key, Want: want, Rate: rate, Alloc: ac.full, Hot: ac.hot})
 	}
 	return out
 }

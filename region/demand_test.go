@@ -20,8 +20,8 @@ func TestDemandWhileStoreIsDown(t *testing.T) {
 			"closed":    {OnUnavailable: rules.FailClosed},
 			"emergency": {OnUnavailable: rules.Emergency},
 		}
-		c.BreakerFailures = 3
-		c.BreakerBackoff = time.Second
+		c.BreakerFailures, c.BreakerRatio = 3, 0 // three failures open it, whatever succeeded before
+		c.BreakerBackoff, c.BreakerMaxBackoff = time.Second, time.Second
 	})
 	ctx := context.Background()
 	k := func(rule string) bucket.Key { return bucket.Key{Rule: rule, Subject: "s"} }

@@ -2,8 +2,10 @@ package region
 
 import (
 	"context"
+	"errors"
 	"time"
 
+	"github.com/allot-dev/allot/breaker"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/rules"
 )
@@ -17,11 +19,50 @@ func (c *Core) Failover(now time.Time) {
 	c.stats.failovers.Add(1)
 }
 
-// storeFailed counts a store failure for the breaker.
+// storeFailed counts a store failure, of a call begun at now, for the
+// breaker; a timeout under a deadline the breaker had already raised past
+// (breaker.ErrOutgrown) is not counted against the store.
 func (c *Core) storeFailed(now time.Time, err error) {
 	c.stats.storeErrors.Add(1)
 	c.lastErr.Store(&err)
+	if errors.Is(err, breaker.ErrOutgrown) {
+		c.breaker.Cancel()
+		return
+	}
 	c.breaker.Failure(now)
+}
+
+// probeKey and probeLimit are what a probe peeks at in a store that
+// cannot ping: a bucket no rule names, read, never written.
+var (
+	probeKey   = bucket.Key{Rule: "allot-probe", Subject: "probe"}
+	probeLimit = bucket.PerSecond(1)
+)
+
+// probe asks the store whether it answers, when the breaker is not closed
+// and lets a probe through at now: a ping (bucket.Pinger), else a Peek.
+// The breaker's return to closed therefore never waits on traffic, nor on
+// the path a request takes (a key with no allocation is denied before any
+// store call).
+func (c *Core) probe(ctx context.Context, now time.Time) {
+	if c.breaker.State(now) == BreakerClosed || !c.breaker.Allow(now) {
+		return
+	}
+	var err error
+	if p, ok := c.store.(bucket.Pinger); ok {
+		err = p.Ping(ctx)
+	} else {
+		_, err = c.store.Peek(ctx, probeKey, probeLimit)
+	}
+	c.stats.probes.Add(1)
+	switch {
+	case err == nil:
+		c.breaker.Success(now)
+	case ctx.Err() != nil:
+		c.breaker.Cancel()
+	default:
+		c.storeFailed(now, err)
+	}
 }
 
 // LastError returns the last store error seen, nil if none.
@@ -33,7 +74,18 @@ func (c *Core) LastError() error {
 }
 
 // fallback decides a request the store could not, by the rule's policy.
-func (c *Core) fallback(now time.Time, ks *keyState, lim bucket.Limit, cost bucket.Tokens, res Result) (Result, error) {
+//
+// An emergency rule admits from the key's emergency bucket only while the
+// breaker is open, that is while this agent declares (and, through its
+// driver, announces) that it cannot reach the store; the bucket starts
+// empty at the instant the breaker opened. So emergency admissions never
+// overlap the regional bucket's: before the opening the regional bucket
+// decided, after it the emergency bucket refills from nothing at this
+// agent's share. While the breaker is closed the emergency bucket holds
+// nothing: a store call that fails then (a straggler on a healthy store)
+// is denied from it, as from an empty bucket.
+func (c *Core) fallback(now time.Time, ks *keyState, ac *allocCache, cost bucket.Tokens, res Result) (Result, error) {
+	lim := ac.limit
 	rc := &ks.rs.Load().cfg
 	switch rc.OnUnavailable {
 	case rules.FailOpen:
@@ -41,13 +93,19 @@ func (c *Core) fallback(now time.Time, ks *keyState, lim bucket.Limit, cost buck
 		res.Decision = bucket.Decision{Allowed: true, Limit: lim}
 		return c.done(ks, res), nil
 	case rules.Emergency:
-		el := emergencyLimit(lim, rc, c.Live())
+		since, open := c.breaker.OpenSince()
+		el := emergencyLimit(ac.full, rc, c.Live())
 		res.Path = PathEmergency
-		if el.IsZero() || cost > el.Burst() {
+		if !open || el.IsZero() || cost > el.Burst() {
 			res.Decision = bucket.Decision{Limit: el, RetryAfter: c.cfg.DenyRetry}
 			return c.done(ks, res), nil
 		}
 		ks.mu.Lock()
+		if at := since.UnixMicro(); ks.emergencyFrom != at {
+			// A new outage: empty at its start.
+			ks.emergencyFrom = at
+			_, _, ks.emergency, _ = bucket.TakeUpTo(bucket.State{}, since, el, el.Burst())
+		}
 		d, ns, err := bucket.Decide(ks.emergency, now, el, cost)
 		if err == nil {
 			ks.emergency = ns

@@ -70,19 +70,27 @@ type keyState struct {
 	winTokens  int64        // tokens asked in the current demand window
 	lastActive int64        // µs of the last sample with arrivals
 	emergency  bucket.State
-	drained    uint64      // failover epoch this key was emptied for
-	attempts   *attemptLog // recent attempt ids decided here; nil until one is seen
-	given      int64       // tokens ever added to the batch
-	back       int64       // tokens ever taken out of the batch unspent (returned or lost)
-	lastSpent  int64       // given − back − held at the last sample
+	// emergencyFrom is the µs instant the outage the emergency bucket
+	// serves began (the breaker's opening): a later outage starts it empty
+	// again.
+	emergencyFrom int64
+	drained       uint64      // failover epoch this key was emptied for
+	attempts      *attemptLog // recent attempt ids decided here; nil until one is seen
+	given         int64       // tokens ever added to the batch
+	back          int64       // tokens ever taken out of the batch unspent (returned or lost)
+	lastSpent     int64       // given − back − held at the last sample
 }
 
 type allocCache struct {
 	epoch  uint64
 	global bucket.Limit
-	limit  bucket.Limit
-	hot    bool
-	until  int64 // µs
+	// limit is what this agent enforces in the regional bucket: the
+	// region's allocation full, or its share of the agents that reach the
+	// store while peers are cut (Core.regional).
+	limit bucket.Limit
+	full  bucket.Limit
+	hot   bool
+	until int64 // µs
 }
 
 const hotSlots = 256
@@ -160,16 +168,19 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 // allocation returns the key's allocation at now, from the key's cache
 // while it holds.
 func (c *Core) allocation(ks *keyState, now time.Time, global bucket.Limit) *allocCache {
-	ep := c.alloc.Epoch()
+	// Both epochs only grow, so their sum changes whenever either does.
+	ep := c.alloc.Epoch() + c.scaleEpoch.Load()
 	nowUS := now.UnixMicro()
 	if ac := ks.alloc.Load(); ac != nil && ac.epoch == ep && nowUS < ac.until && sameLimit(ac.global, global) {
 		return ac
 	}
-	ac := &allocCache{epoch: ep, global: global, limit: global, until: math.MaxInt64}
-	if ks.rs.Load().cfg.Scope == rules.ScopeGlobal {
+	ac := &allocCache{epoch: ep, global: global, full: global, until: math.MaxInt64}
+	rc := &ks.rs.Load().cfg
+	if rc.Scope == rules.ScopeGlobal {
 		l, hot, until := c.alloc.Allocation(now, ks.key, global)
-		ac.limit, ac.hot, ac.until = l, hot, until.UnixMicro()
+		ac.full, ac.hot, ac.until = l, hot, until.UnixMicro()
 	}
+	ac.limit = c.regional(ac.full, rc)
 	if old := ks.alloc.Swap(ac); old != nil && ac.limit.Count() > old.limit.Count() {
 		// A denial remembered under a smaller allocation may no longer
 		// hold.
@@ -242,14 +253,16 @@ func (ks *keyState) denyUntil(until, reset int64, cost bucket.Tokens) {
 	ks.deniedUntil.Store(until)
 }
 
-// Tick does the core's periodic work at now: it samples every key's
-// demand, gives back batch tokens that grew stale (BatchTTL) or that a
+// Tick does the core's periodic work at now: it probes the store while
+// the breaker is not closed (so the store's return is noticed with or
+// without traffic), samples every key's demand, gives back batch tokens that grew stale (BatchTTL) or that a
 // shrunk allocation no longer covers, and drops keys idle for IdleAfter.
 // Store calls are made in key order, so a deterministic store sees a
 // deterministic sequence.
 func (c *Core) Tick(ctx context.Context, now time.Time) {
 	c.tickMu.Lock()
 	defer c.tickMu.Unlock()
+	c.probe(ctx, now)
 	nowUS := now.UnixMicro()
 	ret := c.tickBuf[:0]
 	for i := range c.shards {

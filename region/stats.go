@@ -11,7 +11,7 @@ import (
 // coreStats are the Core's counters, atomics the hot path moves without a
 // lock; Stats reads them.
 type coreStats struct {
-	storeOps, storeErrors, refills, returns, returned, drains, drained, failovers, keys atomic.Int64
+	storeOps, storeErrors, refills, returns, returned, drains, drained, failovers, keys, probes atomic.Int64
 }
 
 // Stats counts what a Core has done.
@@ -24,8 +24,9 @@ type Stats struct {
 	// Drains and Drained are buckets emptied after failovers and the tokens
 	// taken; Failovers the failovers recorded.
 	Drains, Drained, Failovers int64
-	// BreakerOpened is how many times the breaker opened.
-	BreakerOpened int64
+	// BreakerOpened is how many times the breaker opened; Probes the
+	// pings (or peeks) Tick sent while it was not closed.
+	BreakerOpened, Probes int64
 	// Keys is the keys with local state.
 	Keys int64
 	// Rules holds per-rule counts by path, sorted by rule.
@@ -47,7 +48,7 @@ func (c *Core) Stats() Stats {
 	st := Stats{
 		StoreOps: s.storeOps.Load(), StoreErrors: s.storeErrors.Load(), Refills: s.refills.Load(),
 		Returns: s.returns.Load(), Returned: s.returned.Load(), Drains: s.drains.Load(), Drained: s.drained.Load(),
-		Failovers: s.failovers.Load(), BreakerOpened: c.breaker.Opened(), Keys: s.keys.Load(),
+		Failovers: s.failovers.Load(), BreakerOpened: c.breaker.Opened(), Probes: s.probes.Load(), Keys: s.keys.Load(),
 	}
 	for name, rs := range *c.rules.Load() {
 		r := RuleStats{Rule: name, Policy: rs.cfg.OnUnavailable}

@@ -44,7 +44,11 @@ func TestLimiterOnTheRegionStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newFixture(t, func(c *Config) { c.Rules = RuleConfigs(set, nil); c.BreakerFailures = 100 })
+	f := newFixture(t, func(c *Config) {
+		c.Rules = RuleConfigs(set, nil)
+		c.BreakerFailures = 100
+		c.BreakerMaxBackoff = time.Minute
+	})
 	f.core.SetLive(2)
 	st := NewStore(f.core, f.clk, NewNamer(set), nil)
 	lim, err := limiter.New(limiter.Config{Rules: set, Store: st, Clock: f.clk})
@@ -87,7 +91,15 @@ func TestLimiterOnTheRegionStore(t *testing.T) {
 	if lim.Stats().FailOpen != 1 {
 		t.Fatalf("edge fail-open count %d, want 1", lim.Stats().FailOpen)
 	}
-	// Emergency is decided by the agent: the floor halved between 2 agents.
+	// Emergency is decided by the agent: the floor halved between 2
+	// agents, in a bucket that starts empty when the breaker opens.
+	if d := req("/emergency"); d.Allowed || d.Reason != limiter.ReasonOverLimit {
+		t.Fatalf("emergency with the breaker closed: %+v, want denied by the empty emergency bucket", d)
+	}
+	for f.core.Breaker().State(f.clk.Now()) == BreakerClosed {
+		req("/closed")
+	}
+	f.clk.Advance(time.Second)
 	admitted := 0
 	for i := 0; i < 100; i++ {
 		if d := req("/emergency"); d.Allowed {

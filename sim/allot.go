@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/allot-dev/allot/breaker"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/region"
@@ -58,6 +59,8 @@ type agentRT struct {
 	demand []region.KeyDemand
 	items  [2][]region.DemandItem
 	flip   int
+	// cut is what the agent last announced: its breaker not closed.
+	cut bool
 }
 
 // simStore is an agent's bucket.Store: the regional Redis model reached
@@ -70,6 +73,11 @@ type simStore struct {
 	a      *allot
 	region int
 	agent  int
+	// slow is the redis_slow fault on the link, nil without one; outgrown
+	// says the last call timed out under a deadline since raised (see
+	// timed in slowredis.go).
+	slow     *slowLink
+	outgrown bool
 }
 
 var _ bucket.Store = (*simStore)(nil)
@@ -246,6 +254,7 @@ func (s *simStore) reach() (Micros, bool) {
 	t := w.eng.now
 	w.meters[a.si].redisOps++
 	rng := w.sysRng[a.si]
+	s.outgrown = false
 	from, to := node{kind: kindAgent, region: s.region, idx: s.agent}, node{kind: kindRedis, region: s.region}
 	if len(w.net.cuts) > 0 && w.net.blocked(from, to) {
 		a.lat += us(w.sc.Agent.Timeout)
@@ -261,11 +270,18 @@ func (s *simStore) reach() (Micros, bool) {
 		a.lat += us(w.sc.Agent.Timeout)
 		return 0, false
 	}
-	a.lat += out + w.net.delay(rng, s.region, s.region)
+	back := w.net.delay(rng, s.region, s.region)
+	if s.slow != nil || a.deadlineRaised(s.region, s.agent) {
+		return s.timed(rng, t, out, back)
+	}
+	a.lat += out + back
 	return at, true
 }
 
 func (s *simStore) unavailable(op string, key bucket.Key) error {
+	if s.outgrown {
+		return fmt.Errorf("%w: %w: sim: %s %s/%s", bucket.ErrUnavailable, breaker.ErrOutgrown, op, key.Rule, key.Subject)
+	}
 	return fmt.Errorf("%w: sim: %s %s/%s: regional redis of %s unreachable", bucket.ErrUnavailable, op, key.Rule, key.Subject, s.a.w.regions[s.region].name)
 }
 
@@ -333,6 +349,7 @@ func (a *allot) tick(w *world, r, ai int, t Micros) {
 	ag := a.agents[r][ai]
 	now := w.regions[r].agent.at(t)
 	ag.core.Tick(a.ctx, now)
+	a.announce(r, ai, now)
 	rp := a.plane.regions[r]
 	if rp.speaker != ai {
 		if tb, ok := rp.shared.loadTable(w, a.plane, r, ai, t); ok && tb != nil {
@@ -379,6 +396,8 @@ func (a *allot) fault(w *world, f *FaultSpec, start bool) {
 		a.starts[w.faultIndex(f)] = a.snapshot(w, w.eng.now)
 	}
 	switch f.Kind {
+	case FaultRedisSlow:
+		a.slowFault(r, f, start)
 	case FaultRedisFailover:
 		if start {
 			t := us(f.At)
@@ -421,10 +440,11 @@ func (a *allot) finish(w *world) map[string]any {
 	var st region.Stats
 	out := map[string]any{"redis_lost_tokens": lost, "lease_step_errors": a.plane.stepErrors,
 		"redis_scripts": scripts}
-	var refills, returns, drains, storeErrors int64
+	var refills, returns, drains, storeErrors, opened int64
 	for _, ags := range a.agents {
 		for _, ag := range ags {
 			st = ag.core.Stats()
+			opened += st.BreakerOpened
 			refills += st.Refills
 			returns += st.Returns
 			drains += st.Drains
@@ -432,6 +452,7 @@ func (a *allot) finish(w *world) map[string]any {
 		}
 	}
 	out["batch_refills"], out["batch_returns"], out["failover_drains"], out["store_errors"] = refills, returns, drains, storeErrors
+	out["breaker_opened"] = opened
 	return out
 }
 

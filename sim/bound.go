@@ -177,6 +177,8 @@ func (a *allot) faultTerm(w *world, i, ri int) term {
 			cut, who = 1, fmt.Sprintf("agent %d", *f.Agent)
 		}
 		return a.outageTerm(w, ri, i, r, cut, f.For, fmt.Sprintf("redis cut in %s (%s) for %s", f.Region, who, f.For))
+	case FaultRedisSlow:
+		return a.slowTerm(w, ri, i)
 	case FaultRedisFailover:
 		r := w.sc.regionIndex(f.Region)
 		t := a.outageTerm(w, ri, i, r, w.regions[r].agents, w.sc.Redis.Failover,
@@ -228,8 +230,9 @@ func (a *allot) outageTerm(w *world, ri, i, r, cut int, outage time.Duration, wh
 			what, cut, live, l.burst, l.rate, outage, w.sc.Agent.Timeout, tail)}
 }
 
-// region15s is region.DefaultConfig's BreakerMaxBackoff, which the
-// simulator's agents keep unless the back-off is longer.
+// region15s is the longest back-off the breaker had before package
+// breaker lowered region.DefaultConfig's BreakerMaxBackoff to 500 ms; the
+// term keeps it, which only overstates the tail.
 const region15s = 15 * time.Second
 
 // lossTerm is a loss fault's term: lease messages lost only delay acks and

@@ -244,6 +244,8 @@ type FaultSpec struct {
 	//   reorder             every lease message of Region (or of every
 	//                       region) is held up to Delay more, uniformly, so
 	//                       later messages overtake earlier ones
+	//   redis_slow          Redis answers agents (Agent, or all) Delay later
+	//                       each way and fails Loss of their calls (slowredis.go)
 	Kind   string        `yaml:"kind"`
 	At     time.Duration `yaml:"at"`
 	For    time.Duration `yaml:"for"`
@@ -256,7 +258,8 @@ type FaultSpec struct {
 	// Down and Up are coordinator_flap's phases.
 	Down time.Duration `yaml:"down"`
 	Up   time.Duration `yaml:"up"`
-	// Prob is duplicate's probability, Delay reorder's largest hold.
+	// Prob is duplicate's probability, Delay reorder's largest hold
+	// and redis_slow's added delay each way.
 	Prob  float64       `yaml:"prob"`
 	Delay time.Duration `yaml:"delay"`
 }
@@ -652,6 +655,10 @@ func (sc *Scenario) Validate() error {
 		case FaultCoordinatorCut, FaultRegionCut, FaultRedisCut, FaultAgentCrash:
 			if f.For <= 0 {
 				return bad("faults[%d].for=%s must be > 0 for %s", i, f.For, f.Kind)
+			}
+		case FaultRedisSlow:
+			if f.For <= 0 || f.Delay < 0 || f.Loss < 0 || f.Loss >= 1 || (f.Delay == 0 && f.Loss == 0) {
+				return bad("faults[%d]: redis_slow needs for > 0, delay=%s ≥ 0 and loss=%v in [0, 1), not both zero", i, f.Delay, f.Loss)
 			}
 		case FaultCoordinatorOneway:
 			if f.Direction != "to" && f.Direction != "from" {

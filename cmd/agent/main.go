@@ -76,7 +76,8 @@ type options struct {
 	region, name, rulesPath            string
 	redisAddrs, redisMaster, redisPass string
 	redisPrefix                        string
-	redisTimeout                       time.Duration
+	redisTimeout, redisMaxTimeout      time.Duration
+	gossipAdvertise                    string
 	coordinators, regions, weights     string
 	reserve                            float64
 	policy                             string
@@ -108,7 +109,8 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.StringVar(&o.redisMaster, "redis-master", "", "Sentinel master name (makes -redis Sentinel addresses)")
 	fs.StringVar(&o.redisPass, "redis-password", "", "Redis password")
 	fs.StringVar(&o.redisPrefix, "redis-prefix", "allot:", "prefix of every Redis key the agent writes")
-	fs.DurationVar(&o.redisTimeout, "redis-timeout", 100*time.Millisecond, "bound on every Redis call; then the rule's failure policy applies")
+	fs.DurationVar(&o.redisTimeout, "redis-timeout", cc.Timeout, "shortest deadline of a Redis call; it follows the latency Redis answers with, up to -redis-max-timeout, then the rule's failure policy applies")
+	fs.DurationVar(&o.redisMaxTimeout, "redis-max-timeout", cc.MaxTimeout, "longest deadline of a Redis call: a Redis slower than this counts as down")
 	fs.StringVar(&o.coordinators, "coordinators", "", "coordinator addresses, comma-separated; empty: floors alone")
 	fs.BoolVar(&o.redisTLS, "redis-tls", false, "connect to Redis over TLS (server verified against -tls-ca; -tls-cert/-tls-key as client certificate when given)")
 	fs.BoolVar(&o.coordTLS, "coordinator-tls", false, "TLS to the coordinators, verified against -coordinator-ca (else -tls-ca, else the system roots); with -tls-cert/-tls-key the certificate proves the region (mutual TLS)")
@@ -120,6 +122,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.DurationVar(&o.leaseDrift, "lease-drift", lc.Drift, "clock drift margin over one lease TTL")
 	fs.StringVar(&o.gossipBind, "gossip-bind", "", "memberlist bind address host:port for the region's agents; empty: this agent alone")
 	fs.StringVar(&o.gossipJoin, "gossip-join", "", "memberlist addresses of other agents of the region, comma-separated")
+	fs.StringVar(&o.gossipAdvertise, "gossip-advertise", "", "host:port the region's other agents reach this one's memberlist at (TCP and UDP), when not -gossip-bind (a NAT or a proxy)")
 	fs.StringVar(&o.grpcListen, "grpc-listen", "127.0.0.1:8081", "gRPC address: Envoy RLS v3, the allow API, health")
 	fs.StringVar(&o.httpListen, "http-listen", "127.0.0.1:8080", "HTTP address: /v1/allow, /metrics, /healthz, /readyz, /status")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "TLS certificate (PEM) for the gRPC and HTTP servers")
@@ -127,7 +130,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.StringVar(&o.tlsCA, "tls-ca", "", "CA (PEM) that client certificates of the gRPC and HTTP servers must chain to (mutual TLS: every client needs one), and that the coordinator's (without -coordinator-ca) and Redis's certificates must chain to")
 	fs.StringVar(&o.failoverEmpty, "failover-empty", "", "rules (comma-separated, or *) whose buckets start empty after a detected Redis failover")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.IntVar(&o.breakerFailures, "breaker-failures", cc.BreakerFailures, "consecutive Redis failures that open the circuit breaker")
+	fs.IntVar(&o.breakerFailures, "breaker-failures", cc.BreakerFailures, "Redis failures that open the circuit breaker: in a row, or within a second when they are at least half its calls")
 	fs.DurationVar(&o.breakerBackoff, "breaker-backoff", cc.BreakerBackoff, "how long the breaker stays open before a probe")
 	fs.DurationVar(&o.batchWindow, "batch-window", cc.BatchWindow, "local demand one token batch covers")
 	fs.Float64Var(&o.batchFraction, "batch-max-fraction", cc.BatchMaxFraction, "largest batch, as a fraction of the region's burst")
@@ -236,6 +239,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	cfg.Core.Floors = spec
 	cfg.Core.BreakerFailures, cfg.Core.BreakerBackoff = o.breakerFailures, o.breakerBackoff
 	cfg.Core.BreakerMaxBackoff = max(cfg.Core.BreakerMaxBackoff, o.breakerBackoff)
+	cfg.Core.Timeout, cfg.Core.MaxTimeout = o.redisTimeout, max(o.redisMaxTimeout, o.redisTimeout)
 	cfg.Core.BatchWindow, cfg.Core.BatchMaxFraction = o.batchWindow, o.batchFraction
 	cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Policy = o.leaseRefresh, o.leaseDrift, policy
 	emptyOn := split(o.failoverEmpty)
@@ -285,14 +289,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			c = redisstore.NewUniversalClient(addrs, o.redisMaster, o.redisPass)
 		}
 		defer c.Close()
-		rs, err := redisstore.New(c, redisstore.Options{Prefix: o.redisPrefix, Timeout: o.redisTimeout})
+		// The agent gives each call the breaker's deadline (which follows
+		// Redis's latency); the store's own bound is the longest of them.
+		rs, err := redisstore.New(c, redisstore.Options{Prefix: o.redisPrefix, Timeout: cfg.Core.MaxTimeout})
 		if err != nil {
 			return err
 		}
 		deps.Store, deps.Redis = rs, c
 		// The table and demand reports are off the decision path: they may
 		// wait longer than a decision would.
-		deps.Shared = agent.NewRedisShared(c, o.redisPrefix, o.region, max(o.redisTimeout, time.Second), time.Hour)
+		deps.Shared = agent.NewRedisShared(c, o.redisPrefix, o.region, max(cfg.Core.MaxTimeout, time.Second), time.Hour)
 		logger.Info("agent: regional store is Redis", "addrs", addrs, "sentinel_master", o.redisMaster)
 	} else {
 		mem := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: o.b.memoryMaxKeys})
@@ -308,6 +314,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		}
 		gc := agent.DefaultGossipConfig()
 		gc.Name, gc.Region, gc.BindAddr, gc.Join = o.name, o.region, host, split(o.gossipJoin)
+		if o.gossipAdvertise != "" {
+			ah, ap, err := net.SplitHostPort(o.gossipAdvertise)
+			if err != nil {
+				return fmt.Errorf("-gossip-advertise=%q: %w", o.gossipAdvertise, err)
+			}
+			if gc.AdvertisePort, err = strconv.Atoi(ap); err != nil {
+				return fmt.Errorf("-gossip-advertise=%q: port: %w", o.gossipAdvertise, err)
+			}
+			gc.AdvertiseAddr = ah
+		}
 		if gc.BindPort, err = strconv.Atoi(port); err != nil {
 			return fmt.Errorf("-gossip-bind=%q: port: %w", o.gossipBind, err)
 		}

@@ -49,6 +49,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/allot-dev/allot/auth"
+	"github.com/allot-dev/allot/breaker"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/grpclimit"
@@ -76,6 +77,8 @@ type options struct {
 	httpAddr, grpcAddr string
 	rulesPath          string
 	redisAddr          string
+	redisTimeout       time.Duration
+	redisMaxTimeout    time.Duration
 	identity           string
 	keys               string
 	logLevel           string
@@ -100,6 +103,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.grpcAddr, "grpc", "127.0.0.1:8081", "gRPC listen address (Envoy RLS v3, allow API, health); empty to disable")
 	fs.StringVar(&o.rulesPath, "rules", "", "rules file, reloaded on change and SIGHUP; empty for the embedded example")
 	fs.StringVar(&o.redisAddr, "redis", "", "Redis address for shared buckets; empty for in-process buckets")
+	bc := breaker.DefaultConfig()
+	fs.DurationVar(&o.redisTimeout, "redis-timeout", bc.Timeout, "shortest deadline of a Redis call; it follows the latency Redis answers with, up to -redis-max-timeout, then the circuit breaker and the rule's failure policy apply")
+	fs.DurationVar(&o.redisMaxTimeout, "redis-max-timeout", bc.MaxTimeout, "longest deadline of a Redis call: a Redis slower than this counts as down")
 	fs.StringVar(&o.identity, "identity", "header", "identity source: header (X-Tenant, X-Plan) or apikey (Authorization: Bearer)")
 	fs.StringVar(&o.keys, "keys", "key-free=acme:free,key-pro=globex:pro", "API keys for -identity apikey: key=tenant:plan,...")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -197,14 +203,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	var store bucket.Store = mem
 	storeName := "memory"
 	var client *redis.Client
+	// regional is the store an embedded agent decides on: it runs its own
+	// breaker over it (agent.New), so it gets the store without the
+	// gateway's.
+	var regional bucket.Store = mem
 	if o.redisAddr != "" {
 		client = redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true})
 		defer client.Close()
-		rs, err := redisstore.New(client, redisstore.Options{})
+		bc := breaker.DefaultConfig()
+		bc.Timeout, bc.MaxTimeout = o.redisTimeout, max(o.redisMaxTimeout, o.redisTimeout)
+		br, err := breaker.New(bc)
+		if err != nil {
+			return fmt.Errorf("-redis-timeout, -redis-max-timeout: %w", err)
+		}
+		rs, err := redisstore.New(client, redisstore.Options{Timeout: bc.MaxTimeout})
 		if err != nil {
 			return err
 		}
-		store, storeName = rs, "redis "+o.redisAddr
+		// The agent's circuit breaker: a Redis that does not answer fails
+		// calls at once by the rule's failure policy instead of holding
+		// each for its deadline.
+		regional, storeName = rs, "redis "+o.redisAddr
+		if o.embed.region == "" {
+			store = breaker.Guard(rs, br, nil)
+			reg.MustRegister(limiter.NewBreakerCollector(br, nil))
+		}
 	} else {
 		reg.MustRegister(limiter.NewMemoryCollector(map[string]*bucket.Memory{"buckets": mem}))
 	}
@@ -214,7 +237,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 		// call out of the process. It stops when ctx ends, before the
 		// stores close.
 		actx, stopAgent := context.WithCancel(context.WithoutCancel(ctx))
-		e, err := startAgent(actx, o.embed, src.Current(), store, client, logger, reg)
+		e, err := startAgent(actx, o.embed, src.Current(), regional, client, logger, reg)
 		if err != nil {
 			stopAgent()
 			return err

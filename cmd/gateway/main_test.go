@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/allot-dev/allot/breaker"
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/grpclimit"
 	"github.com/allot-dev/allot/internal/testenv"
@@ -439,4 +441,61 @@ func TestAgentModeWithToken(t *testing.T) {
 		!strings.Contains(m, `allot_auth_info{api="allow",mode="token"} 1`) {
 		t.Errorf("/metrics lacks the refusal or the mode:\n%s", m)
 	}
+}
+
+// TestRedisBlackholed: the gateway's Redis path has the agent's circuit
+// breaker. With Redis blackholed (its process stopped), the first calls
+// wait out their deadlines; then the breaker opens, /metrics says so, and
+// requests are decided at once by the rule's failure policy (the example
+// rule's emergency limit, in process) without another call to Redis.
+func TestRedisBlackholed(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	g := start(t, "-redis", srv.Addr, "-grpc", "")
+	tenant := "blackholed-" + time.Now().Format("150405.000000000")
+	if r := get(t, g, "/items", "X-Tenant", tenant, "X-Plan", "pro"); r.status != 200 {
+		t.Fatalf("Redis up: status %d", r.status)
+	}
+	metric := func(name string) string {
+		body := get(t, g, "/metrics").body
+		for _, l := range strings.Split(body, "\n") {
+			if v, ok := strings.CutPrefix(l, name+" "); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	if v := metric("allot_store_breaker_state"); v != "0" {
+		t.Fatalf("breaker state %q with Redis up, want 0", v)
+	}
+	srv.Pause(t)
+	waited := 0
+	for metric("allot_store_breaker_state") != "1" {
+		if waited == 8 {
+			t.Fatalf("breaker not open after %d requests to a blackholed Redis", waited)
+		}
+		get(t, g, "/items", "X-Tenant", tenant, "X-Plan", "pro")
+		waited++
+	}
+	opened, _ := strconv.Atoi(metric("allot_store_breaker_opened_total"))
+	admitted := 0
+	began := time.Now()
+	for range 50 {
+		r := get(t, g, "/items", "X-Tenant", tenant, "X-Plan", "pro")
+		if r.status != 200 && r.status != 429 {
+			t.Fatalf("breaker open: status %d (%s), want the emergency limit's 200 or 429", r.status, r.body)
+		}
+		if r.status == 200 {
+			admitted++
+		}
+	}
+	if admitted == 0 {
+		t.Fatal("the emergency limit admitted nothing")
+	}
+	// While open, only a probe after each back-off reaches Redis (and,
+	// failing, opens the breaker again).
+	probes := int(time.Since(began)/breaker.DefaultConfig().Backoff) + 1
+	if v, _ := strconv.Atoi(metric("allot_store_breaker_opened_total")); v-opened > probes {
+		t.Fatalf("breaker openings %d → %d while open, want at most one a back-off (%d): requests reached Redis", opened, v, probes)
+	}
+	t.Logf("%d requests waited on Redis before the breaker opened; then 50 decided at once, %d admitted", waited, admitted)
 }

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -127,6 +128,25 @@ func (s *RedisServer) Kill() {
 		_ = s.cmd.Process.Kill()
 		_ = s.cmd.Wait()
 		s.cmd = nil
+	}
+}
+
+// Pause stops the server's process (SIGSTOP) without closing anything:
+// connections stay open and new ones are accepted by the kernel, but
+// nothing is answered, as with a server blackholed by the network.
+func (s *RedisServer) Pause(t testing.TB) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("testenv: pause redis-server: %v", err)
+	}
+	t.Cleanup(func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) })
+}
+
+// Resume lets a paused server answer again (SIGCONT).
+func (s *RedisServer) Resume(t testing.TB) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatalf("testenv: resume redis-server: %v", err)
 	}
 }
 
@@ -244,82 +264,151 @@ func StartEtcd(t testing.TB) []string {
 // cluster reports ok, and returns the node addresses.
 func StartRedisCluster(t testing.TB, n int) []string {
 	t.Helper()
+	return StartRedisClusterReplicas(t, n, 0).Addrs()
+}
+
+// RedisCluster is a Redis Cluster owned by one test: its servers, in the
+// order `redis-cli --cluster create` was given them (primaries first).
+type RedisCluster struct {
+	Servers []*RedisServer
+}
+
+// Addrs returns the nodes' addresses.
+func (c *RedisCluster) Addrs() []string {
+	out := make([]string, len(c.Servers))
+	for i, s := range c.Servers {
+		out[i] = s.Addr
+	}
+	return out
+}
+
+// StartRedisClusterReplicas starts primaries × (1 + replicas)
+// redis-server processes in cluster mode (node timeout 1 s, so a killed
+// primary's replica is promoted within a few seconds), joins them with
+// `redis-cli --cluster create --cluster-replicas replicas`, and waits
+// until every node reports cluster_state:ok.
+func StartRedisClusterReplicas(t testing.TB, primaries, replicas int) *RedisCluster {
+	t.Helper()
 	if _, err := exec.LookPath("redis-cli"); err != nil {
 		missing(t, "testenv: redis-cli not installed: %v", err)
 	}
-	var addrs []string
-	for range n {
-		s := StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "2000")
-		addrs = append(addrs, s.Addr)
+	rc := &RedisCluster{}
+	for range primaries * (1 + replicas) {
+		rc.Servers = append(rc.Servers, StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "1000"))
 	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args := append([]string{"--cluster", "create"}, rc.Addrs()...)
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
 		t.Fatalf("testenv: redis-cli --cluster create: %v\n%s", err, out)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		ok := 0
-		for _, a := range addrs {
-			c := redis.NewClient(&redis.Options{Addr: a})
-			info, err := c.ClusterInfo(context.Background()).Result()
-			_ = c.Close() // the answer is in hand
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
+	if err := rc.WaitOK(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return rc
+}
+
+// WaitOK waits until every live node reports cluster_state:ok and, with
+// replicas, until every replica's link to its primary is up.
+func (c *RedisCluster) WaitOK(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		ok, live := 0, 0
+		for _, s := range c.Servers {
+			if s.cmd == nil {
+				continue
+			}
+			live++
+			cl := redis.NewClient(&redis.Options{Addr: s.Addr})
+			info, err := cl.ClusterInfo(context.Background()).Result()
+			repl, rerr := cl.Info(context.Background(), "replication").Result()
+			_ = cl.Close() // the answers are in hand
+			if err == nil && rerr == nil && strings.Contains(info, "cluster_state:ok") &&
+				(strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up")) {
 				ok++
 			}
 		}
-		if ok == len(addrs) {
-			return addrs
+		if ok == live {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testenv: redis cluster %v: %d of %d nodes ok after %s", c.Addrs(), ok, live, within)
 		}
 		time.Sleep(50 * time.Millisecond) // waiting for every node to agree on slots
 	}
-	t.Fatalf("testenv: redis cluster %v did not reach cluster_state:ok", addrs)
-	return nil
 }
 
-// Sentinel is a primary, a replica and one Sentinel watching them, all owned
-// by one test.
+// Sentinel is a primary, a replica and the Sentinels watching them, all
+// owned by one test.
 type Sentinel struct {
 	Primary, Replica *RedisServer
-	Addr             string // the Sentinel's address
-	Master           string // the monitored master's name
+	Addr             string   // the first Sentinel's address
+	Addrs            []string // every Sentinel's address
+	Master           string   // the monitored master's name
 }
 
 // StartSentinel starts a primary, a replica of it and a Sentinel that
 // monitors them as master "allot" with quorum 1 and fast failover timings.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
+	return StartSentinels(t, 1)
+}
+
+// StartSentinels starts a primary, a replica of it and n Sentinels that
+// monitor them as master "allot" with a majority quorum (n/2 + 1), down
+// after 1 s, and waits until every Sentinel names the primary.
+func StartSentinels(t testing.TB, n int) *Sentinel {
+	t.Helper()
 	if _, err := exec.LookPath("redis-sentinel"); err != nil {
 		missing(t, "testenv: redis-sentinel not installed (make test installs it): %v", err)
 	}
 	primary := StartRedis(t)
 	replica := StartRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
-	dir := t.TempDir()
-	port := FreePort(t)
-	conf := filepath.Join(dir, "sentinel.conf")
-	body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor allot 127.0.0.1 %d 1\n"+
-		"sentinel down-after-milliseconds allot 1000\nsentinel failover-timeout allot 5000\n"+
-		"sentinel parallel-syncs allot 1\n", port, dir, primary.Port)
-	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
+	s := &Sentinel{Primary: primary, Replica: replica, Master: "allot"}
+	for range n {
+		dir := t.TempDir()
+		port := FreePort(t)
+		conf := filepath.Join(dir, "sentinel.conf")
+		body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor allot 127.0.0.1 %d %d\n"+
+			"sentinel down-after-milliseconds allot 1000\nsentinel failover-timeout allot 5000\n"+
+			"sentinel parallel-syncs allot 1\n", port, dir, primary.Port, n/2+1)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("redis-sentinel", conf)
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("testenv: start redis-sentinel: %v", err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		s.Addrs = append(s.Addrs, fmt.Sprintf("127.0.0.1:%d", port))
 	}
-	cmd := exec.Command("redis-sentinel", conf)
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("testenv: start redis-sentinel: %v", err)
+	s.Addr = s.Addrs[0]
+	for _, a := range s.Addrs {
+		c := redis.NewSentinelClient(&redis.Options{Addr: a})
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			addr, err := c.GetMasterAddrByName(context.Background(), s.Master).Result()
+			if err == nil && len(addr) == 2 && addr[1] == strconv.Itoa(primary.Port) {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.Close()
+				t.Fatalf("testenv: sentinel on %s did not report master %s", a, primary.Addr)
+			}
+			time.Sleep(50 * time.Millisecond) // waiting for the sentinel to find its master
+		}
+		c.Close()
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	s := &Sentinel{Primary: primary, Replica: replica, Addr: fmt.Sprintf("127.0.0.1:%d", port), Master: "allot"}
+	return s
+}
+
+// MasterAddr returns the address the first Sentinel names as master.
+func (s *Sentinel) MasterAddr(ctx context.Context) (string, error) {
 	c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		addr, err := c.GetMasterAddrByName(context.Background(), s.Master).Result()
-		if err == nil && len(addr) == 2 && addr[1] == strconv.Itoa(primary.Port) {
-			return s
-		}
-		time.Sleep(50 * time.Millisecond) // waiting for the sentinel to find its master
+	addr, err := c.GetMasterAddrByName(ctx, s.Master).Result()
+	if err != nil {
+		return "", err
 	}
-	t.Fatalf("testenv: sentinel on %s did not report master %s", s.Addr, primary.Addr)
-	return nil
+	return net.JoinHostPort(addr[0], addr[1]), nil
 }

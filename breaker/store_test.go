@@ -1,0 +1,186 @@
+package breaker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/internal/testenv"
+)
+
+// TestGuardOnABlackholedRedis is the gateway's Redis path with Redis
+// blackholed (its process stopped: connections accepted, nothing
+// answered). The breaker's state moves on a manual clock; the calls' waits
+// are real. Calls wait out their deadlines, doubling from 100 ms to the
+// 500 ms cap, five in a row; then the breaker opens and every call fails
+// at once with ErrOpen, the store not called. Redis answers again: after
+// the back-off one call probes, and its answer closes the breaker.
+func TestGuardOnABlackholedRedis(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	c := redisstore.NewUniversalClient([]string{srv.Addr}, "", "")
+	t.Cleanup(func() { c.Close() })
+	b, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := redisstore.New(c, redisstore.Options{Prefix: "allot-test-" + t.Name() + ":", Timeout: b.Config().MaxTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewManual(t0)
+	s := Guard(rs, b, clk)
+	ctx := context.Background()
+	k, lim := bucket.Key{Rule: "r", Subject: "s"}, bucket.PerSecond(1000)
+	for range 20 {
+		if _, err := s.Decide(ctx, k, lim, 1, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Pause(t)
+	clk.Advance(time.Millisecond)
+	var waited []time.Duration
+	for b.State(clk.Now()) == Closed {
+		if len(waited) > 10 {
+			t.Fatalf("breaker still closed after %d calls timed out", len(waited))
+		}
+		d := b.Deadline()
+		_, err := s.Decide(ctx, k, lim, 1, "")
+		clk.Advance(d) // the call waited d
+		if !errors.Is(err, ErrTimeout) || !errors.Is(err, bucket.ErrUnavailable) {
+			t.Fatalf("call %d on a blackholed Redis: %v, want a timeout", len(waited)+1, err)
+		}
+		waited = append(waited, d)
+	}
+	want := []time.Duration{100, 200, 400, 500, 500}
+	if len(waited) != len(want) {
+		t.Fatalf("deadlines %v before the breaker opened, want %v ms", waited, want)
+	}
+	for i := range want {
+		if waited[i] != want[i]*time.Millisecond {
+			t.Fatalf("deadlines %v before the breaker opened, want %v ms", waited, want)
+		}
+	}
+	for range 100 {
+		if _, err := s.Decide(ctx, k, lim, 1, ""); !errors.Is(err, ErrOpen) {
+			t.Fatalf("breaker open: %v, want ErrOpen at once", err)
+		}
+	}
+	srv.Resume(t)
+	clk.Advance(b.Config().Backoff)
+	if _, err := s.Decide(ctx, k, lim, 1, ""); err != nil {
+		t.Fatalf("probe after Redis came back: %v", err)
+	}
+	if st := b.State(clk.Now()); st != Closed {
+		t.Fatalf("breaker %s after a good probe, want closed", st)
+	}
+	if d := b.Deadline(); d != b.Config().Timeout {
+		t.Fatalf("deadline %s after Redis answered at once, want back at %s", d, b.Config().Timeout)
+	}
+}
+
+// TestTimedOnAStalledRedis: Redis stalls for 150 ms at a time (DEBUG
+// SLEEP on another connection, over and over), so calls take up to 150 ms,
+// above the 100 ms floor; under Timed the deadlines follow, and after the
+// first timeouts the calls are answered. With the deadline fixed at 100
+// ms (Timeout = MaxTimeout), the baseline, calls keep timing out.
+func TestTimedOnAStalledRedis(t *testing.T) {
+	run := func(t *testing.T, cfg Config) (timeouts, answered int, b *Breaker) {
+		srv := testenv.StartRedis(t, "--enable-debug-command", "yes")
+		c := redisstore.NewUniversalClient([]string{srv.Addr}, "", "")
+		t.Cleanup(func() { c.Close() })
+		b, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs, err := redisstore.New(c, redisstore.Options{Prefix: "allot-test:", Timeout: cfg.MaxTimeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := Timed(rs, b, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		sc := srv.Client(t)
+		if err := sc.Do(ctx, "DEBUG", "SLEEP", "0").Err(); err != nil {
+			t.Fatalf("DEBUG SLEEP: %v", err)
+		}
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			for ctx.Err() == nil {
+				_ = sc.Do(ctx, "DEBUG", "SLEEP", "0.15").Err()
+			}
+		}()
+		k, lim := bucket.Key{Rule: "r", Subject: "s"}, bucket.PerSecond(1000)
+		for i := 0; i < 30; i++ {
+			_, err := s.Decide(ctx, k, lim, 1, "")
+			switch {
+			case err == nil:
+				if i >= 15 {
+					answered++
+				}
+			case errors.Is(err, ErrTimeout):
+				if i >= 15 {
+					timeouts++
+				}
+			default:
+				t.Fatalf("call %d: %v", i, err)
+			}
+		}
+		cancel()
+		<-stopped
+		return timeouts, answered, b
+	}
+	timeouts, answered, b := run(t, DefaultConfig())
+	t.Logf("adaptive: %d timeouts and %d answers in the last 15 calls; deadline %s", timeouts, answered, b.Deadline())
+	fixed := DefaultConfig()
+	fixed.MaxTimeout = fixed.Timeout
+	bt, _, _ := run(t, fixed)
+	t.Logf("fixed 100 ms: %d timeouts in the last 15 calls", bt)
+	if bt == 0 {
+		t.Fatal("the fixed deadline timed nothing out: the stall does not make calls slower than 100 ms")
+	}
+	// Side by side rather than against a figure: a loaded host can stall
+	// a call past any deadline now and then.
+	if timeouts*3 > bt {
+		t.Fatalf("%d of the last 15 calls timed out under the adaptive deadline, against %d at a fixed 100 ms: want at most a third as many", timeouts, bt)
+	}
+}
+
+// lateStore fails every call as a store that waits under a context derived
+// from the caller's does when that context's timer fires first: with
+// context.DeadlineExceeded, while the caller's own context may not have
+// noticed yet.
+type lateStore struct{ bucket.Store }
+
+func (lateStore) Decide(context.Context, bucket.Key, bucket.Limit, bucket.Tokens, string) (bucket.Decision, error) {
+	return bucket.Decision{}, fmt.Errorf("%w: late: %w", bucket.ErrUnavailable, context.DeadlineExceeded)
+}
+
+// TestInnerDeadlineIsATimeout: a call whose inner store reports a passed
+// deadline is a timeout, whether or not the wrapper's context has noticed:
+// it doubles the deadline and comes back as ErrTimeout, so the caller can
+// tell a timeout under a deadline since raised (ErrOutgrown) from one that
+// counts. Counted as plain failures, a burst of them opened the breaker
+// on a slow but healthy Redis under concurrency (the chaos harness's
+// redis-slow).
+func TestInnerDeadlineIsATimeout(t *testing.T) {
+	clk := clock.NewManual(t0)
+	b, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Timed(lateStore{}, b, clk)
+	k, lim := bucket.Key{Rule: "r", Subject: "s"}, bucket.PerSecond(10)
+	_, err = s.Decide(context.Background(), k, lim, 1, "")
+	if !errors.Is(err, ErrTimeout) || errors.Is(err, ErrOutgrown) || !errors.Is(err, bucket.ErrUnavailable) {
+		t.Fatalf("first late call: %v, want a counted timeout", err)
+	}
+	if d := b.Deadline(); d != 200*time.Millisecond {
+		t.Fatalf("deadline %s after a timeout at 100 ms, want 200ms", d)
+	}
+}
