@@ -41,7 +41,8 @@ type ConfigSpec struct {
 	RulesFile   string `yaml:"rules_file"`
 	// Keys is the number of subjects each budget has, for synthetic
 	// traffic spread over keys; a replayed log adds the subjects it
-	// names. Default: 1 for a shared budget, DefaultConfigKeys otherwise.
+	// names. Default: the subjects the replayed logs name, else 1 for a
+	// shared budget and DefaultConfigKeys for the others.
 	Keys map[string]int `yaml:"keys"`
 }
 
@@ -61,6 +62,11 @@ func parseScenario(b []byte, dir string) (*Scenario, error) {
 	}
 	if err := sc.loadReplays(dir); err != nil {
 		return nil, err
+	}
+	for i := range sc.Rules {
+		if sc.Rules[i].Keys == 0 {
+			sc.Rules[i].Keys = sc.Rules[i].defaultKeys
+		}
 	}
 	sc.setDefaults()
 	if err := sc.Validate(); err != nil {
@@ -183,7 +189,6 @@ func ruleSpecOf(b lease.Budget, rb rules.RuleBudget, regions []string, keys map[
 		Count:      int64(l.Count()),
 		Period:     l.Period(),
 		Burst:      int64(l.Burst()),
-		Keys:       DefaultConfigKeys,
 		Policy:     PolicyClosed,
 		Reserve:    b.Reserve,
 		Allocation: b.Policy.String(),
@@ -200,8 +205,10 @@ func ruleSpecOf(b lease.Budget, rb rules.RuleBudget, regions []string, keys map[
 	case rules.Emergency:
 		rs.Policy = PolicyEmergency
 	}
+	// Keys stays 0 for a replayed log to set; then the default applies.
+	rs.defaultKeys = DefaultConfigKeys
 	if rb.Shared {
-		rs.Keys = 1
+		rs.defaultKeys = 1
 	}
 	if k, ok := keys[b.Rule]; ok {
 		rs.Keys = k

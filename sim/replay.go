@@ -159,7 +159,13 @@ func (sc *Scenario) loadReplays(dir string) error {
 		for r, k := range log.keys {
 			sc.Rules[r].Keys = max(sc.Rules[r].Keys, k)
 		}
-		if end := (rs.Start + time.Duration(log.span+1)*time.Microsecond).Truncate(time.Millisecond) + time.Millisecond; fromLogs && end > sc.Duration {
+		// A scenario timed by its logs runs until the last copy a scale
+		// above 1 can place after the last record.
+		tail := time.Duration(log.span+1) * time.Microsecond
+		if rs.maxScale() > 1 {
+			tail += max(rs.Jitter, time.Duration(log.maxGap())*time.Microsecond)
+		}
+		if end := (rs.Start + tail).Truncate(time.Millisecond) + time.Millisecond; fromLogs && end > sc.Duration {
 			sc.Duration = end
 		}
 	}
@@ -194,8 +200,12 @@ func (sc *Scenario) parseReplay(data []byte, format string, rename map[string]st
 		if !costGiven {
 			cost = 1
 		}
-		if cost < 1 || cost > sc.Rules[ui].Burst {
-			return fmt.Errorf("line %d: cost=%d must be in [1, burst=%d of rule %q]", line, cost, sc.Rules[ui].Burst, rule)
+		burst := sc.Rules[ui].Burst
+		if burst == 0 {
+			burst = sc.Rules[ui].Count // setDefaults will
+		}
+		if cost < 1 || cost > burst {
+			return fmt.Errorf("line %d: cost=%d must be in [1, burst=%d of rule %q]", line, cost, burst, rule)
 		}
 		if subject == "" {
 			return fmt.Errorf("line %d: subject is empty", line)
@@ -440,4 +450,22 @@ func (s *replayStream) draw() (key int, cost int64) {
 	key, cost = int(s.key[s.pos]), s.cost[s.pos]
 	s.pos++
 	return key, cost
+}
+
+// maxScale is the largest factor any region's records are scaled by.
+func (rs *ReplaySpec) maxScale() float64 {
+	m := rs.Scale
+	for _, v := range rs.RegionScale {
+		m = max(m, rs.Scale*v)
+	}
+	return m
+}
+
+// maxGap is the largest mean gap between records of one region and rule.
+func (l *replayLog) maxGap() float64 {
+	var m float64
+	for _, g := range l.gap {
+		m = max(m, g)
+	}
+	return math.Ceil(m)
 }

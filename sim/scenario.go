@@ -147,6 +147,10 @@ type RuleSpec struct {
 	// Allocation is the coordinator's allocation policy: "max-min" (the
 	// default), "proportional" or "static".
 	Allocation string `yaml:"allocation"`
+
+	// defaultKeys is Keys when a config leaves it to the replayed logs
+	// and they name no subject of the rule.
+	defaultKeys int
 }
 
 // TrafficSpec is one stream of arrivals into a region for a rule.
