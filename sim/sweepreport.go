@@ -105,11 +105,8 @@ func pointLabel(r *SweepResult, p SweepPoint) string {
 // the worst overshoot as a share of its bound.
 func svgSweep(r *SweepResult) string {
 	n := len(r.Points)
-	const L, R, T = 64.0, 150.0, 28.0
-	slot := 28.0
-	if n > 24 {
-		slot = 16
-	}
+	const L, R, T = 64.0, 200.0, 28.0
+	slot := min(60, max(16, 720/float64(max(n, 1))))
 	pw := slot * float64(n)
 	W := L + pw + R
 	const uh, oh, gap, lh = 180.0, 80.0, 24.0, 120.0 // utilization and overshoot panels, labels
@@ -162,7 +159,7 @@ func svgSweep(r *SweepResult) string {
 	fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#ccc"/>`, L, ot, pw, oh)
 	fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="4,3"/><text x="%.0f" y="%.1f" text-anchor="end">bound</text>`, L, L+pw, ot+oh/2, ot+oh/2, L-4, ot+oh/2+4)
 	fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">0</text>`, L-4, ot+oh)
-	fmt.Fprintf(&b, `<text x="%.0f" y="%.1f">overshoot ÷ bound (capped at 2)</text>`, L+pw+8, ot+oh/2+4)
+	fmt.Fprintf(&b, `<text x="%.0f" y="%.1f">worst overshoot ÷ its bound</text><text x="%.0f" y="%.1f">(capped at 2; no bound: 2)</text>`, L+pw+8, ot+oh/2-2, L+pw+8, ot+oh/2+12)
 	for i, p := range r.Points {
 		if p.Skipped != "" {
 			continue
