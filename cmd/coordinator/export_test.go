@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -12,12 +13,14 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/internal/leasetest"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/sim"
 )
@@ -203,5 +206,44 @@ func TestExportRejectsBadInput(t *testing.T) {
 		if err := exportCmd(tc.args, &out); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err = %v, want %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestExportFromEtcd exports the budgets document an HA cluster stores in
+// etcd: the document is written beside the scenario, which names it.
+func TestExportFromEtcd(t *testing.T) {
+	endpoints := testenv.EtcdEndpoints(t)
+	prefix := fmt.Sprintf("/allot-export-%d", time.Now().UnixNano())
+	data := []byte("regions: [us, eu]\nbudgets:\n  - {rule: api, limit: \"600 per second, burst 60\"}\nlease: {ttl: 6s, refresh: 2s}\n")
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := coordinator.PutDocument(ctx, cli, prefix, data, fromRules); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "ha.yaml")
+	var msg bytes.Buffer
+	if err := exportCmd([]string{"-etcd", strings.Join(endpoints, ","), "-prefix", prefix, "-o", out, "-duration", "3s"}, &msg); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := os.ReadFile(strings.TrimSuffix(out, ".yaml") + ".budgets.yaml")
+	if err != nil || !bytes.Equal(stored, data) {
+		t.Fatalf("document beside the scenario: %v, %q", err, stored)
+	}
+	sc, err := sim.LoadScenario(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sc.Rules) != 1 || sc.Rules[0].Name != "api" || sc.Rules[0].Count != 600 || sc.Rules[0].Burst != 60 ||
+		sc.Coordinator.LeaseTTL != 6*time.Second || len(sc.Regions) != 2 {
+		t.Errorf("scenario rules %+v, ttl %s, regions %+v", sc.Rules, sc.Coordinator.LeaseTTL, sc.Regions)
+	}
+	if err := exportCmd([]string{"-etcd", strings.Join(endpoints, ","), "-prefix", prefix + "-empty", "-o", out}, &msg); err == nil ||
+		!strings.Contains(err.Error(), "nothing stored at "+prefix+"-empty/budgets") {
+		t.Errorf("empty prefix: err = %v", err)
 	}
 }
