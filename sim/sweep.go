@@ -53,8 +53,9 @@ type SweepPoint struct {
 	// then PASS.
 	Verdict string `json:"verdict,omitempty"`
 	// WorstRule is the rule whose overshoot came closest to (or furthest
-	// above) its bound, with that overshoot and bound in tokens; Bound is
-	// absent when the rule is unbounded (fail open under a fault).
+	// above) its bound, as a share of the bound (the larger overshoot among
+	// equals), with that overshoot and bound in tokens; Bound is absent
+	// when the rule is unbounded (fail open under a fault).
 	WorstRule      string   `json:"worst_rule,omitempty"`
 	WorstOvershoot float64  `json:"worst_overshoot_tokens"`
 	WorstBound     *float64 `json:"worst_bound_tokens,omitempty"`
@@ -227,7 +228,7 @@ func sweepPoint(sc *Scenario, s Settings, g Grid, seeds []uint64) (SweepPoint, [
 		return pt, nil, nil
 	}
 	pt.Verdict, pt.Keeps = Pass, true
-	worstMargin := math.Inf(-1)
+	worstScore, worstPeak := math.Inf(-1), math.Inf(-1)
 	var runs []*Result
 	for _, seed := range seeds {
 		r, err := Run(c, seed, Options{Systems: SweepSystems})
@@ -258,12 +259,9 @@ func sweepPoint(sc *Scenario, s Settings, g Grid, seeds []uint64) (SweepPoint, [
 					}
 				}
 				for _, ro := range sys.Rules {
-					margin := math.Inf(1) // unbounded: worst of all
-					if ro.Bound != nil {
-						margin = ro.PeakTokens - *ro.Bound
-					}
-					if margin > worstMargin {
-						worstMargin = margin
+					score := overshootScore(ro)
+					if score > worstScore || (score == worstScore && ro.PeakTokens > worstPeak) {
+						worstScore, worstPeak = score, ro.PeakTokens
 						pt.WorstRule, pt.WorstOvershoot, pt.WorstBound = ro.Rule, ro.PeakTokens, ro.Bound
 					}
 					switch ro.Verdict {
@@ -288,4 +286,18 @@ func sweepPoint(sc *Scenario, s Settings, g Grid, seeds []uint64) (SweepPoint, [
 	pt.Central = round(pt.Central, 6)
 	pt.LeaseMsgsPerS = round(pt.LeaseMsgsPerS, 4)
 	return pt, runs, nil
+}
+
+// overshootScore is a rule's overshoot as a share of its bound: +Inf
+// without a bound, and for any overshoot over a bound of 0.
+func overshootScore(ro RuleOutcome) float64 {
+	switch {
+	case ro.Bound == nil:
+		return math.Inf(1)
+	case *ro.Bound > 0:
+		return ro.PeakTokens / *ro.Bound
+	case ro.PeakTokens > 1e-9:
+		return math.Inf(1)
+	}
+	return 0
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"encoding/xml"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -152,5 +153,29 @@ func TestSweepNotesMissingMeasures(t *testing.T) {
 	}
 	if _, err := Sweep(sc, Grid{Policy: []string{"sometimes"}}, []uint64{1}, SweepOptions{}); err == nil || !strings.Contains(err.Error(), `policy[0]="sometimes"`) {
 		t.Errorf("bad policy: %v", err)
+	}
+}
+
+// TestOvershootScore orders rules by how close their overshoot came to
+// their bound: no bound, or any overshoot over a bound of 0, is worst.
+func TestOvershootScore(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	order := []RuleOutcome{
+		{PeakTokens: 0, Bound: f(0)},
+		{PeakTokens: 0, Bound: f(100)},
+		{PeakTokens: 31.7, Bound: f(1638)},
+		{PeakTokens: 50, Bound: f(100)},
+		{PeakTokens: 120, Bound: f(100)},
+	}
+	for i := 1; i < len(order); i++ {
+		a, b := overshootScore(order[i-1]), overshootScore(order[i])
+		if a > b || (i > 1 && a == b) {
+			t.Errorf("score of %+v = %v, not below %+v's %v", order[i-1], a, order[i], b)
+		}
+	}
+	for _, ro := range []RuleOutcome{{PeakTokens: 0.5, Bound: f(0)}, {Unbounded: true}} {
+		if s := overshootScore(ro); s != math.Inf(1) {
+			t.Errorf("score of %+v = %v, want +Inf", ro, s)
+		}
 	}
 }
