@@ -109,7 +109,14 @@ func svgSweep(r *SweepResult) string {
 	slot := min(60, max(16, 720/float64(max(n, 1))))
 	pw := slot * float64(n)
 	W := L + pw + R
-	const uh, oh, gap, lh = 180.0, 80.0, 24.0, 120.0 // utilization and overshoot panels, labels
+	const uh, oh, gap = 180.0, 80.0, 24.0 // utilization and overshoot panels
+	// The labels run down at 60°: room for the longest, at ~6 px a
+	// character.
+	longest := 0
+	for _, p := range r.Points {
+		longest = max(longest, len([]rune(fmt.Sprintf("#%d %s", len(r.Points), pointLabel(r, p)))))
+	}
+	lh := 24 + 6*0.87*float64(longest)
 	H := T + uh + gap + oh + lh
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="11">`, W, H, W, H)
