@@ -38,8 +38,6 @@ type DecisionLogConfig struct {
 	Region string
 	// Clock stamps the records; nil means clock.Real{}.
 	Clock clock.Clock
-	// Seed seeds the sampling.
-	Seed uint64
 }
 
 // DefaultDecisionLogConfig samples 1% of decisions into files of at most
@@ -81,11 +79,12 @@ func (c DecisionLogConfig) Validate() error {
 type DecisionLog struct {
 	cfg DecisionLogConfig
 	clk clock.Clock
-	// threshold is Sample scaled to a uint64 draw.
+	// threshold is Sample scaled to a uint64 draw: a decision is recorded
+	// when a draw of the runtime's lock-free generator falls below it, so
+	// the decisions not sampled take no lock.
 	threshold uint64
 
 	mu      sync.Mutex // guards everything below
-	rng     *rand.Rand
 	f       *os.File
 	w       *bufio.Writer
 	size    int64
@@ -100,7 +99,7 @@ func OpenDecisionLog(cfg DecisionLogConfig) (*DecisionLog, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	l := &DecisionLog{cfg: cfg, clk: cfg.Clock, rng: rand.New(rand.NewPCG(cfg.Seed, 0x646563697369)), threshold: uint64(cfg.Sample * math.MaxUint64)}
+	l := &DecisionLog{cfg: cfg, clk: cfg.Clock, threshold: uint64(cfg.Sample * math.MaxUint64)}
 	if cfg.Sample >= 1 {
 		l.threshold = math.MaxUint64
 	}
@@ -127,18 +126,20 @@ func (l *DecisionLog) open() error {
 	return nil
 }
 
-// sampled draws whether to record one decision; it requires that l.mu is
-// held.
+// sampled draws whether to record one decision.
 func (l *DecisionLog) sampled() bool {
-	return l.threshold == math.MaxUint64 || l.rng.Uint64() < l.threshold
+	return l.threshold == math.MaxUint64 || rand.Uint64() < l.threshold
 }
 
 // Record samples one decision at now and, if drawn, writes it. A write
 // error stops the log (Err reports it); decisions go on.
 func (l *DecisionLog) Record(now time.Time, budget, subject string, cost bucket.Tokens, allowed bool) {
+	if !l.sampled() {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.err != nil || l.f == nil || !l.sampled() {
+	if l.err != nil || l.f == nil {
 		return
 	}
 	l.write(now, budget, subject, cost, allowed)
@@ -261,12 +262,9 @@ type setNamer struct {
 func (s *loggedStore) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (bucket.Decision, error) {
 	d, err := s.Store.Decide(ctx, key, l, cost, attemptID)
 	lg := s.log
-	lg.mu.Lock()
-	if lg.err != nil || lg.f == nil || !lg.sampled() {
-		lg.mu.Unlock()
+	if !lg.sampled() {
 		return d, err
 	}
-	lg.mu.Unlock()
 	budget := s.budgetOf(key, l)
 	lg.mu.Lock()
 	if lg.f != nil && lg.err == nil {

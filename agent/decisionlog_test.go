@@ -162,7 +162,7 @@ func TestDecisionLogBounded(t *testing.T) {
 // decisions.
 func TestDecisionLogSamples(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "d.jsonl")
-	lg, err := OpenDecisionLog(DecisionLogConfig{Path: path, Sample: 0.1, MaxBytes: 1 << 30, Region: "us", Seed: 7})
+	lg, err := OpenDecisionLog(DecisionLogConfig{Path: path, Sample: 0.1, MaxBytes: 1 << 30, Region: "us"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,12 +29,12 @@ func (d *decisionLogFlags) register(fs *flag.FlagSet) {
 // wrap returns st logging its decisions when -decision-log is set, and a
 // function that flushes and closes the log. The log is flushed every
 // second until ctx ends.
-func (d *decisionLogFlags) wrap(ctx context.Context, st bucket.Store, src rules.Source, region string, seed uint64, log *slog.Logger) (bucket.Store, func(), error) {
+func (d *decisionLogFlags) wrap(ctx context.Context, st bucket.Store, src rules.Source, region string, log *slog.Logger) (bucket.Store, func(), error) {
 	if d.path == "" {
 		return st, func() {}, nil
 	}
 	cfg := agent.DefaultDecisionLogConfig()
-	cfg.Path, cfg.Sample, cfg.MaxBytes, cfg.Region, cfg.Seed = d.path, d.sample, d.maxBytes, region, seed
+	cfg.Path, cfg.Sample, cfg.MaxBytes, cfg.Region = d.path, d.sample, d.maxBytes, region
 	dl, err := agent.OpenDecisionLog(cfg)
 	if err != nil {
 		return nil, nil, err

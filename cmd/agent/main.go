@@ -341,7 +341,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	store, closeLog, err := o.dl.wrap(ctx, ag.Store(), watcher, o.region, deps.Seed, logger)
+	store, closeLog, err := o.dl.wrap(ctx, ag.Store(), watcher, o.region, logger)
 	if err != nil {
 		return err
 	}

@@ -27,9 +27,9 @@ func openDecisionLogs(path string, regions []string, sample float64) (map[string
 	}
 	ext := filepath.Ext(path)
 	base := strings.TrimSuffix(path, ext)
-	for i, r := range regions {
+	for _, r := range regions {
 		cfg := agent.DefaultDecisionLogConfig()
-		cfg.Path, cfg.Sample, cfg.Region, cfg.Seed = base+"-"+r+ext, sample, r, uint64(i+1)
+		cfg.Path, cfg.Sample, cfg.Region = base+"-"+r+ext, sample, r
 		l, err := agent.OpenDecisionLog(cfg)
 		if err != nil {
 			closeAll()
