@@ -166,3 +166,78 @@ func TestConfigRegionsMustMatch(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigRulesFileAlone: a scenario naming only the agents' rules file
+// splits its global budgets among the scenario's regions as agents started
+// with -regions alone do (equal weights, the default reserve, max-min);
+// a rule of region or local scope is not leased, so not simulated.
+func TestConfigRulesFileAlone(t *testing.T) {
+	dir := t.TempDir()
+	rb, err := os.ReadFile("testdata/ops/rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb = append(rb, []byte("  - {name: login, match: {endpoint: login}, limit: \"5 per minute\", scope: region}\n")...)
+	if err := os.WriteFile(filepath.Join(dir, "rules.yaml"), rb, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "s.yaml")
+	body := "name: c\nregions: [{name: us}, {name: eu}]\nlatency: {us: {eu: 40ms}}\nconfig: {rules_file: rules.yaml}\n"
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := LoadScenario(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, r := range sc.Rules {
+		names = append(names, r.Name)
+		if r.Reserve != lease.DefaultReserve || r.Weights != nil || r.Allocation != "max-min" {
+			t.Errorf("%s: reserve %v weights %v allocation %q, want the agents' defaults", r.Name, r.Reserve, r.Weights, r.Allocation)
+		}
+	}
+	if strings.Join(names, ",") != "api/free,api/pro,search" {
+		t.Errorf("rules %v, want the global budgets api/free, api/pro, search", names)
+	}
+	if sc.Coordinator.LeaseTTL != 10*time.Second {
+		t.Errorf("ttl %s, want the simulator's default without a budgets file", sc.Coordinator.LeaseTTL)
+	}
+}
+
+// TestConfigExplicitBudgetsTakePoliciesFromRules: a budgets document with
+// explicit budgets and no rules is what the coordinator serves; the rules
+// file gives the budgets it names their failure policy, and one it does
+// not name fails closed.
+func TestConfigExplicitBudgetsTakePoliciesFromRules(t *testing.T) {
+	dir := t.TempDir()
+	rb, err := os.ReadFile("testdata/ops/rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(filepath.Join(dir, "rules.yaml"), rb, 0o644))
+	must(os.WriteFile(filepath.Join(dir, "budgets.yaml"), []byte(`regions: [us, eu]
+budgets:
+  - {rule: api/pro, limit: "200 per second, burst 400", policy: proportional}
+  - {rule: other, limit: "50 per second"}
+`), 0o644))
+	p := filepath.Join(dir, "s.yaml")
+	must(os.WriteFile(p, []byte("name: c\nregions: [{name: eu}, {name: us}]\nlatency: {us: {eu: 40ms}}\nconfig: {budgets_file: budgets.yaml, rules_file: rules.yaml}\n"), 0o644))
+	sc, err := LoadScenario(p)
+	must(err)
+	if len(sc.Rules) != 2 {
+		t.Fatalf("rules %+v, want the document's two budgets only", sc.Rules)
+	}
+	if r := sc.Rules[0]; r.Name != "api/pro" || r.Policy != PolicyEmergency || r.Allocation != "proportional" || r.Keys != DefaultConfigKeys {
+		t.Errorf("api/pro: %+v, want emergency from the rules, proportional from the document, %d keys", r, DefaultConfigKeys)
+	}
+	if r := sc.Rules[1]; r.Name != "other" || r.Policy != PolicyClosed || r.Count != 50 {
+		t.Errorf("other: %+v, want 50/s failing closed", r)
+	}
+}
