@@ -268,7 +268,9 @@ func (s *loggedStore) Decide(ctx context.Context, key bucket.Key, l bucket.Limit
 	budget := s.budgetOf(key, l)
 	lg.mu.Lock()
 	if lg.f != nil && lg.err == nil {
-		lg.write(lg.clk.Now(), budget, key.Subject, cost, err == nil && d.Allowed)
+		// A rule that fails open is admitted by the edge on ErrFailOpen.
+		allowed := (err == nil && d.Allowed) || errors.Is(err, region.ErrFailOpen)
+		lg.write(lg.clk.Now(), budget, key.Subject, cost, allowed)
 	}
 	lg.mu.Unlock()
 	return d, err

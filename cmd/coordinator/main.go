@@ -81,7 +81,7 @@ func usage() {
   coordinator rules check -f F         validate a budgets document and print every region's floors
   coordinator rules put -etcd E -f F   validate a budgets document and store it in etcd
   coordinator rules get -etcd E        print the stored budgets document
-  coordinator export -budgets F [-status ADDR] [-o S]   write a simulator scenario skeleton of what runs (export.go)`)
+  coordinator export -budgets F [-status ADDR] [-o S]   write a simulator scenario skeleton of what runs`)
 	os.Exit(2)
 }
 
