@@ -15,7 +15,7 @@ import (
 
 // TestDemoRecordsDecisions runs a short demo with -decision-log at a
 // sample of 1: each region's log holds one record per request the region
-// was offered, allowed exactly when the demo admitted it.
+// was decided, allowed exactly when the demo admitted it.
 func TestDemoRecordsDecisions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for about 7 s of real time")
@@ -58,8 +58,12 @@ func TestDemoRecordsDecisions(t *testing.T) {
 			}
 		}
 		f.Close()
-		if records != offered || allowed != admitted || offered == 0 {
-			t.Errorf("%s: %d records (%d allowed), the demo offered %d and admitted %d", r, records, allowed, offered, admitted)
+		// A request the demo counts as offered in the last slot may meet
+		// the run's end before it reaches the store: at most one slot of
+		// the busy rate.
+		inFlight := int(o.heavy*float64(o.budget)*slot.Seconds()) + 1
+		if records > offered || records < offered-inFlight || allowed != admitted || offered == 0 {
+			t.Errorf("%s: %d records (%d allowed), the demo offered %d (up to %d cut at the end) and admitted %d", r, records, allowed, offered, inFlight, admitted)
 		}
 	}
 }
