@@ -247,3 +247,28 @@ func TestExportFromEtcd(t *testing.T) {
 		t.Errorf("empty prefix: err = %v", err)
 	}
 }
+
+// TestExportRefusesAFollower: a coordinator that does not lead has no
+// allocation in its status; exporting from it is refused, naming it.
+func TestExportRefusesAFollower(t *testing.T) {
+	dir := t.TempDir()
+	budgets := copyOps(t, dir)
+	cfg := coordinator.DefaultConfig()
+	cfg.Insecure, cfg.Logger = true, slog.New(slog.DiscardHandler)
+	s, err := coordinator.NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: s.Handler(nil), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = hs.Serve(hl) }()
+	t.Cleanup(func() { hs.Close() })
+	var out bytes.Buffer
+	err = exportCmd([]string{"-budgets", budgets, "-status", hl.Addr().String()}, &out)
+	if err == nil || !strings.Contains(err.Error(), "is not the leader") || !strings.Contains(err.Error(), hl.Addr().String()) {
+		t.Fatalf("err = %v, want the follower refused by its address", err)
+	}
+}
