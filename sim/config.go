@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	budgetsdoc "github.com/allot-dev/allot/coordinator"
+	budgetsdoc "github.com/allot-dev/allot/budgets"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/region"
 	"github.com/allot-dev/allot/rules"
@@ -26,7 +26,7 @@ import (
 //	  rules_file: deploy/rules.yaml       # the agents' rules file
 //	  keys: {api/pro: 2000}               # subjects per budget, for synthetic traffic
 //
-// The budgets file is read by coordinator.LoadDocument and resolved as the
+// The budgets file is read by budgets.LoadDocument and resolved as the
 // coordinator binary resolves it (its budgets enumerated by
 // rules.Set.Budgets through region.Budgets); without one, the rules file's
 // global budgets are split among the scenario's regions with the agents'

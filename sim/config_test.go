@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	budgetsdoc "github.com/allot-dev/allot/coordinator"
+	budgetsdoc "github.com/allot-dev/allot/budgets"
 	"github.com/allot-dev/allot/lease"
 )
 
