@@ -125,6 +125,10 @@ type Agent struct {
 	role      string
 	closing   bool
 	lastError error
+	// lastErrorAt is when lastError happened; recovered is set once a
+	// later round reached the shared state without error.
+	lastErrorAt time.Time
+	recovered   bool
 }
 
 // New returns an agent; Run starts it.
@@ -163,8 +167,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		rng: rand.New(rand.NewPCG(deps.Seed, 0x616c6c6f74))}
 	var observe func(region.Result, time.Duration)
 	if deps.Metrics != nil {
-		observe = deps.Metrics.observe
-		deps.Metrics.attach(a)
+		observe = deps.Metrics.attach(a)
 	}
 	a.store = region.NewStore(core, deps.Clock, deps.Namer, observe)
 	return a, nil
@@ -227,9 +230,11 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 		a.pollFailover(ctx, now)
 	}
 	a.core.Tick(ctx, now)
+	ok := true
 	if !speak {
 		if t, err := a.deps.Shared.LoadTable(ctx); err != nil {
 			a.noteErr(err)
+			ok = false
 		} else if t != nil {
 			a.view.Set(t)
 		}
@@ -240,16 +245,34 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	}
 	if err := a.deps.Shared.PutDemand(ctx, rep); err != nil {
 		a.noteErr(err)
+		ok = false
+	}
+	if ok {
+		a.noteOK()
 	}
 }
 
+// noteErr records err as the last error, logging it unless it repeats one
+// still current.
 func (a *Agent) noteErr(err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.lastError == nil || a.lastError.Error() != err.Error() {
+	if a.lastError == nil || a.recovered || a.lastError.Error() != err.Error() {
 		a.log.Warn("agent: store or shared state", "region", a.Region(), "agent", a.cfg.Name, "err", err)
 	}
-	a.lastError = err
+	a.lastError, a.lastErrorAt, a.recovered = err, a.deps.Clock.Now(), false
+}
+
+// noteOK records a round that reached the shared state without error: the
+// last error, if any, is no longer current.
+func (a *Agent) noteOK() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.lastError != nil && !a.recovered {
+		a.recovered = true
+		a.log.Info("agent: shared state reachable again", "region", a.Region(), "agent", a.cfg.Name,
+			"after", a.deps.Clock.Now().Sub(a.lastErrorAt).Round(time.Millisecond))
+	}
 }
 
 // setSpeaking starts or stops the lease client.
@@ -388,7 +411,13 @@ type Status struct {
 	LeaseEnd  time.Time
 	Table     *region.Table
 	Breaker   region.BreakerState
-	LastError error
+	// LastError is the last error met with the shared state (or in
+	// starting the speaker), nil if none; LastErrorAt is when, and
+	// LastErrorCurrent is false once a later round reached the shared
+	// state without error.
+	LastError        error
+	LastErrorAt      time.Time
+	LastErrorCurrent bool
 }
 
 // Status reports the agent's state at its clock's now.
@@ -397,7 +426,8 @@ func (a *Agent) Status() Status {
 	t := a.view.Table()
 	a.mu.Lock()
 	st := Status{Region: a.Region(), Agent: a.cfg.Name, Members: slices.Clone(a.members), Speaking: a.speaking,
-		Table: t, Breaker: a.core.Breaker().State(now), LastError: a.lastError}
+		Table: t, Breaker: a.core.Breaker().State(now), LastError: a.lastError, LastErrorAt: a.lastErrorAt,
+		LastErrorCurrent: a.lastError != nil && !a.recovered}
 	a.mu.Unlock()
 	if t != nil {
 		st.LeaseLive, st.LeaseEnd = t.Live(now), t.LeaseEnd

@@ -394,3 +394,33 @@ func TestLastAgentReleasesTheLease(t *testing.T) {
 		}
 	})
 }
+
+// TestLastErrorEndsWithTheOutage: the status shows the shared state's last
+// error while it is current, when it happened, and, once the regional
+// Redis is back and a round reaches it, that it is no longer current.
+func TestLastErrorEndsWithTheOutage(t *testing.T) {
+	global := bucket.PerSecond(100)
+	spec := lease.Split{Regions: []string{"solo"}}
+	budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: spec.Regions}}
+	clk := clock.NewManual(t0)
+	coord, err := NewLocalCoordinator(testLeaseConfig(budgets), clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := startRegion(t, clk, "solo", 1, spec, budgets, coord, rules.FailClosed)
+	a := tr.agents[0]
+	st := stepper{t: t, clk: clk, timers: 1}
+	st.until(100, "a round without error", func() bool { return a.Status().LastError == nil && a.View().Table() != nil })
+	tr.redis.Kill()
+	killed := clk.Now()
+	st.until(100, "the outage is seen", func() bool { return a.Status().LastErrorCurrent })
+	s := a.Status()
+	if s.LastError == nil || s.LastErrorAt.Before(killed) || s.LastErrorAt.After(clk.Now()) {
+		t.Fatalf("during the outage: last error %v at %s (killed at %s, now %s)", s.LastError, s.LastErrorAt, killed, clk.Now())
+	}
+	tr.redis.Restart(t)
+	st.until(200, "the outage is over", func() bool { return !a.Status().LastErrorCurrent })
+	if s2 := a.Status(); s2.LastError == nil || s2.LastErrorAt.Before(s.LastErrorAt) {
+		t.Fatalf("after the outage the last error is forgotten or moved back: %v at %s", s2.LastError, s2.LastErrorAt)
+	}
+}

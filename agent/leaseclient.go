@@ -81,7 +81,18 @@ type LeaseClient struct {
 
 	mu sync.Mutex // serializes sp and cfg.Budgets
 	sp *region.Speaker
+
+	// down is when the current coordinator outage began (zero: none),
+	// downLogged when it was last logged and downTries the attempts it has
+	// cost; Run alone uses them.
+	down, downLogged time.Time
+	downTries        int
 }
+
+// noCoordinatorLogEvery spaces the log lines of a coordinator outage: one
+// when it begins, one when it ends, and one this often between, rather
+// than one per redial.
+const noCoordinatorLogEvery = 30 * time.Second
 
 // NewLeaseClient returns a LeaseClient; Run starts it.
 func NewLeaseClient(cfg SpeakerConfig, deps LeaseDeps) (*LeaseClient, error) {
@@ -148,12 +159,21 @@ func (c *LeaseClient) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				break
 			}
-			c.log.Warn("agent: no coordinator", "region", c.cfg.Region, "err", err)
+			c.unreachable(err)
 			c.idle(ctx, tick)
 			continue
 		}
-		c.stream(ctx, st, tick)
+		heard, err := c.stream(ctx, st, tick)
 		st.Close()
+		switch {
+		case ctx.Err() != nil:
+		case heard:
+			c.log.Info("agent: coordinator stream ended", "region", c.cfg.Region, "err", err)
+		default:
+			// A stream that ended before the coordinator said anything
+			// (refused, or cut at once) is an attempt that failed.
+			c.unreachable(err)
+		}
 		// A stream that ends (a redirect, a coordinator restart, another
 		// agent of the region taking the stream over while membership
 		// converges) is reopened after a pause, never in a tight loop.
@@ -205,8 +225,34 @@ func (c *LeaseClient) idle(ctx context.Context, tick clock.Timer) {
 	}
 }
 
-// stream runs one connection until it fails or ctx ends.
-func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Timer) {
+// unreachable notes an attempt to reach the coordinator that failed with
+// err, and logs the outage when it begins and every noCoordinatorLogEvery.
+func (c *LeaseClient) unreachable(err error) {
+	now := c.deps.Clock.Now()
+	c.downTries++
+	switch {
+	case c.down.IsZero():
+		c.down, c.downLogged = now, now
+		c.log.Warn("agent: no coordinator", "region", c.cfg.Region, "err", err)
+	case now.Sub(c.downLogged) >= noCoordinatorLogEvery:
+		c.downLogged = now
+		c.log.Warn("agent: still no coordinator", "region", c.cfg.Region, "for", now.Sub(c.down).Round(time.Second),
+			"attempts", c.downTries, "err", err)
+	}
+}
+
+// reached notes that the coordinator answered, ending an outage.
+func (c *LeaseClient) reached() {
+	if !c.down.IsZero() {
+		c.log.Info("agent: coordinator reached", "region", c.cfg.Region, "after", c.deps.Clock.Now().Sub(c.down).Round(time.Millisecond),
+			"attempts", c.downTries)
+	}
+	c.down, c.downTries = time.Time{}, 0
+}
+
+// stream runs one connection until it fails or ctx ends, and reports
+// whether the coordinator said anything on it and the error that ended it.
+func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Timer) (heard bool, _ error) {
 	recv := make(chan lease.Message, 64)
 	done := make(chan error, 1)
 	go func() {
@@ -228,8 +274,8 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 	c.sp.Connected(c.deps.Clock.Now())
 	out := c.carryLocked(ctx)
 	c.mu.Unlock()
-	if send(st, out) != nil {
-		return
+	if err := send(st, out); err != nil {
+		return false, err
 	}
 	for {
 		var err error
@@ -237,11 +283,14 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 		case <-ctx.Done():
 			st.Close()
 			<-done
-			return
+			return heard, nil
 		case err := <-done:
-			c.log.Info("agent: coordinator stream ended", "region", c.cfg.Region, "err", err)
-			return
+			return heard, err
 		case m := <-recv:
+			if !heard {
+				heard = true
+				c.reached()
+			}
 			c.mu.Lock()
 			if serr := c.sp.Step(c.deps.Clock.Now(), m); serr != nil {
 				c.log.Warn("agent: bad message from coordinator", "region", c.cfg.Region, "msg", m.String(), "err", serr)
@@ -256,7 +305,7 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 		if err != nil {
 			st.Close()
 			<-done
-			return
+			return heard, err
 		}
 	}
 }

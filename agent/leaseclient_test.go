@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -27,6 +30,13 @@ type leaseClientFixture struct {
 
 func newLeaseClientFixture(t *testing.T, ctx context.Context, members ...string) *leaseClientFixture {
 	t.Helper()
+	return newLoggedLeaseClientFixture(t, ctx, slog.New(slog.NewTextHandler(io.Discard, nil)), members...)
+}
+
+// newLoggedLeaseClientFixture is newLeaseClientFixture with the client
+// logging to log.
+func newLoggedLeaseClientFixture(t *testing.T, ctx context.Context, log *slog.Logger, members ...string) *leaseClientFixture {
+	t.Helper()
 	budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a", "b"}}}
 	coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
 	if err != nil {
@@ -39,7 +49,7 @@ func newLeaseClientFixture(t *testing.T, ctx context.Context, members ...string)
 	cfg.Refresh, cfg.Drift, cfg.Tick = 400*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
 	f.client, err = NewLeaseClient(cfg, LeaseDeps{Shared: f.shared, Store: bucket.NewMemory(bucket.MemoryOptions{}), View: f.view,
 		Transport: coord.Transport("a"), Members: func() []string { return members },
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
+		Logger: log, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,6 +111,60 @@ func TestLeaseClientPublishesAboveAnotherSpeaker(t *testing.T) {
 		got, _ := f.shared.LoadTable(ctx)
 		if got.Speaker != "a-0" || got.Pub <= other.Pub {
 			t.Fatalf("stored table from %s pub %d, want a-0's above %d", got.Speaker, got.Pub, other.Pub)
+		}
+	})
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes, for a log.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// count returns how many lines hold msg="<msg>".
+func (s *syncBuffer) count(msg string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Count(s.b.String(), `msg="`+msg+`"`)
+}
+
+// TestLeaseClientLogsAnOutageNotEveryRedial: a coordinator out for 65 s
+// (130 redials) is logged when the outage begins, every 30 s while it
+// lasts and when it ends, not at every redial.
+func TestLeaseClientLogsAnOutageNotEveryRedial(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var logs syncBuffer
+		f := newLoggedLeaseClientFixture(t, ctx, slog.New(slog.NewTextHandler(&logs, nil)), "a-0")
+		time.Sleep(2 * time.Second)
+		if !f.status().Known {
+			t.Fatal("the region never reached the coordinator")
+		}
+		f.coord.SetDown(true)
+		time.Sleep(65 * time.Second)
+		if n, m := logs.count("agent: no coordinator"), logs.count("agent: still no coordinator"); n != 1 || m != 2 {
+			t.Fatalf("65 s without a coordinator logged %d + %d lines, want 1 when it began and 2 (every 30 s):\n%s", n, m, &logs)
+		}
+		f.coord.SetDown(false)
+		time.Sleep(2 * time.Second)
+		if n := logs.count("agent: coordinator reached"); n != 1 {
+			t.Fatalf("the outage's end logged %d times, want once:\n%s", n, &logs)
+		}
+		if n := logs.count("agent: no coordinator") + logs.count("agent: still no coordinator"); n != 3 {
+			t.Fatalf("%d outage lines after the coordinator came back, want the 3 of the outage", n)
 		}
 	})
 }

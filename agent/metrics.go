@@ -15,7 +15,6 @@ import (
 // Deps.
 type Metrics struct {
 	latency *prometheus.HistogramVec
-	byPath  []prometheus.Observer // by region.Path
 
 	mu     sync.Mutex
 	agents []*Agent
@@ -28,25 +27,28 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name:    "allot_region_decision_seconds",
 			Help:    "Decision latency by path (batch: local; store: one regional Redis round trip; emergency, fail-open, fail-closed: without the store).",
 			Buckets: []float64{1e-7, 1e-6, 1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.25},
-		}, []string{"path"}),
-	}
-	for _, p := range region.Paths() {
-		m.byPath = append(m.byPath, m.latency.WithLabelValues(p.String()))
+		}, []string{"agent", "path"}),
 	}
 	reg.MustRegister(m.latency, (*metricsCollector)(m))
 	return m
 }
 
-func (m *Metrics) observe(r region.Result, d time.Duration) {
-	if int(r.Path) < len(m.byPath) {
-		m.byPath[r.Path].Observe(d.Seconds())
-	}
-}
-
-func (m *Metrics) attach(a *Agent) {
+// attach exports a's metrics and returns the function that observes its
+// decisions' latency, with a's name as the agent label like the region's
+// other metrics; the observers are looked up once, not per decision.
+func (m *Metrics) attach(a *Agent) func(region.Result, time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.agents = append(m.agents, a)
+	var byPath []prometheus.Observer // by region.Path
+	for _, p := range region.Paths() {
+		byPath = append(byPath, m.latency.WithLabelValues(a.Name(), p.String()))
+	}
+	return func(r region.Result, d time.Duration) {
+		if int(r.Path) < len(byPath) {
+			byPath[r.Path].Observe(d.Seconds())
+		}
+	}
 }
 
 type metricsCollector Metrics

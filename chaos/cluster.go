@@ -652,8 +652,10 @@ type AgentStatus struct {
 	Table     *struct {
 		Speaker string `json:"speaker"`
 		Entries []struct {
-			Key          struct{ Rule, Subject string }
-			Count, Burst int64
+			Rule    string `json:"rule"`
+			Subject string `json:"subject"`
+			Count   int64  `json:"count"`
+			Burst   int64  `json:"burst"`
 		} `json:"entries"`
 	} `json:"table"`
 }

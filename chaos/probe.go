@@ -124,7 +124,7 @@ func (p *Probe) agent(ctx context.Context, a *Agent) AgentSample {
 	if st.Table != nil && len(st.Table.Entries) > 0 {
 		s.Entries = map[string][2]int64{}
 		for _, e := range st.Table.Entries {
-			s.Entries[e.Key.Rule+"/"+e.Key.Subject] = [2]int64{e.Count, e.Burst}
+			s.Entries[e.Rule+"/"+e.Subject] = [2]int64{e.Count, e.Burst}
 		}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.HTTP+"/metrics", nil)

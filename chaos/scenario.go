@@ -425,12 +425,8 @@ func quota(r sim.RuleSpec) string {
 // the simulator does (sim/leaseplane.go), so both run the same protocol
 // timings.
 func leaseTimings(s *sim.Scenario) (ttl, refresh, drift, hold, demandTTL time.Duration) {
-	c := s.Coordinator
-	ttl, refresh = c.LeaseTTL, c.Refresh
-	drift = time.Duration(float64(ttl) * c.Drift)
-	hold = ttl + 2*drift + refresh + refresh/2
-	demandTTL = 2*refresh + refresh/3
-	return
+	c := s.LeaseConfig()
+	return c.TTL, c.Refresh, c.Drift, c.Hold, c.DemandTTL
 }
 
 // sessionTTL is the coordinators' etcd session TTL in whole seconds: the

@@ -130,7 +130,7 @@ th{background:#f3f3f3} td.l,th.l{text-align:left}
 <h2>Regions</h2>
 <table><tr><th class="l">region</th><th>stream</th><th>lease left</th><th>version</th><th>acked</th><th>renewal</th></tr>
 {{range .Regions}}<tr><td class="l">{{.Region}}</td><td>{{if .Connected}}open{{if not .Authenticated}} <span class="warn">(unauthenticated)</span>{{end}}{{else}}—{{end}}</td><td>{{.LeaseLeft}}</td>
-<td>{{.Version}}</td><td>{{.Acked}}</td><td>{{if .Blocked}}<span class="warn">withheld</span>{{else}}ok{{end}}</td></tr>{{end}}
+<td>{{.Version}}</td><td>{{.Acked}}</td><td>{{if not .Known}}—{{else if .Blocked}}<span class="warn">withheld</span>{{else}}ok{{end}}</td></tr>{{end}}
 </table>
 <h2>Budgets</h2>
 <table><tr><th class="l">budget</th><th>hot keys</th><th>escrow headroom</th><th class="l">allocation per region (Σ over hot keys)</th></tr>

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -282,4 +283,60 @@ func TestLargeReport(t *testing.T) {
 	if n := s.Status(0).Budgets[0].HotKeys; n != 120000 {
 		t.Fatalf("allocator knows %d hot keys, want 120000", n)
 	}
+}
+
+// TestRegionsThatNeverConnected: a region the leader never heard from has
+// no lease to lapse and no renewal: lapsed_leases_total stays 0 and the
+// status page shows no renewal for it, while a region that held a lease and
+// went silent is counted once.
+func TestRegionsThatNeverConnected(t *testing.T) {
+	clk := clock.NewManual(t0)
+	s := newTestServer(t, clk, "")
+	addr := startServer(t, s)
+	if err := s.BecomeLeader(1); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	regions := startRegions(t, ctx, clk, []string{addr}, "a") // b and c never connect
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	start := clk.Now()
+	drive(t, clk, []*Server{s}, regions, k, 400, func() bool {
+		return regions["a"].Status().Live && clk.Now().Sub(start) > 15*time.Second // past b's and c's would-be TTL
+	})
+	h := s.Handler(nil)
+	get := func(path string) string {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		return rec.Body.String()
+	}
+	if m := get("/metrics"); !strings.Contains(m, "allot_coordinator_lapsed_leases_total 0") {
+		t.Errorf("regions that never connected counted as lapsed:\n%s", grepLines(m, "lapsed"))
+	}
+	page := get("/status")
+	for _, r := range []struct{ region, renewal string }{{"a", "ok"}, {"b", "—"}, {"c", "—"}} {
+		row := regexp.MustCompile(`<tr><td class="l">` + r.region + `</td>(?s:.*?)</tr>`).FindString(page)
+		if !strings.HasSuffix(row, "<td>"+r.renewal+"</td></tr>") {
+			t.Errorf("status row of %s: %q, want renewal %s", r.region, row, r.renewal)
+		}
+	}
+	// a goes silent: its lease lapses at the coordinator, counted once.
+	cancel()
+	for range 150 {
+		clk.Advance(100 * time.Millisecond)
+		s.Tick()
+	}
+	if m := get("/metrics"); !strings.Contains(m, "allot_coordinator_lapsed_leases_total 1") {
+		t.Errorf("a's lapse not counted once:\n%s", grepLines(m, "lapsed"))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -109,6 +109,9 @@ func RequestFromProtoBounded(in *allotv1.AllowRequest, b limiter.Bounds) (limite
 		Subject: in.GetSubject(), Plan: in.GetPlan(), Rule: in.GetRule(),
 		Cost: bucket.Tokens(in.GetCost()), AttemptID: in.GetAttemptId(),
 	}
+	if n := len(in.GetDescriptor_()); n > 0 {
+		req.Descriptor = make(rules.Descriptor, 0, n) // one allocation, not one per doubling
+	}
 	for i, e := range in.GetDescriptor_() {
 		if e.GetKey() == "" {
 			return limiter.Request{}, fmt.Errorf("grpclimit: descriptor entry %d has an empty key", i)
@@ -152,13 +155,21 @@ func DecisionToProto(d limiter.Decision) *allotv1.AllowResponse {
 		RetryAfterSeconds: d.RetryAfterSeconds(),
 	}
 	if d.Limited() {
-		out.Limit = &allotv1.Limit{Count: int64(d.Limit.Count()), Period: durationpb.New(d.Limit.Period()), Burst: int64(d.Limit.Burst())}
+		// The limit in force; one the region may admit nothing under is
+		// count and burst 0 over the quota's period.
+		p := d.Limit.Period()
+		if d.Limit.IsZero() {
+			p = d.Quota.Period()
+		}
+		out.Limit = &allotv1.Limit{Count: int64(d.Limit.Count()), Period: durationpb.New(p), Burst: int64(d.Limit.Burst())}
 	}
 	return out
 }
 
 // DecisionFromProto converts an AllowResponse. The bucket key is not part of
-// the API and stays empty.
+// the API and stays empty. The response carries the limit in force, not the
+// rules' quota: Quota is set to it, and a limit of count and burst 0 (a
+// region that may admit nothing now) reads as no quota.
 func DecisionFromProto(in *allotv1.AllowResponse) (limiter.Decision, error) {
 	d := limiter.Decision{
 		Allowed: in.GetAllowed(), Remaining: bucket.Tokens(in.GetRemaining()),
@@ -175,11 +186,12 @@ func DecisionFromProto(in *allotv1.AllowResponse) (limiter.Decision, error) {
 	if d.Reason == "" {
 		return d, fmt.Errorf("grpclimit: response reason %v is not known", in.GetReason())
 	}
-	if l := in.GetLimit(); l != nil {
+	if l := in.GetLimit(); l != nil && (l.GetCount() != 0 || l.GetBurst() != 0) {
 		d.Limit = bucket.Per(bucket.Tokens(l.GetCount()), l.GetPeriod().AsDuration()).WithBurst(bucket.Tokens(l.GetBurst()))
 		if err := d.Limit.Validate(); err != nil {
 			return d, fmt.Errorf("grpclimit: response limit: %w", err)
 		}
+		d.Quota = d.Limit
 	}
 	return d, nil
 }

@@ -252,12 +252,31 @@ func TestInterceptor(t *testing.T) {
 func TestDecisionRoundTrip(t *testing.T) {
 	d := limiter.Decision{
 		Allowed: true, Reason: limiter.ReasonUnavailable, Remaining: 3, RetryAfter: 0, ResetAfter: 1500 * time.Millisecond,
-		Limit: bucket.PerSecond(100).WithBurst(300), Policy: "pro", Rule: "api", Plan: "pro", Cost: 5,
+		Limit: bucket.PerSecond(100).WithBurst(300), Quota: bucket.PerSecond(100).WithBurst(300), Policy: "pro", Rule: "api", Plan: "pro", Cost: 5,
 		Shadow: true, Fallback: rules.FailOpen, Status: 0, RulesVersion: "v9",
 	}
 	got, err := grpclimit.DecisionFromProto(grpclimit.DecisionToProto(d))
 	if err != nil || got != d {
 		t.Fatalf("round trip:\n got %+v %v\nwant %+v", got, err, d)
+	}
+	// The response carries the limit in force (a region's share of the
+	// quota); the caller takes it for the quota too.
+	d.Limit, d.Quota = bucket.PerMinute(6), bucket.PerMinute(10)
+	p := grpclimit.DecisionToProto(d)
+	if l := p.GetLimit(); l.GetCount() != 6 || l.GetBurst() != 6 || l.GetPeriod().AsDuration() != time.Minute {
+		t.Fatalf("limit sent %v, want the limit in force, 6 per minute", l)
+	}
+	if got, err := grpclimit.DecisionFromProto(p); err != nil || got.Limit != bucket.PerMinute(6) || got.Quota != bucket.PerMinute(6) {
+		t.Fatalf("share read back as %+v %v", got, err)
+	}
+	// A region that may admit nothing now: 0 over the quota's period.
+	d.Limit = bucket.Limit{}
+	p = grpclimit.DecisionToProto(d)
+	if l := p.GetLimit(); l == nil || l.GetCount() != 0 || l.GetBurst() != 0 || l.GetPeriod().AsDuration() != time.Minute {
+		t.Fatalf("zero limit sent as %v, want 0 per minute", l)
+	}
+	if got, err := grpclimit.DecisionFromProto(p); err != nil || !got.Limit.IsZero() || got.Limited() {
+		t.Fatalf("zero limit read back as %+v %v", got, err)
 	}
 	if _, err := grpclimit.DecisionFromProto(&allotv1.AllowResponse{}); err == nil || !strings.Contains(err.Error(), "REASON_UNSPECIFIED") {
 		t.Errorf("unspecified reason: %v", err)

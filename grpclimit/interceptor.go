@@ -155,7 +155,7 @@ func (ic *interceptor) admit(ctx context.Context, method string) error {
 // named as the HTTP headers are.
 func QuotaMetadata(d limiter.Decision) metadata.MD {
 	md := metadata.Pairs(
-		"ratelimit-policy", httplimit.PolicyHeader(d.Policy, d.Limit),
+		"ratelimit-policy", httplimit.PolicyHeader(d.Policy, d.Limit, d.Quota),
 		"ratelimit", httplimit.RateLimitItem(d),
 	)
 	if ra := d.RetryAfterSeconds(); ra > 0 {

@@ -61,7 +61,7 @@ func FuzzPolicyHeader(f *testing.F) {
 	f.Add(`a"b\c`)
 	f.Add("é\n")
 	f.Fuzz(func(t *testing.T, name string) {
-		v := httplimit.PolicyHeader(name, bucket.PerMinute(10))
+		v := httplimit.PolicyHeader(name, bucket.PerMinute(10), bucket.PerMinute(10))
 		str, params, ok := strings.Cut(v, `";q=`)
 		if !ok || params != "10;w=60" || !strings.HasPrefix(str, `"`) {
 			t.Fatalf("PolicyHeader(%q) = %q", name, v)

@@ -235,17 +235,18 @@ type middleware struct {
 const maxCachedPolicies = 4096
 
 type policyKey struct {
-	name  string
-	limit bucket.Limit
+	name         string
+	limit, quota bucket.Limit
 }
 
-// policy renders the RateLimit-Policy value of d, once per policy and limit.
+// policy renders the RateLimit-Policy value of d, once per policy, limit
+// and quota.
 func (m *middleware) policy(d limiter.Decision) string {
-	k := policyKey{d.Policy, d.Limit}
+	k := policyKey{d.Policy, d.Limit, d.Quota}
 	if v, ok := m.policies.Load(k); ok {
 		return v.(string)
 	}
-	v := PolicyHeader(d.Policy, d.Limit)
+	v := PolicyHeader(d.Policy, d.Limit, d.Quota)
 	if m.cached.Add(1) <= maxCachedPolicies {
 		m.policies.Store(k, v)
 	}
@@ -405,13 +406,37 @@ func setQuotaHeaders(h http.Header, d limiter.Decision, policy string) {
 
 // RateLimitItem renders one RateLimit item: "name";r=<remaining>;t=<reset seconds>.
 func RateLimitItem(d limiter.Decision) string {
-	return sfString(d.Policy) + ";r=" + strconv.FormatInt(int64(max(d.Remaining, 0)), 10) +
-		";t=" + strconv.FormatInt(d.ResetSeconds(), 10)
+	return string(AppendRateLimitItem(nil, d))
 }
 
-// PolicyHeader renders one RateLimit-Policy item: "name";q=<burst>;w=<seconds>.
-func PolicyHeader(name string, l bucket.Limit) string {
-	return sfString(name) + ";q=" + strconv.FormatInt(int64(l.Burst()), 10) + ";w=" + strconv.FormatInt(Window(l), 10)
+// AppendRateLimitItem appends RateLimitItem(d) to b, for a caller that
+// builds a header value without allocating each part.
+func AppendRateLimitItem(b []byte, d limiter.Decision) []byte {
+	b = appendSFString(b, d.Policy)
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, int64(max(d.Remaining, 0)), 10)
+	b = append(b, ";t="...)
+	return strconv.AppendInt(b, d.ResetSeconds(), 10)
+}
+
+// PolicyHeader renders one RateLimit-Policy item for a decision made
+// under the limit in force l of the rules' quota: "name";q=<burst>;w=<seconds>
+// of l. When l is a share of quota (a regional agent's allocation, or an
+// emergency limit), the quota follows as the vendor parameters
+// allot-global-q and allot-global-w (draft-ietf-httpapi-ratelimit-headers-10
+// §3.1: other parameters are comments, prefixed by a vendor identifier):
+// "name";q=6;w=60;allot-global-q=10;allot-global-w=60. A zero l (the region
+// may admit nothing now) is q=0 over the quota's window.
+func PolicyHeader(name string, l, quota bucket.Limit) string {
+	w := l
+	if l.IsZero() {
+		w = quota
+	}
+	v := sfString(name) + ";q=" + strconv.FormatInt(int64(l.Burst()), 10) + ";w=" + strconv.FormatInt(Window(w), 10)
+	if quota.IsZero() || quota == l {
+		return v
+	}
+	return v + ";allot-global-q=" + strconv.FormatInt(int64(quota.Burst()), 10) + ";allot-global-w=" + strconv.FormatInt(Window(quota), 10)
 }
 
 // Window is the seconds a full burst takes to refill (burst × period ÷
@@ -432,21 +457,22 @@ func Window(l bucket.Limit) int64 {
 // sfString renders s as a Structured Field String (RFC 9651 §3.3.3):
 // quoted, with '"' and '\' escaped; bytes outside printable ASCII become '?'.
 func sfString(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('"')
+	return string(appendSFString(make([]byte, 0, len(s)+2), s))
+}
+
+// appendSFString appends sfString(s) to b.
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
+			b = append(b, '\\', c)
 		case c < 0x20 || c > 0x7e:
-			b.WriteByte('?')
+			b = append(b, '?')
 		default:
-			b.WriteByte(c)
+			b = append(b, c)
 		}
 	}
-	b.WriteByte('"')
-	return b.String()
+	return append(b, '"')
 }

@@ -52,6 +52,7 @@ type Allocator struct {
 	// Scratch space for allocate, sized to the largest budget.
 	tgt, lb, want, base []int64
 	order               []int
+	small               []bool
 }
 
 // Stats are cumulative counters and current gauges, for metrics.
@@ -151,6 +152,10 @@ type region struct {
 	commitEnd time.Time // until when its lent floors stay lent
 	lapsed    bool      // leaseEnd passed, slots capped at floors
 	floored   bool      // lapsed and commitEnd passed, slots at floors
+	// lapsedEnd is the end of the last lease counted as lapsed: a grant
+	// that does not extend the lease un-caps the region until the next
+	// Tick caps it again, and the same lease is not counted twice.
+	lapsedEnd time.Time
 
 	grant  uint64
 	grants [32]grantRec
@@ -214,6 +219,7 @@ func (a *Allocator) setBudgets(bs []Budget) {
 	a.want = make([]int64, maxN)
 	a.base = make([]int64, maxN)
 	a.order = make([]int, maxN)
+	a.small = make([]bool, maxN)
 }
 
 func (a *Allocator) region(name string) *region {
@@ -407,10 +413,14 @@ func (a *Allocator) report(now time.Time, r *region, m Message) {
 			continue
 		}
 		s := &k.slots[i]
+		prev := s.want
 		s.setWant(now.UnixNano(), int64(d.Want), k.bud.fill)
-		// A key pressing on its allocation, or one a region stopped using,
-		// is rebalanced at once rather than at the next round.
-		if !a.expiring && (s.want > s.cur || s.want == 0 && s.cur > k.bud.floors[i]) {
+		// A key pressing on its allocation, one a region stopped using or
+		// uses under half of an allocation above its floor, and one whose
+		// demand fell in one region while another waits for capacity are
+		// rebalanced at once rather than at the next round.
+		if !a.expiring && (s.want > s.cur || s.cur > k.bud.floors[i] && 2*s.want < s.cur ||
+			s.want < prev && k.starved) {
 			a.stats.Urgent++
 			a.allocate(now, k)
 		}
@@ -433,7 +443,11 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 		r.leaseEnd = minTime(r.leaseEnd, now)
 		return
 	}
-	r.commitEnd = maxTime(r.commitEnd, g.at.Add(a.cfg.Hold-a.cfg.Drift))
+	// The region keeps its lends Hold after it received g, plus the margin;
+	// on this clock, from when g was sent, they are relied on Hold less the
+	// margin (Config.HoldMargin), so a holder clock running fast within the
+	// margin still returns them after this counts them returned.
+	r.commitEnd = maxTime(r.commitEnd, g.at.Add(a.cfg.Hold-a.cfg.HoldMargin()))
 	if !r.synced && !g.at.Before(a.learnFrom) {
 		r.synced = true
 		a.learned(now)
@@ -602,7 +616,12 @@ func (a *Allocator) lapse(now time.Time, r *region) {
 		return
 	}
 	r.lapsed = true
-	a.stats.Expired++
+	if !r.leaseEnd.IsZero() && !r.leaseEnd.Equal(r.lapsedEnd) {
+		// Only a lease this Allocator gave or heard of lapses: a region it
+		// never heard from (in this term) had none here to lose.
+		a.stats.Expired++
+		r.lapsedEnd = r.leaseEnd
+	}
 	committed := now.Before(r.commitEnd)
 	for _, k := range a.keys {
 		i := slices.Index(k.bud.regions, r)
@@ -696,7 +715,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	// The window is the longest lease a grant made now can carry: TTL+Drift
 	// on this clock. Leases are extended only by the renewals of a round,
 	// and every round checks again, with its own window, before renewing;
-	// a lend acknowledged at one round (Hold > TTL+2×Drift+Refresh) still
+	// a lend acknowledged at one round (Hold−HoldMargin > TTL+Drift+Refresh) still
 	// covers the next round's window, so lent floors stay counted as lent
 	// from round to round instead of returning at every round.
 	end := now.Add(a.cfg.TTL + a.cfg.Drift)
@@ -746,12 +765,26 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	}
 	a.targets(k, C-fixed, tgt, lb, want)
 
-	// Hysteresis: skip small moves, unless the key is over its budget or the
-	// move returns the region to its floor.
+	// Hysteresis: a move smaller than h is not worth its cost (a rebase at
+	// the region, a grant and its acknowledgement, and for an increase the
+	// burst it adds arriving spent), so it is skipped, unless the key is
+	// over its budget or the move returns the region to its floor. A small
+	// increase of a region pressing on its allocation is still made when
+	// free capacity covers it whole (below): no other region is decreased
+	// for it, and it stops the region pressing. So while every region's
+	// demand stays within h of what it was allocated for, no allocation
+	// moves.
 	h := int64(float64(C) * a.cfg.Hysteresis)
+	sliver := min(h, C/sliverDiv)
+	small := a.small[:n]
 	for i := range k.slots {
 		s := &k.slots[i]
+		small[i] = false
 		if d := tgt[i] - s.cur; tgt[i] != bud.floors[i] && d != 0 && abs(d) < h && !(d < 0 && sum > C) {
+			if d > 0 && s.want > s.cur {
+				small[i] = true
+				continue
+			}
 			tgt[i] = s.cur
 		}
 	}
@@ -797,8 +830,9 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 				g = mulDiv(avail, cost, need)
 			}
 			// A sliver short of the target waits for more to free up, so
-			// allocations do not creep up one acknowledgement at a time.
-			if g < cost && g < h {
+			// allocations do not creep up one acknowledgement at a time;
+			// a small move waits until it can be made whole.
+			if g < cost && (g < sliver || small[i]) {
 				g = 0
 			}
 			v += g
@@ -919,6 +953,13 @@ func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want []int64) {
 		break
 	}
 }
+
+// sliverDiv sets the smallest part of an increase granted while the rest
+// waits for capacity to free up: 1/sliverDiv of the budget's count, or the
+// hysteresis if smaller. It is not the hysteresis: a region waiting for
+// capacity another region is giving back should get each part that frees
+// up once it is worth a grant, not only once it is worth a move.
+const sliverDiv = 100
 
 // cmpRatio compares a/b with c/d for b, d > 0 without overflow.
 func cmpRatio(a, b, c, d int64) int {

@@ -245,13 +245,21 @@ type Config struct {
 	// Refresh is how often Holders report and the Allocator rebalances every
 	// hot key and renews every lease.
 	Refresh time.Duration
-	// Drift is the margin for clock drift over one TTL: Holders end leases
-	// Drift early, the Allocator counts them Drift late.
+	// Drift is the margin for clock drift over one TTL. Each end applies it
+	// in proportion to every interval it measures on its own clock and the
+	// other end relies on: Holders end leases Drift early and keep lent
+	// floors Drift×Hold/TTL late, the Allocator counts leases Drift late and
+	// relies on lent floors Drift×Hold/TTL less. So the escrow holds for a
+	// relative drift between the coordinator's clock and any holder's of up
+	// to MaxRelativeDrift, 2×Drift/(TTL−Drift): what two clocks each within
+	// Drift/TTL of true time can differ by. DriftFor gives the Drift for a
+	// relative drift.
 	Drift time.Duration
 	// Hold is how long a region keeps a lent floor lent after it received
-	// the grant, whether or not its lease lives. It must exceed
-	// TTL+Drift+Refresh so regions that refresh never lend and reclaim in
-	// the same breath.
+	// the grant, whether or not its lease lives. Less its drift margin
+	// (Drift×Hold/TTL) it must exceed TTL+Drift+Refresh, so that a lend
+	// acknowledged at one round still covers the next round's window and
+	// regions that refresh never lend and reclaim in the same breath.
 	Hold time.Duration
 	// DemandTTL is how long a demand report counts; a key a region stops
 	// reporting decays toward its floor after it.
@@ -260,7 +268,10 @@ type Config struct {
 	// whose demand grows does not press on its allocation at once.
 	Headroom float64
 	// Hysteresis is the smallest change worth sending, as a fraction of the
-	// budget's Count; smaller moves are skipped so allocations do not flap.
+	// budget's Count; smaller moves are skipped so allocations do not flap,
+	// except an increase of a region pressing on its allocation that free
+	// capacity covers whole (no other region is decreased for it), a move
+	// back to a floor, and a decrease of a key over its budget.
 	Hysteresis float64
 	// Budgets are the budgets served.
 	Budgets []Budget
@@ -277,10 +288,10 @@ func DefaultConfig() Config {
 		TTL:        10 * time.Second,       // long enough to ride out a coordinator failover
 		Refresh:    3 * time.Second,        // three renewals per TTL
 		Drift:      500 * time.Millisecond, // 5% of TTL: NTP-synced clocks do far better
-		Hold:       20 * time.Second,       // 2×TTL > TTL+Drift+Refresh
+		Hold:       20 * time.Second,       // 2×TTL: less its margin (1 s), > TTL+Drift+Refresh
 		DemandTTL:  7 * time.Second,        // two missed reports
 		Headroom:   0.1,                    // grow 10% before pressing again
-		Hysteresis: 0.01,                   // 1% of the budget
+		Hysteresis: 0.03,                   // 3% of the budget: smaller moves cost more than they gain
 	}
 }
 
@@ -293,8 +304,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: refresh=%s must be in (0, ttl=%s)", ErrInvalidConfig, c.Refresh, c.TTL)
 	case c.Drift < 0 || c.Drift >= c.TTL-c.Refresh:
 		return fmt.Errorf("%w: drift=%s must be in [0, ttl−refresh=%s)", ErrInvalidConfig, c.Drift, c.TTL-c.Refresh)
-	case c.Hold <= c.TTL+2*c.Drift+c.Refresh:
-		return fmt.Errorf("%w: hold=%s must exceed ttl+2×drift+refresh=%s", ErrInvalidConfig, c.Hold, c.TTL+2*c.Drift+c.Refresh)
+	case c.Hold-c.HoldMargin() <= c.TTL+c.Drift+c.Refresh:
+		return fmt.Errorf("%w: hold=%s less its drift margin %s must exceed ttl+drift+refresh=%s",
+			ErrInvalidConfig, c.Hold, c.HoldMargin(), c.TTL+c.Drift+c.Refresh)
 	case c.DemandTTL <= c.Refresh:
 		return fmt.Errorf("%w: demand_ttl=%s must exceed refresh=%s", ErrInvalidConfig, c.DemandTTL, c.Refresh)
 	case math.IsNaN(c.Headroom) || c.Headroom < 0 || c.Headroom > 10:
@@ -303,6 +315,68 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: hysteresis=%v must be in [0, 0.5)", ErrInvalidConfig, c.Hysteresis)
 	}
 	return validateBudgets(c.Budgets)
+}
+
+// MaxRelativeDrift is the relative drift between the coordinator's clock
+// and a holder's that the escrow (I1) tolerates: 2×Drift/(TTL−Drift). Two
+// clocks whose rates against true time are 1+ρa and 1+ρb have the relative
+// drift RelativeDrift(ρa, ρb); within this bound a lease ends at its holder
+// before the coordinator stops counting it, and a lent floor stays lent at
+// its holder until after the coordinator stops relying on it. Beyond it,
+// each of those intervals is off by about (ρ − MaxRelativeDrift) × its
+// length, which the design does not cover.
+func (c Config) MaxRelativeDrift() float64 { return maxRelativeDrift(c.Drift, c.TTL) }
+
+// HoldMargin is the drift margin on a lent floor's hold: Drift×Hold/TTL,
+// rounded up. The Holder keeps a lend that much beyond Hold and the
+// Allocator relies on it that much less, so a hold is covered for the same
+// relative drift as a lease, whatever its length.
+func (c Config) HoldMargin() time.Duration { return marginOver(c.Drift, c.TTL, c.Hold) }
+
+// maxRelativeDrift is 2×drift/(ttl−drift): a lease the holder measures as
+// ttl−drift and the coordinator as ttl+drift stays ordered while the
+// coordinator's clock runs at most (ttl+drift)/(ttl−drift) times the
+// holder's, and a hold measured as hold+m and hold−m (m = drift×hold/ttl)
+// while the holder's runs at most that many times the coordinator's.
+func maxRelativeDrift(drift, ttl time.Duration) float64 {
+	if ttl <= drift {
+		return math.Inf(1)
+	}
+	return 2 * float64(drift) / float64(ttl-drift)
+}
+
+// marginOver is drift's share of an interval d measured across two clocks:
+// ⌈drift×d/ttl⌉, so every interval gets the margin a TTL gets, in
+// proportion.
+func marginOver(drift, ttl, d time.Duration) time.Duration {
+	if drift <= 0 || d <= 0 || ttl <= 0 {
+		return 0
+	}
+	m := mulDiv(int64(drift), int64(d), int64(ttl))
+	hi, lo := bits.Mul64(uint64(drift), uint64(d))
+	if qhi, qlo := bits.Mul64(uint64(m), uint64(ttl)); m < math.MaxInt64 && (qhi != hi || qlo != lo) {
+		m++ // round up: a margin never falls short
+	}
+	return time.Duration(m)
+}
+
+// DriftFor returns the Drift whose margin covers a relative drift rho
+// (≥ 0) over a lease of ttl: ⌈rho×ttl/(2+rho)⌉, the inverse of
+// MaxRelativeDrift.
+func DriftFor(ttl time.Duration, rho float64) time.Duration {
+	if rho <= 0 || math.IsNaN(rho) || ttl <= 0 {
+		return 0
+	}
+	return time.Duration(math.Ceil(rho * float64(ttl) / (2 + rho)))
+}
+
+// RelativeDrift is the relative drift of two clocks whose rates against
+// true time are 1+rhoA and 1+rhoB: max(k, 1/k) − 1 with k the ratio of
+// their rates. It is what an interval measured on one clock can differ by
+// on the other, as a fraction, and what MaxRelativeDrift bounds.
+func RelativeDrift(rhoA, rhoB float64) float64 {
+	k := (1 + rhoA) / (1 + rhoB)
+	return max(k, 1/k) - 1
 }
 
 func validateBudgets(bs []Budget) error {

@@ -20,8 +20,8 @@ type HolderConfig struct {
 	// Budgets are the budgets whose floors this region may use with no
 	// lease. They must match the coordinator's.
 	Budgets []Budget
-	// Drift is this end's margin for clock drift over one TTL; the larger
-	// of it and the coordinator's is used.
+	// Drift is this end's margin for clock drift over one TTL (see
+	// Config.Drift); the larger of it and the coordinator's is used.
 	Drift time.Duration
 	// Refresh is how often to report until the first grant names the
 	// coordinator's interval.
@@ -57,7 +57,8 @@ func (c HolderConfig) Validate() error {
 // A Holder measures its lease from when it sent the request a grant answers,
 // minus the drift margin (invariant I4), and without a live lease falls back
 // to its floors (I5), keeping any floor it lent below the floor until the
-// lend's hold ends. It ignores grants from an older leader term.
+// lend's hold ends, plus the drift margin in proportion to the hold. It
+// ignores grants from an older leader term.
 //
 // A Holder is not safe for concurrent use; its driver serializes calls.
 type Holder struct {
@@ -96,8 +97,26 @@ type holderBudget struct {
 type holderDemand struct {
 	want     bucket.Tokens
 	at       time.Time
-	reported time.Time // last urgent report
+	reported time.Time     // last urgent report
+	sent     bucket.Tokens // want carried by the last report or hello
 }
+
+// urgentEvery is the fraction of the refresh interval that must pass
+// between two urgent reports of one key.
+const urgentEvery = 4
+
+// Demand changes that are reported at once, between refreshes: a key
+// pressing on its allocation whose demand grew by a quarter since it was
+// last reported (it is still ramping up: waiting a refresh interval would
+// leave it granted what its first urgent report said), and a key holding
+// an allocation above its floor whose demand fell below it and by half
+// since it was last reported (it is cooling: what it no longer uses is
+// another region's to take, and its estimate, a moving average, takes
+// several halvings to reach its new use).
+const (
+	rampNum, rampDen = 5, 4
+	dropNum, dropDen = 1, 2
+)
 
 type sentAt struct {
 	seq uint64
@@ -240,11 +259,21 @@ func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 		h.demand[key] = d
 	}
 	d.want, d.at = want, now
-	if c, _ := h.allocation(now, key, hb); want > c && !h.released &&
-		(d.reported.IsZero() || now.Sub(d.reported) >= h.refresh) {
-		d.reported = now
-		h.urgent = true
+	if h.released {
+		return
 	}
+	c, _ := h.allocation(now, key, hb)
+	since := now.Sub(d.reported)
+	switch {
+	case want > c && (d.reported.IsZero() || d.sent <= c && since >= h.refresh ||
+		since >= h.refresh/urgentEvery && want*rampDen >= d.sent*rampNum):
+	case c > hb.floor && want < c && want*dropDen <= d.sent*dropNum &&
+		(d.reported.IsZero() || since >= h.refresh/urgentEvery):
+	default:
+		return
+	}
+	d.reported = now
+	h.urgent = true
 }
 
 // Step applies a message from the coordinator. Messages for another
@@ -318,7 +347,10 @@ func (h *Holder) grant(now time.Time, m Message) {
 	if m.Refresh > 0 {
 		h.refresh = m.Refresh
 	}
-	h.holdUntil = maxTime(h.holdUntil, now.Add(h.hold+h.drift))
+	// A lent floor stays lent Hold after this grant, plus the drift margin
+	// in proportion to Hold: the Allocator relies on it for Hold less as
+	// much, measured from when it sent the grant.
+	h.holdUntil = maxTime(h.holdUntil, now.Add(h.hold+marginOver(h.drift, h.ttl, h.hold)))
 	if m.Renew && (apply || renew) {
 		if at, ok := h.sentTime(m.Seq); ok {
 			h.leaseEnd = maxTime(h.leaseEnd, at.Add(h.ttl-h.drift))
@@ -459,6 +491,7 @@ func (h *Holder) demands(now time.Time) []Demand {
 			d.want = 0 // say once that the demand has gone
 		}
 		ds = append(ds, Demand{Key: k, Want: d.want})
+		d.sent = d.want
 	}
 	slices.SortFunc(ds, func(a, b Demand) int { return cmpKey(a.Key, b.Key) })
 	return ds

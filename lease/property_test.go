@@ -42,7 +42,9 @@ func propertyConfig(rng *rand.Rand) Config {
 	cfg.TTL = 2 * time.Second
 	cfg.Refresh = 500 * time.Millisecond
 	cfg.Drift = 100 * time.Millisecond
-	cfg.Hold = 4 * time.Second
+	// A hold near its minimum, at twice the TTL, or longer: the drift
+	// margin on a hold must grow with it.
+	cfg.Hold = []time.Duration{2900 * time.Millisecond, 4 * time.Second, 7 * time.Second}[rng.IntN(3)]
 	cfg.DemandTTL = 1200 * time.Millisecond
 	cfg.Hysteresis = []float64{0, 0.01, 0.05}[rng.IntN(3)]
 	regions := []string{"a", "b", "c", "d"}[:2+rng.IntN(3)]
@@ -53,6 +55,20 @@ func propertyConfig(rng *rand.Rand) Config {
 			Weights: weights(rng, len(regions)-1), Reserve: rng.Float64() * 0.5},
 	}
 	return cfg
+}
+
+// driftRate draws a holder clock's rate against the coordinator's whose
+// relative drift is at most rho: k or 1/k with k in [1, 1+rho], at the
+// edge 1+rho a third of the time.
+func driftRate(rng *rand.Rand, rho float64) float64 {
+	k := 1 + rho
+	if rng.IntN(3) != 0 {
+		k = 1 + rho*rng.Float64()
+	}
+	if rng.IntN(2) == 0 {
+		return 1 / k
+	}
+	return k
 }
 
 func weights(rng *rand.Rand, n int) []int64 {
@@ -89,12 +105,12 @@ func runPropertyWith(t *testing.T, seed uint64, steps int, broken bool) error {
 	c.loss = []float64{0, 0.02, 0.1, 0.3}[rng.IntN(4)]
 	c.dup = []float64{0, 0.05, 0.2}[rng.IntN(3)]
 	c.jitter = time.Duration(rng.IntN(300)) * time.Millisecond
-	// Region clocks drift by up to 90% of what the margin covers over a TTL
-	// (I4): rate within 1 ± 0.9×drift/ttl.
+	// Region clocks drift against the coordinator's by up to the relative
+	// drift the margin covers (I4, Config.MaxRelativeDrift), either way, a
+	// third of them exactly at an edge.
 	c.rate = map[string]float64{}
-	rho := 0.9 * float64(cfg.Drift) / float64(cfg.TTL)
 	for _, r := range c.regions {
-		c.rate[r] = 1 + rho*(2*rng.Float64()-1)
+		c.rate[r] = driftRate(rng, cfg.MaxRelativeDrift())
 	}
 	keys := []bucket.Key{{Rule: "api", Subject: "x"}, {Rule: "api", Subject: "y"}, {Rule: "w", Subject: "x"}, {Rule: "w", Subject: "z"}}
 	cutUntil := map[string]int{}
@@ -147,7 +163,7 @@ func runPropertyWith(t *testing.T, seed uint64, steps int, broken bool) error {
 			}
 			// A fresh incarnation may use its floors: its lends were
 			// released with it only once the hold ran out.
-			c.step(cfg.Hold + cfg.Drift)
+			c.step(cfg.Hold + cfg.HoldMargin())
 			if err := c.checkI1(); err != nil {
 				return err
 			}

@@ -94,9 +94,16 @@ type Decision struct {
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full again.
 	ResetAfter time.Duration
-	// Limit is the quota the request was judged against; zero when no limit
-	// applied (no rule, no identity, unknown plan denied or allowed).
+	// Limit is the limit in force: the one the request was judged against.
+	// It is Quota, or the share of it the store enforces (a regional
+	// agent's allocation, zero when the region may admit nothing now), or
+	// the emergency limit of a rule whose store was unavailable.
+	// Remaining, RetryAfter and ResetAfter are about it.
 	Limit bucket.Limit
+	// Quota is the quota the rules give the request, before any share;
+	// zero when no limit applied (no rule, no identity, unknown plan denied
+	// or allowed).
+	Quota bucket.Limit
 	// Policy names the quota for clients: the plan for a plan rule, else the
 	// rule. It is the name in the RateLimit-Policy header.
 	Policy string
@@ -139,7 +146,7 @@ func (d Decision) RetryAfterSeconds() int64 {
 func (d Decision) ResetSeconds() int64 { return ceilSeconds(d.ResetAfter) }
 
 // Limited reports whether a quota applied, so quota headers make sense.
-func (d Decision) Limited() bool { return !d.Limit.IsZero() }
+func (d Decision) Limited() bool { return !d.Quota.IsZero() }
 
 func ceilSeconds(d time.Duration) int64 {
 	if d <= 0 {

@@ -239,7 +239,7 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error)
 	}
 
 	res := rs.LimitFor(r, plan)
-	d.Plan, d.Limit = res.Plan, res.Limit
+	d.Plan, d.Quota, d.Limit = res.Plan, res.Limit, res.Limit
 	d.Policy = r.Name
 	if r.Source == rules.FromPlan {
 		d.Policy = res.Plan
@@ -249,10 +249,10 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error)
 		l.event(Event{Kind: EventUnknownPlan, Rule: r.Name, Plan: res.Plan, Subject: subject, RulesVersion: d.RulesVersion})
 		switch res.Action {
 		case rules.UnknownPlanAllow:
-			d.Allowed, d.Reason, d.Limit = true, ReasonUnknownPlan, bucket.Limit{}
+			d.Allowed, d.Reason, d.Limit, d.Quota = true, ReasonUnknownPlan, bucket.Limit{}, bucket.Limit{}
 			return d, nil
 		case rules.UnknownPlanDeny:
-			d.Reason, d.Limit = ReasonUnknownPlan, bucket.Limit{}
+			d.Reason, d.Limit, d.Quota = ReasonUnknownPlan, bucket.Limit{}, bucket.Limit{}
 			return l.deny(d), nil
 		default:
 			// The default plan's quota, in a bucket of its own.
@@ -323,8 +323,10 @@ func (l *StoreLimiter) fallback(ctx context.Context, r *rules.Rule, d Decision, 
 	return l.deny(d), nil
 }
 
+// fromBucket fills d from the store's decision, whose Limit is the limit
+// in force: the rule's, or the share of it the store enforces.
 func (l *StoreLimiter) fromBucket(d Decision, bd bucket.Decision) Decision {
-	d.Remaining, d.RetryAfter, d.ResetAfter = bd.Remaining, bd.RetryAfter, bd.ResetAfter
+	d.Remaining, d.RetryAfter, d.ResetAfter, d.Limit = bd.Remaining, bd.RetryAfter, bd.ResetAfter, bd.Limit
 	if bd.Allowed {
 		d.Allowed, d.Reason = true, ReasonOK
 		return d

@@ -125,8 +125,11 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, lim buck
 	held := ks.held()
 	retry := time.Duration(max(int64(cost)-held, 1)) * lim.Interval()
 	quiet := time.Duration(max(int64(want)-held, 1)) * lim.Interval()
-	ks.denyUntil(now.Add(max(retry, quiet)).UnixMicro(), 1)
-	res.Decision.RetryAfter = retry
+	// The refill took every token the bucket held: it is full again a
+	// burst's worth of intervals from now.
+	reset := time.Duration(lim.Burst()) * lim.Interval()
+	ks.denyUntil(now.Add(max(retry, quiet)).UnixMicro(), now.Add(reset).UnixMicro(), 1)
+	res.Decision.RetryAfter, res.Decision.ResetAfter = retry, reset
 	return c.done(ks, res), nil
 }
 

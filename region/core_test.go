@@ -717,3 +717,95 @@ func TestAttemptIDsAreChargedOnce(t *testing.T) {
 		t.Fatal("an attempt id older than the window was replayed")
 	}
 }
+
+// TestRepeatedDenialsCarryTheReset: a denial the deny cache answers states
+// the same reset as the store's denial it repeats (what the bucket says at
+// that instant), at fixed instants on a manual clock, for a cold key denied
+// by the store and for a batched key whose refill found the bucket empty.
+func TestRepeatedDenialsCarryTheReset(t *testing.T) {
+	f := newFixture(t, nil)
+	global := bucket.PerMinute(30) // a floor of 10 per minute, burst 10: one token every 6 s
+	floor := bucket.PerMinute(10)
+	ctx := context.Background()
+	decide := func(k bucket.Key) Result {
+		t.Helper()
+		r, err := f.core.Decide(ctx, f.clk.Now(), k, global, 1, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	peek := func(k bucket.Key) bucket.Decision {
+		t.Helper()
+		d, err := f.store.Store.Peek(ctx, k, floor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	k := key("cold")
+	for i := 0; i < 10; i++ {
+		if r := decide(k); !r.Decision.Allowed {
+			t.Fatalf("request %d denied within the burst: %+v", i, r)
+		}
+	}
+	steps := []struct {
+		at           time.Duration
+		path         Path
+		retry, reset time.Duration
+	}{
+		{time.Second, PathStore, 5 * time.Second, 59 * time.Second}, // the store's denial
+		{2 * time.Second, PathDenyCache, 4 * time.Second, 58 * time.Second},
+		{3500 * time.Millisecond, PathDenyCache, 2500 * time.Millisecond, 56500 * time.Millisecond},
+		{5999 * time.Millisecond, PathDenyCache, time.Millisecond, 54001 * time.Millisecond},
+	}
+	for _, s := range steps {
+		f.clk.Set(t0.Add(s.at))
+		r := decide(k)
+		if r.Decision.Allowed || r.Path != s.path || r.Decision.RetryAfter != s.retry || r.Decision.ResetAfter != s.reset || r.Decision.Remaining != 0 {
+			t.Fatalf("at t0+%s: %s %+v; want denied on %s, retry %s, reset %s", s.at, r.Path, r.Decision, s.path, s.retry, s.reset)
+		}
+		if p := peek(k); p.ResetAfter != s.reset {
+			t.Fatalf("at t0+%s: the answer says reset %s, the bucket %s", s.at, r.Decision.ResetAfter, p.ResetAfter)
+		}
+	}
+	f.clk.Set(t0.Add(6 * time.Second))
+	if r := decide(k); !r.Decision.Allowed {
+		t.Fatalf("at t0+6s a token has refilled: %+v", r)
+	}
+
+	// A batched key: a flood makes it batched; once a refill finds the
+	// bucket empty, that denial and the cached ones after it state the
+	// bucket's reset.
+	f.clk.Set(t0.Add(time.Minute))
+	hot := key("hot")
+	var refillDenied bool
+	var denied time.Time
+	for ms := 0; ms < 200 && !refillDenied; ms++ {
+		for i := 0; i < 20; i++ {
+			r := decide(hot)
+			if !r.Decision.Allowed && r.Path == PathStore {
+				if p := peek(hot); r.Decision.ResetAfter != p.ResetAfter || p.ResetAfter != 60*time.Second {
+					t.Fatalf("refill denial at %s: reset %s, the bucket (emptied) %s, want 1m0s", f.clk.Now().Sub(t0), r.Decision.ResetAfter, p.ResetAfter)
+				}
+				refillDenied, denied = true, f.clk.Now()
+				break
+			}
+		}
+		f.clk.Advance(time.Millisecond)
+		f.core.Tick(ctx, f.clk.Now())
+	}
+	if !refillDenied {
+		t.Fatal("no refill found the bucket empty")
+	}
+	for _, d := range []time.Duration{time.Millisecond, time.Second, 4 * time.Second} {
+		f.clk.Set(denied.Add(d))
+		r := decide(hot)
+		if r.Decision.Allowed || r.Path != PathDenyCache {
+			t.Fatalf("%s after the refill's denial: %s %+v, want the deny cache", d, r.Path, r.Decision)
+		}
+		if p := peek(hot); r.Decision.ResetAfter != p.ResetAfter || r.Decision.ResetAfter != 60*time.Second-d {
+			t.Fatalf("%s after the refill's denial: reset %s, the bucket %s, want %s", d, r.Decision.ResetAfter, p.ResetAfter, 60*time.Second-d)
+		}
+	}
+}

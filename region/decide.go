@@ -190,7 +190,7 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 		ks := c.state(key, now.UnixMicro())
 		ks.arrived.Add(int64(cost))
 		if !dd.Allowed && dd.RetryAfter > 0 {
-			ks.denyUntil(now.Add(dd.RetryAfter).UnixMicro(), cost)
+			ks.denyUntil(now.Add(dd.RetryAfter).UnixMicro(), now.Add(dd.ResetAfter).UnixMicro(), cost)
 		}
 	}
 	return PathStore, true, nil
@@ -248,6 +248,10 @@ func (c *Core) slow(ctx context.Context, now time.Time, nowUS int64, ks *keyStat
 		ks.arrived.Add(int64(cost))
 		res.Path = PathDenyCache
 		res.Decision.RetryAfter = time.Duration(du-nowUS) * time.Microsecond
+		// This agent has not touched the bucket since the denial this one
+		// repeats: it is full again when that denial said (later if other
+		// agents spent from it meanwhile).
+		res.Decision.ResetAfter = max(time.Duration(ks.deniedReset.Load()-nowUS)*time.Microsecond, res.Decision.RetryAfter)
 		return c.done(ks, res), nil
 	}
 	if ks.batched.Load() {
@@ -295,7 +299,7 @@ func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, lim bucke
 	}
 	c.breaker.Success(now)
 	if !d.Allowed && d.RetryAfter > 0 {
-		ks.denyUntil(now.Add(d.RetryAfter).UnixMicro(), cost)
+		ks.denyUntil(now.Add(d.RetryAfter).UnixMicro(), now.Add(d.ResetAfter).UnixMicro(), cost)
 	}
 	res.Decision, res.Path = d, PathStore
 	return c.done(ks, res), nil

@@ -54,6 +54,10 @@ type keyState struct {
 	// gone is set when the state is dropped from its shard, for the demand
 	// order, which may still list it until it is rebuilt.
 	gone atomic.Bool
+	// deniedReset is when (µs) the regional bucket will be full again, as
+	// the denial that set deniedUntil said: the deny cache answers with it,
+	// so a repeated denial states the same reset as the first.
+	deniedReset atomic.Int64
 
 	mu         sync.Mutex
 	refilling  bool
@@ -229,7 +233,11 @@ func (l *attemptLog) remember(id string, r attemptRec) {
 	l.byID[id] = r
 }
 
-func (ks *keyState) denyUntil(until int64, cost bucket.Tokens) {
+// denyUntil caches a denial: requests of at least cost are denied locally
+// until the instant until (µs), and told that the bucket is full again at
+// reset (µs).
+func (ks *keyState) denyUntil(until, reset int64, cost bucket.Tokens) {
+	ks.deniedReset.Store(reset)
 	ks.deniedCost.Store(int64(cost))
 	ks.deniedUntil.Store(until)
 }

@@ -2,10 +2,20 @@ package region
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/httplimit"
+	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/limiter"
+	"github.com/allot-dev/allot/rls"
 	"github.com/allot-dev/allot/rules"
 )
 
@@ -87,4 +97,123 @@ func TestLimiterOnTheRegionStore(t *testing.T) {
 	if admitted != 50 {
 		t.Fatalf("emergency admitted %d, want 50 (floor burst 100 ÷ 2 live agents)", admitted)
 	}
+}
+
+// TestRepeated429sCarryTheReset: through the edge (limiter and HTTP
+// middleware on the region's Store), every 429 for a key states the
+// bucket's reset and the wait, whether the store denied it or the deny
+// cache did, at fixed instants on a manual clock.
+func TestRepeated429sCarryTheReset(t *testing.T) {
+	set, err := rules.Parse([]byte(`version: reset-test
+rules:
+  - {name: api, match: {path: "/*"}, limit: "30 per minute", scope: global}
+`), "reset-test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, func(c *Config) { c.Rules = RuleConfigs(set, nil) }) // a floor of 10 per minute
+	lim, err := limiter.New(limiter.Config{Rules: set, Store: NewStore(f.core, f.clk, NewNamer(set), nil), Clock: f.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := httplimit.Middleware(httplimit.Config{Limiter: lim, Identity: httplimit.TrustedHeader("X-Tenant", "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	get := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodGet, "/items", nil)
+		r.Header.Set("X-Tenant", "acme")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	for i := 0; i < 10; i++ {
+		if w := get(); w.Code != http.StatusOK {
+			t.Fatalf("request %d: %d within the floor's burst", i, w.Code)
+		}
+	}
+	for _, s := range []struct {
+		at           time.Duration
+		retry, reset string // Retry-After, X-RateLimit-Reset (whole seconds, rounded up)
+	}{
+		{time.Second, "5", "59"},             // the store's denial
+		{2 * time.Second, "4", "58"},         // the deny cache's, and after
+		{2500 * time.Millisecond, "4", "58"}, // 3.5 s and 57.5 s, rounded up
+		{5 * time.Second, "1", "55"},
+	} {
+		f.clk.Set(t0.Add(s.at))
+		w := get()
+		if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != s.retry || w.Header().Get("X-Ratelimit-Reset") != s.reset ||
+			!strings.HasSuffix(w.Header().Get("Ratelimit"), ";r=0;t="+s.reset) {
+			t.Fatalf("at t0+%s: %d Retry-After %q X-RateLimit-Reset %q RateLimit %q; want 429, %s, %s",
+				s.at, w.Code, w.Header().Get("Retry-After"), w.Header().Get("X-Ratelimit-Reset"), w.Header().Get("Ratelimit"), s.retry, s.reset)
+		}
+	}
+}
+
+// TestEdgeStatesTheLimitInForce: every answer through the region's Store
+// states the limit the decision was made against — the region's floor,
+// then a coordinator entry, then an entry of nothing — not the rules'
+// global quota, which RateLimit-Policy names beside it: the HTTP quota
+// headers, and Envoy RLS's current_limit and headers.
+func TestEdgeStatesTheLimitInForce(t *testing.T) {
+	set, err := rules.Parse([]byte(`version: in-force-test
+rules:
+  - {name: api, match: {path: "/*"}, limit: "30 per minute", scope: global}
+`), "in-force-test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, func(c *Config) { c.Rules = RuleConfigs(set, nil) }) // a floor of 10 per minute of 30
+	lim, err := limiter.New(limiter.Config{Rules: set, Store: NewStore(f.core, f.clk, NewNamer(set), nil), Clock: f.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := httplimit.Middleware(httplimit.Config{Limiter: lim, Identity: httplimit.TrustedHeader("X-Tenant", "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	rs, err := rls.New(rls.Config{Limiter: lim, Clock: f.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(tenant string, code int, limit, remaining, policy string, perUnit uint32) {
+		t.Helper()
+		r := httptest.NewRequest(http.MethodGet, "/items", nil)
+		r.Header.Set("X-Tenant", tenant)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != code || w.Header().Get("X-Ratelimit-Limit") != limit || w.Header().Get("X-Ratelimit-Remaining") != remaining ||
+			w.Header().Get("Ratelimit-Policy") != policy {
+			t.Errorf("%s over HTTP: %d X-RateLimit-Limit %q Remaining %q RateLimit-Policy %q; want %d, %s, %s, %s", tenant, w.Code,
+				w.Header().Get("X-Ratelimit-Limit"), w.Header().Get("X-Ratelimit-Remaining"), w.Header().Get("Ratelimit-Policy"), code, limit, remaining, policy)
+		}
+		resp, err := rs.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Descriptors: []*rlcommon.RateLimitDescriptor{{
+			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "subject", Value: tenant}, {Key: "path", Value: "/items"}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := resp.GetStatuses()[0]
+		var rp string
+		for _, hv := range resp.GetResponseHeadersToAdd() {
+			if hv.GetKey() == "RateLimit-Policy" {
+				rp = hv.GetValue()
+			}
+		}
+		if cl := st.GetCurrentLimit(); cl.GetRequestsPerUnit() != perUnit || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE || rp != policy {
+			t.Errorf("%s over RLS: current_limit %v, RateLimit-Policy %q; want %d per minute, %s", tenant, cl, rp, perUnit, policy)
+		}
+	}
+	// On the floor: 10 per minute of the global 30.
+	check("floor", 200, "10", "9", `"api";q=10;w=60;allot-global-q=30;allot-global-w=60`, 10)
+	// A coordinator entry of 20 per minute while the lease lives, and one
+	// of nothing.
+	f.view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: t0.Add(time.Hour), Entries: []lease.Entry{
+		{Key: bucket.Key{Rule: "api", Subject: "hot"}, Count: 20, Burst: 20},
+		{Key: bucket.Key{Rule: "api", Subject: "lent"}, Count: 0, Burst: 0},
+	}})
+	check("hot", 200, "20", "19", `"api";q=20;w=60;allot-global-q=30;allot-global-w=60`, 20)
+	check("lent", 429, "0", "0", `"api";q=0;w=60;allot-global-q=30;allot-global-w=60`, 0)
 }

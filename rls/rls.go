@@ -39,6 +39,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -153,6 +154,10 @@ type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	cfg     Config
 	domains domainLog
+	// policies holds rendered RateLimit-Policy values by policyKey;
+	// cached counts them, bounded by maxCachedPolicies.
+	policies sync.Map
+	cached   atomic.Int64
 	// unmatched counts requests for unmatched domains by kind (0 empty, 1
 	// unknown) and action (0 allowed, 1 denied).
 	unmatched [2][2]atomic.Int64
@@ -207,16 +212,30 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			}
 		}
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
-	decisions := make([]limiter.Decision, 0, len(req.GetDescriptors()))
+	// The answer is allocated in one piece (its statuses too, for a request
+	// of one descriptor), and the limiter's request is filled in one
+	// descriptor at a time.
+	n := len(req.GetDescriptors())
+	a := &answer{}
+	resp := &a.resp
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
+	parts := a.one[:]
+	resp.Statuses = a.onePtr[:]
+	if n != 1 {
+		parts = make([]statusParts, n)
+		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+	}
+	var dbuf [4]limiter.Decision
+	decisions := dbuf[:0]
+	var lr limiter.Request
 	for i, desc := range req.GetDescriptors() {
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-		resp.Statuses = append(resp.Statuses, st)
+		st := &parts[i].status
+		st.Code = rlsv3.RateLimitResponse_OK
+		resp.Statuses[i] = st
 		if otherDomain || desc.GetIsNegativeHits() {
 			continue
 		}
-		lr, err := s.request(i, req, desc)
-		if err != nil {
+		if err := s.request(i, req, desc, &lr); err != nil {
 			return nil, err
 		}
 		d, err := s.cfg.Limiter.Allow(ctx, lr)
@@ -228,17 +247,39 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			return nil, status.Errorf(codes.InvalidArgument, "rls: descriptor %d (%s): %v", i, lr.Descriptor, err)
 		}
 		decisions = append(decisions, d)
-		fill(st, d)
+		fill(&parts[i], d)
 		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 	}
-	resp.ResponseHeadersToAdd = headers(decisions)
+	resp.ResponseHeadersToAdd = s.headers(a, decisions, resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT)
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		resp.RawBody = body(decisions)
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: "Content-Type", Value: "application/json"})
 	}
 	return resp, nil
+}
+
+// answer is a response and the messages it points to, allocated as one:
+// the status of a request of one descriptor, and the headers.
+type answer struct {
+	resp    rlsv3.RateLimitResponse
+	one     [1]statusParts
+	onePtr  [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	headers [maxHeaders]corev3.HeaderValue
+	hPtrs   [maxHeaders]*corev3.HeaderValue
+}
+
+// maxHeaders is the most headers an answer adds: RateLimit-Policy,
+// RateLimit, X-RateLimit-Limit, -Remaining, -Reset, Retry-After and
+// Content-Type.
+const maxHeaders = 7
+
+// statusParts is a descriptor's status and the messages it points to,
+// allocated as one.
+type statusParts struct {
+	status rlsv3.RateLimitResponse_DescriptorStatus
+	limit  rlsv3.RateLimitResponse_RateLimit
+	reset  durationpb.Duration
 }
 
 // body is the JSON Envoy sends with its over-limit reply, the same shape as
@@ -273,18 +314,23 @@ var reasonText = map[limiter.Reason]string{
 	limiter.ReasonUnavailable: "rate limiter unavailable",
 }
 
-// request turns descriptor i into a limiter request.
-func (s *Server) request(i int, req *rlsv3.RateLimitRequest, desc *rlcommon.RateLimitDescriptor) (limiter.Request, error) {
-	lr := limiter.Request{Descriptor: make(rules.Descriptor, 0, len(desc.GetEntries()))}
+// request turns descriptor i into the limiter request lr, reusing its
+// descriptor's memory.
+func (s *Server) request(i int, req *rlsv3.RateLimitRequest, desc *rlcommon.RateLimitDescriptor, lr *limiter.Request) error {
+	d := lr.Descriptor[:0]
+	if n := len(desc.GetEntries()); cap(d) < n {
+		d = make(rules.Descriptor, 0, n)
+	}
+	*lr = limiter.Request{Descriptor: d}
 	for j, e := range desc.GetEntries() {
 		if e.GetKey() == "" {
-			return lr, status.Errorf(codes.InvalidArgument, "rls: descriptor %d entry %d has an empty key", i, j)
+			return status.Errorf(codes.InvalidArgument, "rls: descriptor %d entry %d has an empty key", i, j)
 		}
 		lr.Descriptor = append(lr.Descriptor, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
 	}
 	lr.Subject, _ = lr.Descriptor.Get(s.cfg.SubjectKey)
-	if err := s.cfg.Bounds.Check(lr); err != nil {
-		return lr, status.Errorf(codes.InvalidArgument, "rls: descriptor %d: %s", i, strings.TrimPrefix(err.Error(), "limiter: "))
+	if err := s.cfg.Bounds.Check(*lr); err != nil {
+		return status.Errorf(codes.InvalidArgument, "rls: descriptor %d: %s", i, strings.TrimPrefix(err.Error(), "limiter: "))
 	}
 	var hits uint64
 	switch {
@@ -296,35 +342,41 @@ func (s *Server) request(i int, req *rlsv3.RateLimitRequest, desc *rlcommon.Rate
 	if hits > 0 {
 		c, err := bucket.CostOf(float64(hits))
 		if err != nil || uint64(c) != hits {
-			return lr, status.Errorf(codes.InvalidArgument, "rls: descriptor %d (%s): hits_addend=%d is not a usable cost", i, lr.Descriptor, hits)
+			return status.Errorf(codes.InvalidArgument, "rls: descriptor %d (%s): hits_addend=%d is not a usable cost", i, lr.Descriptor, hits)
 		}
 		lr.Cost = c
 	}
-	return lr, nil
+	return nil
 }
 
-// fill sets a descriptor status from a decision.
-func fill(st *rlsv3.RateLimitResponse_DescriptorStatus, d limiter.Decision) {
+// fill sets a descriptor status from a decision; its limit and reset are
+// the status's own parts.
+func fill(p *statusParts, d limiter.Decision) {
+	st := &p.status
 	if !d.Allowed {
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if !d.Limited() || d.Shadow || (d.Allowed && d.Fallback != "") {
 		return
 	}
-	st.CurrentLimit = currentLimit(d.Policy, d.Limit)
+	st.CurrentLimit = currentLimit(&p.limit, d.Policy, d.Limit, d.Quota)
 	st.LimitRemaining = uint32(min(max(int64(d.Remaining), 0), math.MaxUint32))
-	st.DurationUntilReset = durationpb.New(d.ResetAfter)
+	// durationpb.New's arithmetic, into the status's own Duration.
+	p.reset.Seconds, p.reset.Nanos = int64(d.ResetAfter/time.Second), int32(d.ResetAfter%time.Second)
+	st.DurationUntilReset = &p.reset
 }
 
-// currentLimit expresses a limit in Envoy's units: count per unit, with a
-// multiplier for periods such as 10 minutes.
-func currentLimit(name string, l bucket.Limit) *rlsv3.RateLimitResponse_RateLimit {
-	rl := &rlsv3.RateLimitResponse_RateLimit{
-		Name:            name,
-		RequestsPerUnit: uint32(min(int64(l.Count()), math.MaxUint32)),
-	}
+// currentLimit expresses the limit in force l in Envoy's units, in rl:
+// count per unit, with a multiplier for periods such as 10 minutes. A zero l
+// (a region that may admit nothing now) is 0 per the quota's period.
+func currentLimit(rl *rlsv3.RateLimitResponse_RateLimit, name string, l, quota bucket.Limit) *rlsv3.RateLimitResponse_RateLimit {
+	rl.Name = name
+	rl.RequestsPerUnit = uint32(min(int64(l.Count()), math.MaxUint32))
 	p := l.Period()
-	for _, u := range []struct {
+	if l.IsZero() {
+		p = quota.Period()
+	}
+	for _, u := range [...]struct {
 		d    time.Duration
 		unit rlsv3.RateLimitResponse_RateLimit_Unit
 	}{
@@ -349,44 +401,112 @@ func currentLimit(name string, l bucket.Limit) *rlsv3.RateLimitResponse_RateLimi
 
 // headers lists the quota of every limited descriptor in RateLimit-Policy
 // and RateLimit, and the most restrictive one in X-RateLimit-* and
-// Retry-After.
-func headers(ds []limiter.Decision) []*corev3.HeaderValue {
-	var policies, items []string
-	seen := map[string]bool{}
-	var worst *limiter.Decision
+// Retry-After; an answer over the limit adds the body's Content-Type. The
+// values are written into one string, the headers are a's own.
+func (s *Server) headers(a *answer, ds []limiter.Decision, overLimit bool) []*corev3.HeaderValue {
+	type header struct {
+		key        string
+		start, end int // of the value in buf
+	}
+	var (
+		hs    [maxHeaders]header
+		nh    int
+		buf   = make([]byte, 0, 128)
+		worst *limiter.Decision
+		ibuf  [4]int
+		items = ibuf[:0] // indexes of ds whose policy is listed, each policy once
+	)
 	for i := range ds {
 		d := &ds[i]
 		if !d.Limited() || d.Shadow || (d.Allowed && d.Fallback != "") {
 			continue
 		}
-		if !seen[d.Policy] {
-			seen[d.Policy] = true
-			policies = append(policies, httplimit.PolicyHeader(d.Policy, d.Limit))
-			items = append(items, httplimit.RateLimitItem(*d))
+		if !slices.ContainsFunc(items, func(j int) bool { return ds[j].Policy == d.Policy }) {
+			items = append(items, i)
 		}
 		if worst == nil || moreRestrictive(d, worst) {
 			worst = d
 		}
 	}
-	var out []*corev3.HeaderValue
-	add := func(k, v string) { out = append(out, &corev3.HeaderValue{Key: k, Value: v}) }
-	if len(policies) > 0 {
-		add("RateLimit-Policy", strings.Join(policies, ", "))
-		add("RateLimit", strings.Join(items, ", "))
+	// end records that the value of key runs from start to the end of buf.
+	end := func(key string, start int) {
+		hs[nh] = header{key, start, len(buf)}
+		nh++
+	}
+	if len(items) > 0 {
+		for n, j := range items {
+			if n > 0 {
+				buf = append(buf, ", "...)
+			}
+			buf = append(buf, s.policy(&ds[j])...)
+		}
+		end("RateLimit-Policy", 0)
+		start := len(buf)
+		for n, j := range items {
+			if n > 0 {
+				buf = append(buf, ", "...)
+			}
+			buf = httplimit.AppendRateLimitItem(buf, ds[j])
+		}
+		end("RateLimit", start)
 	}
 	if worst != nil {
-		add("X-RateLimit-Limit", strconv.FormatInt(int64(worst.Limit.Burst()), 10))
-		add("X-RateLimit-Remaining", strconv.FormatInt(int64(max(worst.Remaining, 0)), 10))
-		add("X-RateLimit-Reset", strconv.FormatInt(worst.ResetSeconds(), 10))
+		start := len(buf)
+		buf = strconv.AppendInt(buf, int64(worst.Limit.Burst()), 10)
+		end("X-RateLimit-Limit", start)
+		start = len(buf)
+		buf = strconv.AppendInt(buf, int64(max(worst.Remaining, 0)), 10)
+		end("X-RateLimit-Remaining", start)
+		start = len(buf)
+		buf = strconv.AppendInt(buf, worst.ResetSeconds(), 10)
+		end("X-RateLimit-Reset", start)
 	}
 	var retry int64
-	for _, d := range ds {
-		retry = max(retry, d.RetryAfterSeconds())
+	for i := range ds {
+		retry = max(retry, ds[i].RetryAfterSeconds())
 	}
 	if retry > 0 {
-		add("Retry-After", strconv.FormatInt(retry, 10))
+		start := len(buf)
+		buf = strconv.AppendInt(buf, retry, 10)
+		end("Retry-After", start)
 	}
-	return out
+	if overLimit {
+		start := len(buf)
+		buf = append(buf, "application/json"...)
+		end("Content-Type", start)
+	}
+	if nh == 0 {
+		return nil
+	}
+	values := string(buf)
+	for i, h := range hs[:nh] {
+		a.headers[i].Key, a.headers[i].Value = h.key, values[h.start:h.end]
+		a.hPtrs[i] = &a.headers[i]
+	}
+	return a.hPtrs[:nh:nh]
+}
+
+// maxCachedPolicies bounds the policy cache; rules define few policies, but
+// reloads may change their limits.
+const maxCachedPolicies = 4096
+
+type policyKey struct {
+	name         string
+	limit, quota bucket.Limit
+}
+
+// policy renders the RateLimit-Policy value of d, once per policy, limit in
+// force and quota.
+func (s *Server) policy(d *limiter.Decision) string {
+	k := policyKey{d.Policy, d.Limit, d.Quota}
+	if v, ok := s.policies.Load(k); ok {
+		return v.(string)
+	}
+	v := httplimit.PolicyHeader(d.Policy, d.Limit, d.Quota)
+	if s.cached.Add(1) <= maxCachedPolicies {
+		s.policies.Store(k, v)
+	}
+	return v
 }
 
 // moreRestrictive prefers a denial, then the fewest tokens remaining.

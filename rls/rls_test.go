@@ -76,7 +76,7 @@ func start(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(rls.ServerOption())
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
 	rls.Register(g, srv, hs)

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
-	"time"
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/lease"
@@ -35,12 +33,9 @@ type allot struct {
 	// lat accumulates the store round trips of the decision in progress.
 	lat       Micros
 	failovers []int
-	batched   []bool      // per rule: some agent decided from a batch
-	maxRate   [][]float64 // [region][rule] largest allocation used, tokens/s
-	maxBurst  [][]int64
-	// lastAlloc is the allocation last folded into maxRate and maxBurst,
-	// [region][rule]: most decisions repeat it.
-	lastAlloc [][]bucket.Limit
+	// starts are what each fault of the scenario found when it began, for
+	// its term of the bound (bound.go).
+	starts []faultStart
 	// curBudget is the budget of the decision in progress, −1 between
 	// decisions: the store's calls for its key need not parse the key.
 	curBudget int
@@ -104,14 +99,11 @@ func newAllot(w *world) error {
 	for r := range w.regions {
 		rg := w.regions[r]
 		a.redis = append(a.redis, newRegionalRedis(w.nb, rg.redis, rg.replica, us(w.sc.Redis.Lag), replicate))
-		a.maxRate = append(a.maxRate, make([]float64, len(w.rules)))
-		a.maxBurst = append(a.maxBurst, make([]int64, len(w.rules)))
-		a.lastAlloc = append(a.lastAlloc, make([]bucket.Limit, len(w.rules)))
 	}
 	a.curBudget = -1
 	a.rr = make([]int, n)
 	a.failovers = make([]int, n)
-	a.batched = make([]bool, len(w.rules))
+	a.starts = make([]faultStart, len(w.sc.Faults))
 	a.si = w.addSystem(a)
 	for r := range w.regions {
 		cfg := region.DefaultConfig()
@@ -213,7 +205,7 @@ func (a *allot) pick(r int) int {
 func (a *allot) arrive(w *world, t Micros, r, b int, cost int64, idealOK bool) {
 	ai := a.pick(r)
 	if ai < 0 {
-		w.reject(a.si, idealOK, pathClosed, 0, true)
+		w.reject(a.si, b, idealOK, pathClosed, 0, true)
 		return
 	}
 	ag := a.agents[r][ai]
@@ -223,29 +215,16 @@ func (a *allot) arrive(w *world, t Micros, r, b int, cost int64, idealOK bool) {
 	a.curBudget = b
 	res, err := ag.core.Decide(a.ctx, w.regions[r].agent.at(t), a.plane.keys[b], rule.limit, bucket.Tokens(cost), "")
 	a.curBudget = -1
-	if l := res.Alloc; !l.IsZero() && l != a.lastAlloc[r][rule.idx] {
-		ri := rule.idx
-		a.lastAlloc[r][ri] = l
-		if v := l.Rate(); v > a.maxRate[r][ri] {
-			a.maxRate[r][ri] = v
-		}
-		if v := int64(l.Burst()); v > a.maxBurst[r][ri] {
-			a.maxBurst[r][ri] = v
-		}
-	}
 	p := pathOf(res.Path)
-	if res.Path == region.PathBatch {
-		a.batched[rule.idx] = true
-	}
 	if err != nil && !errors.Is(err, region.ErrFailClosed) {
-		w.reject(a.si, idealOK, p, a.lat, true)
+		w.reject(a.si, b, idealOK, p, a.lat, true)
 		return
 	}
 	if res.Decision.Allowed {
 		w.admit(a.si, r, b, cost, t, p, a.lat)
 		return
 	}
-	w.reject(a.si, idealOK, p, a.lat, res.Path == region.PathFailClosed)
+	w.reject(a.si, b, idealOK, p, a.lat, res.Path == region.PathFailClosed)
 }
 
 func pathOf(p region.Path) path {
@@ -273,7 +252,7 @@ func (s *simStore) reach() (Micros, bool) {
 		a.lat += us(w.sc.Agent.Timeout)
 		return 0, false
 	}
-	if p := w.net.loss + w.net.extraLoss; p > 0 && rng.Float64() < p {
+	if p := w.net.loss + w.net.extraRedis; p > 0 && rng.Float64() < p {
 		a.lat += us(w.sc.Agent.Timeout)
 		return 0, false
 	}
@@ -397,6 +376,9 @@ func (a *allot) handle(w *world, e *event) {
 
 func (a *allot) fault(w *world, f *FaultSpec, start bool) {
 	r := w.sc.regionIndex(f.Region)
+	if start {
+		a.starts[w.faultIndex(f)] = a.snapshot(w, w.eng.now)
+	}
 	switch f.Kind {
 	case FaultRedisFailover:
 		if start {
@@ -455,110 +437,8 @@ func (a *allot) finish(w *world) map[string]any {
 }
 
 func (a *allot) coordinatorMessages() int64        { return a.plane.messages() }
+func (a *allot) messageBins() []int64              { return a.plane.messageBins() }
 func (a *allot) allocation(w *world) [][][]float64 { return a.plane.allocation(w) }
-
-// maxLimit is the largest allocation region r used for any budget of rule
-// ri, as a limit.
-func (a *allot) maxLimit(w *world, r, ri int) bucket.Limit {
-	rt := w.rules[ri]
-	rate := math.Max(a.maxRate[r][ri], a.plane.floors[r][ri].Rate())
-	burst := max(a.maxBurst[r][ri], int64(a.plane.floors[r][ri].Burst()))
-	c := int64(math.Ceil(rate * rt.spec.Period.Seconds()))
-	return bucket.Per(bucket.Tokens(max(c, 1)), rt.spec.Period).WithBurst(bucket.Tokens(max(burst, 1)))
-}
-
-// bound is the overshoot the design allows for rule ri under the
-// scenario's faults: the sum of one term per fault, each from the table in
-// the design, plus the batch and lease drift allowances.
-func (a *allot) bound(w *world, ri int) (float64, []string, bool) {
-	rule := &w.rules[ri]
-	R := rule.limit.Rate() // tokens per second
-	var total float64
-	var terms []string
-	add := func(v float64, format string, args ...any) {
-		total += v
-		terms = append(terms, fmt.Sprintf("%.3f: ", v)+fmt.Sprintf(format, args...))
-	}
-	unbounded := false
-	policy := rule.spec.Policy
-	outages := map[string]float64{} // region → seconds without Redis
-	for _, f := range w.sc.Faults {
-		switch f.Kind {
-		case FaultRedisCut:
-			outages[f.Region] += (f.For + w.sc.Agent.Timeout).Seconds()
-		case FaultLoss:
-			// Lost store calls fail like a short outage everywhere.
-			for _, rg := range w.sc.Regions {
-				outages[rg.Name] += f.For.Seconds()
-			}
-		case FaultRedisFailover:
-			r := w.sc.regionIndex(f.Region)
-			rd := a.redis[r]
-			outages[f.Region] += (w.sc.Redis.Failover + w.sc.Agent.Timeout).Seconds()
-			if w.sc.Redis.OnFailover == "keep" {
-				var worst int64
-				for k := 0; k < rule.keys; k++ {
-					worst = max(worst, rd.lost[rule.base+k])
-				}
-				add(float64(worst), "redis failover in %s lost %d debited tokens (writes in the last lag=%s)", f.Region, worst, w.sc.Redis.Lag)
-				reg := w.sc.Regions[r]
-				if d := reg.ReplicaSkew - reg.RedisSkew; d > 0 {
-					add(d.Seconds()*R, "replica clock ahead of the primary by %s × R", d)
-				}
-			} else {
-				terms = append(terms, "0: redis failover in "+f.Region+" with buckets started empty")
-			}
-		}
-	}
-	if w.sc.Loss > 0 {
-		for _, rg := range w.sc.Regions {
-			outages[rg.Name] += w.sc.Duration.Seconds()
-		}
-	}
-	for _, reg := range sortedKeys(outages) {
-		sec := outages[reg]
-		switch policy {
-		case PolicyClosed:
-			terms = append(terms, "0: "+reg+" without Redis fails closed")
-		case PolicyOpen:
-			unbounded = true
-			terms = append(terms, "unbounded: "+reg+" without Redis fails open")
-		case PolicyEmergency:
-			l := a.maxLimit(w, w.sc.regionIndex(reg), ri)
-			add(float64(l.Burst())+l.Rate()*sec, "emergency in %s: region burst %d + allocation %.3f/s × outage %.3fs",
-				reg, l.Burst(), l.Rate(), sec)
-		}
-	}
-	for _, reg := range w.sc.Regions {
-		if reg.RedisDrift > 0 {
-			add(reg.RedisDrift*R*w.sc.Duration.Seconds(), "redis clock in %s runs fast by %g × R × duration", reg.Name, reg.RedisDrift)
-		}
-	}
-	if a.batched[ri] {
-		// I3 holds for debits: batch tokens are taken from the regional
-		// bucket before use. They are spent a little later, though, so in a
-		// window the spends can exceed the debits by what agents held: at
-		// most R × the longest hold (batch TTL, checked at each core tick),
-		// and at most every agent's largest batch.
-		hold := w.sc.Agent.BatchTTL + coreTick*time.Microsecond
-		held := R * hold.Seconds()
-		var most float64
-		for r := range w.regions {
-			l := a.maxLimit(w, r, ri)
-			most += float64(w.regions[r].agents) * math.Max(1, math.Floor(float64(l.Burst())*w.sc.Agent.BatchMaxFraction))
-		}
-		add(math.Min(held, most), "batches spent after their debit: min(R × hold %s, Σ agents × largest batch %.0f)", hold, most)
-	}
-	v, t := a.plane.boundTerms(w, ri)
-	if v > 0 || len(t) > 0 {
-		total += v
-		terms = append(terms, t...)
-	}
-	if len(terms) == 0 {
-		terms = []string{"0: escrow (I1), exact regional buckets (I2)"}
-	}
-	return total, terms, unbounded
-}
 
 // subjectIndex parses the subject "s<k>" the simulator gives key k.
 func subjectIndex(s string) (int, bool) {

@@ -8,13 +8,16 @@ import (
 // only, against the regional Redis (evaluated at its primary's clock):
 // "independent" gives each region the full global limit (N× overshoot with
 // N regions), "static" gives each region a fixed 1/N of it (no overshoot,
-// poor utilization under skew). Both decide at the arrival instant and
-// charge one intra-region round trip of latency.
+// poor utilization under skew). Both decide at the arrival instant, the
+// request and its answer crossing the region's link to its Redis (so
+// cuts and loss there act on them), and suffer the store's faults as
+// allot's agents do (storeFaults).
 type localBuckets struct {
 	label  string
 	si     int
 	states [][]bucket.State // [region][budget]
 	limits []bucket.Limit   // per rule
+	faults *storeFaults
 }
 
 func newLocalBuckets(w *world, label string, split bool) *localBuckets {
@@ -29,6 +32,10 @@ func newLocalBuckets(w *world, label string, split bool) *localBuckets {
 		}
 		s.limits = append(s.limits, l)
 	}
+	s.faults = newStoreFaults(w, 1, 1)
+	if split {
+		s.faults = newStoreFaults(w, 1, int64(len(w.regions)))
+	}
 	s.si = w.addSystem(s)
 	return s
 }
@@ -36,36 +43,64 @@ func newLocalBuckets(w *world, label string, split bool) *localBuckets {
 func (s *localBuckets) name() string { return s.label }
 
 func (s *localBuckets) arrive(w *world, t Micros, region, b int, cost int64, idealOK bool) {
-	st := &s.states[region][b]
-	l := s.limits[w.ruleIdx[b]]
-	lat := 2 * w.net.lat[region][region]
-	w.decisions++
-	w.meters[s.si].redisOps++
-	d, ns, err := bucket.Decide(*st, w.regions[region].redis.at(t), l, bucket.Tokens(cost))
-	if err != nil || !d.Allowed {
-		w.reject(s.si, idealOK, pathRedis, lat, false)
+	ag := s.faults.pick(region)
+	if ag < 0 {
+		w.reject(s.si, b, idealOK, pathClosed, 0, true)
 		return
 	}
-	*st = ns
-	w.admit(s.si, region, b, cost, t, pathRedis, lat)
+	rng := w.sysRng[s.si]
+	an, rd := node{kind: kindAgent, region: region, idx: ag}, node{kind: kindRedis, region: region}
+	timeout := us(w.sc.Agent.Timeout)
+	w.decisions++
+	at, ok := w.net.send(rng, an, rd, t)
+	if !ok || !s.faults.up(region, at) {
+		s.faults.fallback(w, s.si, t, region, ag, b, cost, idealOK, timeout)
+		return
+	}
+	st := &s.states[region][b]
+	l := s.limits[w.ruleIdx[b]]
+	w.meters[s.si].redisOps++
+	d, ns, err := bucket.Decide(*st, w.regions[region].redis.at(t), l, bucket.Tokens(cost))
+	allowed := err == nil && d.Allowed
+	if allowed {
+		*st = ns
+	}
+	back, ok := w.net.send(rng, rd, an, at)
+	if !ok {
+		// The answer was lost: the store took the tokens, the agent
+		// decides by the policy.
+		s.faults.fallback(w, s.si, t, region, ag, b, cost, idealOK, timeout)
+		return
+	}
+	if !allowed {
+		w.reject(s.si, b, idealOK, pathRedis, back-t, false)
+		return
+	}
+	w.admit(s.si, region, b, cost, t, pathRedis, back-t)
 }
 
-func (s *localBuckets) handle(*world, *event)          {}
-func (s *localBuckets) fault(*world, *FaultSpec, bool) {}
-func (s *localBuckets) finish(*world) map[string]any   { return nil }
+func (s *localBuckets) handle(*world, *event) {}
+func (s *localBuckets) fault(w *world, f *FaultSpec, start bool) {
+	s.faults.fault(w, f, start)
+}
+func (s *localBuckets) finish(*world) map[string]any { return nil }
 
 // central is the exact, slow baseline: one Redis in one region decides every
 // request, so requests from other regions cross the WAN both ways. A request
-// that cannot reach it, or whose answer is lost, is rejected after the
-// agent's timeout.
+// that cannot reach it, whose answer is lost, or that finds it without a
+// primary is decided by the rule's failure policy after the agent's
+// timeout, with emergency buckets holding a static split's share
+// (storeFaults).
 type central struct {
 	si     int
 	home   int
 	states []bucket.State
+	faults *storeFaults
 }
 
 func newCentral(w *world) *central {
 	c := &central{home: w.sc.regionIndex(w.sc.Baselines.Central), states: make([]bucket.State, w.nb)}
+	c.faults = newStoreFaults(w, 1, int64(len(w.regions)))
 	c.si = w.addSystem(c)
 	return c
 }
@@ -73,21 +108,26 @@ func newCentral(w *world) *central {
 func (c *central) name() string { return "central" }
 
 func (c *central) arrive(w *world, t Micros, region, b int, cost int64, idealOK bool) {
+	ag := c.faults.pick(region)
+	if ag < 0 {
+		w.reject(c.si, b, idealOK, pathClosed, 0, true)
+		return
+	}
 	rng := w.sysRng[c.si]
-	at, ok := w.net.send(rng, node{kind: kindAgent, region: region}, node{kind: kindRedis, region: c.home}, t)
-	if !ok {
-		w.reject(c.si, idealOK, pathWAN, us(w.sc.Agent.Timeout), true)
+	at, ok := w.net.send(rng, node{kind: kindAgent, region: region, idx: ag}, node{kind: kindRedis, region: c.home}, t)
+	if !ok || !c.faults.up(c.home, at) {
+		c.faults.fallback(w, c.si, t, region, ag, b, cost, idealOK, us(w.sc.Agent.Timeout))
 		return
 	}
 	var ok8 int64
 	if idealOK {
 		ok8 = 1
 	}
-	w.at(at, c.si, event{j: int32(b), k: cost, aux: int32(region), sent: t, flag: int8(ok8)})
+	w.at(at, c.si, event{j: int32(b), k: cost, aux: int32(region), agt: int32(ag), sent: t, flag: int8(ok8)})
 }
 
 func (c *central) handle(w *world, e *event) {
-	region, b, cost, t0, idealOK := int(e.aux), int(e.j), e.k, e.sent, e.flag == 1
+	region, b, cost, t0, idealOK, ag := int(e.aux), int(e.j), e.k, e.sent, e.flag == 1, int(e.agt)
 	w.decisions++
 	w.meters[c.si].redisOps++
 	r := w.ruleOf(b)
@@ -95,20 +135,24 @@ func (c *central) handle(w *world, e *event) {
 	if err == nil && d.Allowed {
 		c.states[b] = ns
 	}
-	back, ok := w.net.send(w.sysRng[c.si], node{kind: kindRedis, region: c.home}, node{kind: kindAgent, region: region}, e.at)
+	back, ok := w.net.send(w.sysRng[c.si], node{kind: kindRedis, region: c.home}, node{kind: kindAgent, region: region, idx: ag}, e.at)
 	if !ok {
-		w.reject(c.si, idealOK, pathWAN, us(w.sc.Agent.Timeout), true)
+		// The answer was lost: the store took the tokens, the agent
+		// decides by the policy.
+		c.faults.fallback(w, c.si, e.at, region, ag, b, cost, idealOK, us(w.sc.Agent.Timeout))
 		return
 	}
 	if err != nil || !d.Allowed {
-		w.reject(c.si, idealOK, pathWAN, back-t0, false)
+		w.reject(c.si, b, idealOK, pathWAN, back-t0, false)
 		return
 	}
 	w.admit(c.si, region, b, cost, e.at, pathWAN, back-t0)
 }
 
-func (c *central) fault(*world, *FaultSpec, bool) {}
-func (c *central) finish(*world) map[string]any   { return nil }
+func (c *central) fault(w *world, f *FaultSpec, start bool) {
+	c.faults.fault(w, f, start)
+}
+func (c *central) finish(*world) map[string]any { return nil }
 
 // async is the asynchronous global counter, after Gubernator's GLOBAL
 // behaviour: every region decides locally against its copy of the budget,
@@ -162,7 +206,7 @@ func (a *async) arrive(w *world, t Micros, region, b int, cost int64, idealOK bo
 	w.decisions++
 	d, ns, err := bucket.Decide(a.local[region][b], w.regions[region].agent.at(t), r.limit, bucket.Tokens(cost))
 	if err != nil || !d.Allowed {
-		w.reject(a.si, idealOK, pathLocal, 0, false)
+		w.reject(a.si, b, idealOK, pathLocal, 0, false)
 		return
 	}
 	a.local[region][b] = ns

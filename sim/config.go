@@ -134,7 +134,7 @@ func (sc *Scenario) applyConfig(dir string) error {
 			co.Refresh = lc.Refresh
 		}
 		if co.Drift == 0 {
-			co.Drift = float64(lc.Drift) / float64(lc.TTL)
+			co.Drift = rhoOf(lc.Drift, lc.TTL)
 		}
 	} else {
 		budgets = region.Budgets(set, lease.Split{Regions: names, Reserve: lease.DefaultReserve}, lease.MaxMin)
@@ -260,6 +260,22 @@ func readFileLimited(path string, max int64) ([]byte, error) {
 	var buf bytes.Buffer
 	_, err = buf.ReadFrom(f)
 	return buf.Bytes(), err
+}
+
+// MaxConfigRho is the largest drift ρ a config's margin becomes: the
+// scenario's coordinator.drift must stay below 0.1.
+const MaxConfigRho = 0.0999
+
+// rhoOf is the relative drift ρ whose margin over ttl is drift: the
+// inverse of lease.DriftFor (drift = ρ·ttl/(2+ρ)), so the file's margin is
+// the one simulated — up to MaxConfigRho: a wider margin (the lease
+// defaults' 500ms over 10s is ρ ≈ 0.105) is simulated at MaxConfigRho's
+// slightly narrower one (476ms over 10s).
+func rhoOf(drift, ttl time.Duration) float64 {
+	if drift <= 0 || drift >= ttl {
+		return 0
+	}
+	return min(2*float64(drift)/float64(ttl-drift), MaxConfigRho)
 }
 
 // allocation returns the rule's allocation policy; Validate checked it.

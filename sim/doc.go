@@ -29,8 +29,10 @@
 // What it measures, per budget: overshoot (the largest amount by which the
 // tokens admitted in any window [s,e] exceed B + R·(e−s), computed exactly
 // over all windows in linear time), utilization against an ideal global
-// bucket fed the same arrivals, false rejects, decision latency by path,
-// Redis operations per decision and coordinator messages per second; and it
+// bucket fed the same arrivals (each second's use capped at the ideal's, so
+// overshoot never counts as use; per rule, its worst budget and the mean),
+// false rejects, decision latency by path, Redis operations per decision and
+// coordinator messages per second, overall and in steady state; and it
 // checks the measured overshoot against the bound the design states for the
 // scenario's faults.
 package sim

@@ -3,7 +3,6 @@ package sim
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -42,6 +41,9 @@ type leasePlane struct {
 	// rng draws the control plane's own randomness (sessions, the shared
 	// store's losses), apart from the decision path's stream.
 	rng *rand.Rand
+	// msgBins counts lease messages per time bin, for the steady-state
+	// rate.
+	msgBins []int64
 }
 
 // regionPlane is one region's end of the lease protocol.
@@ -102,12 +104,7 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 		}
 		p.tracked = append(p.tracked, r.base+tr)
 	}
-	cfg := lease.DefaultConfig()
-	cfg.TTL = sc.Coordinator.LeaseTTL
-	cfg.Refresh = sc.Coordinator.Refresh
-	cfg.Drift = time.Duration(float64(cfg.TTL) * sc.Coordinator.Drift)
-	cfg.Hold = cfg.TTL + 2*cfg.Drift + cfg.Refresh + cfg.Refresh/2
-	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
+	cfg := sc.LeaseConfig()
 	cfg.Budgets = p.budgets
 	cfg.UnsafeSkipEscrow = w.opts.UnsafeSkipEscrow
 	if err := cfg.Validate(); err != nil {
@@ -233,11 +230,12 @@ func (p *leasePlane) carry(w *world, r int, t Micros) {
 		}
 		rp.sp.Advance(o)
 		for _, m := range rd.Send {
-			p.msgs++
+			p.count(w, t)
 			if p.leader < 0 {
 				continue // no leader: the stream is down
 			}
-			if at, ok := w.net.send(w.sysRng[p.a.si], p.agentNode(r), p.coordNode(p.leader), t); ok {
+			at, n := w.net.sendLease(w.sysRng[p.a.si], p.agentNode(r), p.coordNode(p.leader), t)
+			for _, at := range at[:n] {
 				w.at(at, p.a.si, event{sub: alPlane, flag: plToCoord, agt: int32(p.leader), p: m})
 			}
 		}
@@ -376,12 +374,13 @@ func (p *leasePlane) flushAlloc(w *world, t Micros) {
 		return
 	}
 	for _, m := range a.Ready() {
-		p.msgs++
+		p.count(w, t)
 		r := w.sc.regionIndex(m.Region)
 		if r < 0 || p.regions[r].sp == nil {
 			continue
 		}
-		if at, ok := w.net.send(w.sysRng[p.a.si], p.coordNode(p.leader), p.agentNode(r), t); ok {
+		at, n := w.net.sendLease(w.sysRng[p.a.si], p.coordNode(p.leader), p.agentNode(r), t)
+		for _, at := range at[:n] {
 			w.at(at, p.a.si, event{sub: alPlane, flag: plToRegion, aux: int32(r), agt: int32(p.regions[r].speaker), p: m})
 		}
 	}
@@ -420,21 +419,20 @@ func (p *leasePlane) fault(w *world, f *FaultSpec, start bool) {
 	}
 }
 
-// boundTerms is the lease protocol's allowance: clocks that drift faster
-// than the margin shorten leases by ρ × TTL, worth ρ × TTL × R.
-func (p *leasePlane) boundTerms(w *world, ri int) (float64, []string) {
-	var rho float64
-	for _, r := range w.sc.Regions {
-		rho = math.Max(rho, math.Abs(r.Drift))
+func (p *leasePlane) messages() int64 { return p.msgs }
+
+// count counts one lease message sent at t.
+func (p *leasePlane) count(w *world, t Micros) {
+	p.msgs++
+	if p.msgBins == nil {
+		p.msgBins = make([]int64, w.sc.Bins)
 	}
-	if rho == 0 {
-		return 0, nil
+	if bin := int(t / max(w.end/Micros(w.sc.Bins), 1)); bin >= 0 && bin < w.sc.Bins {
+		p.msgBins[bin]++
 	}
-	R := w.rules[ri].limit.Rate()
-	v := rho * w.sc.Coordinator.LeaseTTL.Seconds() * R
-	return v, []string{fmt.Sprintf("%.3f: clock drift ρ=%g × TTL %s × R %.3f/s", v, rho, w.sc.Coordinator.LeaseTTL, R)}
 }
 
-func (p *leasePlane) messages() int64 { return p.msgs }
+// messageBins returns the lease messages sent per time bin.
+func (p *leasePlane) messageBins() []int64 { return p.msgBins }
 
 func (p *leasePlane) allocation(*world) [][][]float64 { return p.allocBins }

@@ -24,6 +24,7 @@ type meter struct {
 	unavail   int64 // decisions the system could not make (reported as rejects)
 	redisOps  int64
 	bins      *series
+	u         *usage // per budget: use capped per window, requests, false rejects
 	lat       [numPaths]histogram
 	pathCount [numPaths]int64
 }
@@ -42,7 +43,7 @@ type budgetMeter struct {
 }
 
 func newMeter(nb int, bins *series) *meter {
-	return &meter{b: make([]budgetMeter, nb), bins: bins}
+	return &meter{b: make([]budgetMeter, nb), bins: bins, u: newUsage(nb)}
 }
 
 // path is how a decision was made, for the latency figures.
@@ -86,6 +87,7 @@ func (m *meter) admit(w *world, b, region int, cost int64, t Micros) {
 		m.bins.over(t, float64(ex)/float64(p))
 	}
 	m.tokens += cost
+	m.u.add(b, cost)
 	if m.bins != nil {
 		m.bins.add(t, r.idx, region, cost)
 	}

@@ -19,27 +19,60 @@ type node struct {
 	idx    int // agent index in its region, or coordinator index
 }
 
-// cut is one active partition.
+// cut is one active partition. A coordinator_flap fault is a
+// coordinator_cut while it is down.
 type cut struct {
 	kind   string
 	region int
-	agent  int // −1: every agent of the region
+	agent  int    // −1: every agent of the region
+	dir    string // coordinator_oneway: "to" or "from" the coordinators
+}
+
+// linkFault is an active fault on lease messages: duplication or
+// reordering, on one region's link to the coordinators or on every
+// region's (region −1).
+type linkFault struct {
+	kind   string
+	region int
+	prob   float64 // duplicate
+	delay  Micros  // reorder: the largest extra hold
 }
 
 // network is the simulated transport: one-way latency from the region
-// matrix, uniform jitter, random loss, and the partitions active now.
+// matrix, uniform jitter, random loss, and the partitions and lease
+// message faults active now.
 type network struct {
 	lat    [][]Micros // one-way, [from][to]
 	jitter float64
 	loss   float64
 	cuts   []cut
-	// extraLoss is loss added by an active loss fault.
-	extraLoss float64
-	// sent and lost count messages for the report.
-	sent, lost int64
+	faults []linkFault
+	// extraWAN and extraRedis are loss added by active loss faults: on
+	// every link but agents' calls to their regional Redis, and on those.
+	extraWAN, extraRedis float64
+	// sent and lost count messages for the report; dups counts lease
+	// messages delivered twice.
+	sent, lost, dups int64
 }
 
-// blocked reports whether an active partition separates a and b.
+// redisLink reports whether a and b are an agent and its region's Redis.
+func redisLink(a, b node) bool {
+	if a.kind == kindRedis {
+		a, b = b, a
+	}
+	return b.kind == kindRedis && a.region == b.region
+}
+
+// lossFor is the probability that a message between a and b is lost.
+func (n *network) lossFor(a, b node) float64 {
+	if redisLink(a, b) {
+		return n.loss + n.extraRedis
+	}
+	return n.loss + n.extraWAN
+}
+
+// blocked reports whether an active partition separates a and b (a
+// sending to b: one-way cuts have a direction).
 func (n *network) blocked(a, b node) bool {
 	for _, c := range n.cuts {
 		switch c.kind {
@@ -47,9 +80,14 @@ func (n *network) blocked(a, b node) bool {
 			if a.region != b.region && (a.region == c.region || b.region == c.region) {
 				return true
 			}
-		case FaultCoordinatorCut:
+		case FaultCoordinatorCut, FaultCoordinatorFlap:
 			if (a.kind == kindAgent && a.region == c.region && b.kind == kindCoordinator) ||
 				(b.kind == kindAgent && b.region == c.region && a.kind == kindCoordinator) {
+				return true
+			}
+		case FaultCoordinatorOneway:
+			if c.dir == "to" && a.kind == kindAgent && a.region == c.region && b.kind == kindCoordinator ||
+				c.dir == "from" && b.kind == kindAgent && b.region == c.region && a.kind == kindCoordinator {
 				return true
 			}
 		case FaultRedisCut:
@@ -75,11 +113,48 @@ func (n *network) send(rng *rand.Rand, a, b node, t Micros) (Micros, bool) {
 		n.lost++
 		return 0, false
 	}
-	if p := n.loss + n.extraLoss; p > 0 && rng.Float64() < p {
+	if p := n.lossFor(a, b); p > 0 && rng.Float64() < p {
 		n.lost++
 		return 0, false
 	}
 	return t + n.delay(rng, a.region, b.region), true
+}
+
+// sendLease is send for a lease message between a region's speaking agent
+// and a coordinator: the active duplicate and reorder faults of the
+// region apply too. It returns how many copies arrive (0, 1 or 2) and
+// when.
+func (n *network) sendLease(rng *rand.Rand, a, b node, t Micros) (at [2]Micros, copies int) {
+	first, ok := n.send(rng, a, b, t)
+	if !ok {
+		return at, 0
+	}
+	at[0], copies = first, 1
+	if len(n.faults) == 0 {
+		return at, copies
+	}
+	r := a.region
+	if a.kind == kindCoordinator {
+		r = b.region
+	}
+	for _, f := range n.faults {
+		if f.region >= 0 && f.region != r {
+			continue
+		}
+		switch f.kind {
+		case FaultDuplicate:
+			if copies == 1 && rng.Float64() < f.prob {
+				// The copy travels on its own: its own latency and hold.
+				at[1], copies = t+n.delay(rng, a.region, b.region), 2
+				n.dups++
+			}
+		case FaultReorder:
+			for i := range copies {
+				at[i] += Micros(rng.Float64() * float64(f.delay))
+			}
+		}
+	}
+	return at, copies
 }
 
 // delay samples one one-way latency between two regions.
@@ -97,6 +172,17 @@ func (n *network) removeCut(c cut) {
 	for i, x := range n.cuts {
 		if x == c {
 			n.cuts = append(n.cuts[:i], n.cuts[i+1:]...)
+			return
+		}
+	}
+}
+
+func (n *network) addFault(f linkFault) { n.faults = append(n.faults, f) }
+
+func (n *network) removeFault(f linkFault) {
+	for i, x := range n.faults {
+		if x == f {
+			n.faults = append(n.faults[:i], n.faults[i+1:]...)
 			return
 		}
 	}

@@ -20,12 +20,21 @@ func WriteJSON(w io.Writer, results []*Result) error {
 	return nil
 }
 
-// WriteTable prints one line per scenario, seed, system and rule.
+// WriteTable prints one line per scenario, seed, system and rule, then the
+// faults each baseline suffers only in part (its name marked *).
 func WriteTable(w io.Writer, results []*Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	io.WriteString(tw, "scenario\tseed\tsystem\trule\tutil\tovershoot\tof B %\tbound\tverdict\tfalse rej %\tredis ops/dec\tp99 ms\tcoord msg/s\tconverge s\t\n")
+	io.WriteString(tw, "scenario\tseed\tsystem\trule\tutil\tworst util\tmean util\tvs static\tovershoot\tof B %\tbound\tverdict\tfalse rej %\tworst fr %\tredis ops/dec\tp99 ms\tcoord msg/s\tsteady msg/s\tconverge s (×refresh)\t\n")
+	var notes []string
 	for _, r := range results {
 		for _, s := range r.Systems {
+			name := s.Name
+			if len(s.Unmodeled) > 0 {
+				name += "*"
+				for _, u := range s.Unmodeled {
+					notes = append(notes, fmt.Sprintf("* %s seed %d, %s: %s", r.Scenario, r.Seed, s.Name, u))
+				}
+			}
 			for _, ro := range s.Rules {
 				bound, verdict := "-", "-"
 				if ro.Bound != nil {
@@ -37,17 +46,58 @@ func WriteTable(w io.Writer, results []*Result) error {
 				if ro.Verdict != "" {
 					verdict = ro.Verdict
 				}
-				conv := "-"
-				if s.ConvergenceS != nil {
-					conv = fmt.Sprintf("%.2f", *s.ConvergenceS)
-				}
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.3f\t%.1f\t%.1f\t%s\t%s\t%.2f\t%.3f\t%.2f\t%.1f\t%s\t\n",
-					r.Scenario, r.Seed, s.Name, ro.Rule, s.Utilization, ro.PeakTokens, ro.PeakPctOfBurst,
-					bound, verdict, s.FalseRejectPct, s.RedisOpsPerDecision, p99(s)/1000, s.CoordinatorMsgsPerS, conv)
+				conv := convCell(s)
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.3f\t%s\t%.3f\t%s\t%.1f\t%.1f\t%s\t%s\t%.2f\t%.2f\t%.3f\t%.2f\t%.1f\t%s\t%s\t\n",
+					r.Scenario, r.Seed, name, ro.Rule, ro.Utilization, worstUtil(ro), ro.MeanUtilization, vsStaticCell(ro),
+					ro.PeakTokens, ro.PeakPctOfBurst, bound, verdict, ro.FalseRejectPct, ro.WorstFalseRejectPct,
+					s.RedisOpsPerDecision, p99(s)/1000, s.CoordinatorMsgsPerS, optF(s.SteadyMsgsPerS, "%.1f"), conv)
 			}
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, n := range notes {
+		if _, err := fmt.Fprintln(w, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// worstUtil is a rule's worst budget's utilization with its key.
+func worstUtil(ro RuleOutcome) string {
+	if ro.WorstUtilKey < 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f (k%d)", ro.WorstUtilization, ro.WorstUtilKey)
+}
+
+// vsStaticCell is a rule's VsStatic with its key, or "-".
+func vsStaticCell(ro RuleOutcome) string {
+	if ro.VsStatic == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%+.3f (k%d)", *ro.VsStatic, ro.VsStaticKey)
+}
+
+// convCell is a system's convergence time in seconds and refresh
+// intervals, "never" when it never converges, "-" without a shift.
+func convCell(s SystemResult) string {
+	switch {
+	case s.ConvergenceS == nil:
+		return "-"
+	case s.ConvergenceRefreshes == nil:
+		return "never"
+	}
+	return fmt.Sprintf("%.2f (%.2f×)", *s.ConvergenceS, *s.ConvergenceRefreshes)
+}
+
+func optF(v *float64, f string) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf(f, *v)
 }
 
 // p99 is the largest p99 latency over a system's paths.
@@ -179,8 +229,8 @@ table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #ddd;pad
 th{background:#f4f4f4}td.l,th.l{text-align:left}.PASS{color:#080;font-weight:bold}.FAIL{color:#c00;font-weight:bold}.UNBOUNDED{color:#b60;font-weight:bold}
 section{border-top:2px solid #eee;margin-top:24px;padding-top:8px}small{color:#666}
 </style></head><body><h1>allot simulation report</h1>
-<p>Overshoot is the largest amount by which the tokens admitted for one budget in any window [s,e] exceed B + R·(e−s), over every window and every budget of the rule. Utilization is tokens admitted over what one ideal global bucket admits on the same arrivals. The bound is the design's bound for the scenario's faults; PASS means measured ≤ bound.</p>
-<h2>Summary</h2><table><tr><th class="l">scenario</th><th>seed</th><th class="l">rule</th><th>allot overshoot</th><th>bound</th><th>verdict</th><th>allot util</th><th>independent overshoot</th><th>static util</th><th>central p99 ms</th><th>async overshoot</th></tr>`)
+<p>Overshoot is the largest amount by which the tokens admitted for one budget in any window [s,e] exceed B + R·(e−s), over every window and every budget of the rule. Utilization is tokens used over what one ideal global bucket admits on the same arrivals, a budget's use in each one-second window capped at the ideal's, so overshoot never counts as use; worst and mean are over the rule's measured budgets (each carrying at least 1% of its ideal tokens), vs static the smallest difference to the static split on one budget. The bound is the design's bound for the scenario's faults; PASS means measured ≤ bound. Steady msg/s is the lease message rate over the bins with no fault, no demand change and no diurnal or bursty stream in the 3 refresh intervals before. A system marked * suffers some of the scenario's faults only in part (named under its scenario).</p>
+<h2>Summary</h2><table><tr><th class="l">scenario</th><th>seed</th><th class="l">rule</th><th>allot overshoot</th><th>bound</th><th>verdict</th><th>allot util</th><th>allot worst util</th><th>vs static</th><th>static util</th><th>static worst util</th><th>central util</th><th>steady msg/s</th><th>independent overshoot</th><th>central p99 ms</th><th>async overshoot</th></tr>`)
 	for _, r := range results {
 		for ri := range r.Rules {
 			get := func(name string) *SystemResult {
@@ -199,7 +249,8 @@ section{border-top:2px solid #eee;margin-top:24px;padding-top:8px}small{color:#6
 				return f(s)
 			}
 			over := func(s *SystemResult) string { return fmt.Sprintf("%.1f", s.Rules[ri].PeakTokens) }
-			util := func(s *SystemResult) string { return fmt.Sprintf("%.3f", s.Utilization) }
+			util := func(s *SystemResult) string { return fmt.Sprintf("%.3f", s.Rules[ri].Utilization) }
+			worst := func(s *SystemResult) string { return worstUtil(s.Rules[ri]) }
 			bound, verdict := "-", "-"
 			if al != nil {
 				ro := al.Rules[ri]
@@ -210,10 +261,13 @@ section{border-top:2px solid #eee;margin-top:24px;padding-top:8px}small{color:#6
 					bound = "∞"
 				}
 			}
-			fmt.Fprintf(&b, `<tr><td class="l"><a href="#%s-%d">%s</a></td><td>%d</td><td class="l">%s</td><td>%s</td><td>%s</td><td class="%s">%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>`,
+			fmt.Fprintf(&b, `<tr><td class="l"><a href="#%s-%d">%s</a></td><td>%d</td><td class="l">%s</td><td>%s</td><td>%s</td><td class="%s">%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>`,
 				html.EscapeString(r.Scenario), r.Seed, html.EscapeString(r.Scenario), r.Seed, html.EscapeString(r.Rules[ri].Name),
-				cell(al, over), bound, verdict, verdict, cell(al, util), cell(ind, over), cell(st, util),
-				cell(ce, func(s *SystemResult) string { return fmt.Sprintf("%.1f", p99(*s)/1000) }), cell(as, over))
+				cell(al, over), bound, verdict, verdict, cell(al, util), cell(al, worst),
+				cell(al, func(s *SystemResult) string { return vsStaticCell(s.Rules[ri]) }),
+				cell(st, util), cell(st, worst), cell(ce, util),
+				cell(al, func(s *SystemResult) string { return optF(s.SteadyMsgsPerS, "%.1f") }),
+				cell(ind, over), cell(ce, func(s *SystemResult) string { return fmt.Sprintf("%.1f", p99(*s)/1000) }), cell(as, over))
 		}
 	}
 	b.WriteString(`</table>`)
@@ -232,7 +286,7 @@ func writeScenarioHTML(b *strings.Builder, r *Result) {
 		html.EscapeString(r.Scenario), r.Seed, html.EscapeString(r.Scenario), r.Seed, r.Verdict, r.Verdict, html.EscapeString(r.Description))
 	fmt.Fprintf(b, `<p><small>%.0f s simulated, %d arrivals, %d decisions, %d events, %d messages (%d lost)</small></p>`,
 		r.DurationS, r.Arrivals, r.Decisions, r.Events, r.Messages, r.MessagesLost)
-	b.WriteString(`<table><tr><th class="l">system</th><th class="l">rule</th><th>admitted</th><th>util</th><th>overshoot</th><th>% of B</th><th>time-weighted</th><th>bound</th><th>verdict</th><th>false rej %</th><th>unavailable</th><th>redis ops/dec</th><th>coord msg/s</th><th>converge s</th><th class="l">latency p50/p99 ms by path</th></tr>`)
+	b.WriteString(`<table><tr><th class="l">system</th><th class="l">rule</th><th>admitted</th><th>util</th><th>worst util</th><th>mean util</th><th>vs static</th><th>overshoot</th><th>% of B</th><th>time-weighted</th><th>bound</th><th>verdict</th><th>false rej %</th><th>worst fr %</th><th>mean fr %</th><th>unavailable</th><th>redis ops/dec</th><th>coord msg/s</th><th>steady msg/s</th><th>converge s (×refresh)</th><th class="l">latency p50/p99 ms by path</th></tr>`)
 	for _, s := range r.Systems {
 		for _, ro := range s.Rules {
 			bound := "-"
@@ -241,20 +295,28 @@ func writeScenarioHTML(b *strings.Builder, r *Result) {
 			} else if ro.Unbounded {
 				bound = "∞"
 			}
-			conv := "-"
-			if s.ConvergenceS != nil {
-				conv = fmt.Sprintf("%.2f", *s.ConvergenceS)
-			}
+			conv := convCell(s)
 			var lat []string
 			for _, l := range s.Latency {
 				lat = append(lat, fmt.Sprintf("%s %.2f/%.2f", l.Path, l.P50Us/1000, l.P99Us/1000))
 			}
-			fmt.Fprintf(b, `<tr><td class="l">%s</td><td class="l">%s</td><td>%d</td><td>%.3f</td><td>%.1f</td><td>%.1f</td><td>%.2f</td><td>%s</td><td class="%s">%s</td><td>%.2f</td><td>%d</td><td>%.3f</td><td>%.1f</td><td>%s</td><td class="l">%s</td></tr>`,
-				s.Name, html.EscapeString(ro.Rule), s.Admitted, s.Utilization, ro.PeakTokens, ro.PeakPctOfBurst, ro.TimeWeighted,
-				bound, ro.Verdict, ro.Verdict, s.FalseRejectPct, s.Unavailable, s.RedisOpsPerDecision, s.CoordinatorMsgsPerS, conv, strings.Join(lat, ", "))
+			name := s.Name
+			if len(s.Unmodeled) > 0 {
+				name += "*"
+			}
+			fmt.Fprintf(b, `<tr><td class="l">%s</td><td class="l">%s</td><td>%d</td><td>%.3f</td><td>%s</td><td>%.3f</td><td>%s</td><td>%.1f</td><td>%.1f</td><td>%.2f</td><td>%s</td><td class="%s">%s</td><td>%.2f</td><td>%.2f</td><td>%.2f</td><td>%d</td><td>%.3f</td><td>%.1f</td><td>%s</td><td>%s</td><td class="l">%s</td></tr>`,
+				name, html.EscapeString(ro.Rule), s.Admitted, ro.Utilization, worstUtil(ro), ro.MeanUtilization, vsStaticCell(ro),
+				ro.PeakTokens, ro.PeakPctOfBurst, ro.TimeWeighted, bound, ro.Verdict, ro.Verdict, ro.FalseRejectPct,
+				ro.WorstFalseRejectPct, ro.MeanFalseRejectPct, s.Unavailable, s.RedisOpsPerDecision, s.CoordinatorMsgsPerS,
+				optF(s.SteadyMsgsPerS, "%.1f"), conv, strings.Join(lat, ", "))
 		}
 	}
 	b.WriteString(`</table>`)
+	for _, s := range r.Systems {
+		for _, u := range s.Unmodeled {
+			fmt.Fprintf(b, `<p><small>* %s: %s</small></p>`, html.EscapeString(s.Name), html.EscapeString(u))
+		}
+	}
 	for _, s := range r.Systems {
 		if s.Name != "allot" {
 			continue

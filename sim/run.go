@@ -88,22 +88,28 @@ func Run(sc *Scenario, seed uint64, opts Options) (*Result, error) {
 // Result is one run's measurements. It holds no wall-clock figures, so two
 // runs of the same scenario and seed marshal to identical bytes.
 type Result struct {
-	Scenario     string         `json:"scenario"`
-	Description  string         `json:"description,omitempty"`
-	Seed         uint64         `json:"seed"`
-	DurationS    float64        `json:"duration_s"`
-	Regions      []string       `json:"regions"`
-	Rules        []RuleInfo     `json:"rules"`
-	Arrivals     int64          `json:"arrivals"`
-	Decisions    int64          `json:"decisions"`
-	Events       uint64         `json:"events"`
-	Messages     int64          `json:"messages"`
-	MessagesLost int64          `json:"messages_lost"`
-	Verdict      string         `json:"verdict"`
-	Faults       []FaultRecord  `json:"faults"`
-	BinS         float64        `json:"bin_s"`
-	Ideal        SystemResult   `json:"ideal"`
-	Systems      []SystemResult `json:"systems"`
+	Scenario     string     `json:"scenario"`
+	Description  string     `json:"description,omitempty"`
+	Seed         uint64     `json:"seed"`
+	DurationS    float64    `json:"duration_s"`
+	Regions      []string   `json:"regions"`
+	Rules        []RuleInfo `json:"rules"`
+	Arrivals     int64      `json:"arrivals"`
+	Decisions    int64      `json:"decisions"`
+	Events       uint64     `json:"events"`
+	Messages     int64      `json:"messages"`
+	MessagesLost int64      `json:"messages_lost"`
+	// MessagesDuplicated counts lease messages a duplicate fault delivered
+	// twice.
+	MessagesDuplicated int64  `json:"messages_duplicated,omitempty"`
+	Verdict            string `json:"verdict"`
+	// Missed lists the scenario's expectations (Scenario.Expect) allot
+	// missed; each makes the run FAIL.
+	Missed  []string       `json:"missed,omitempty"`
+	Faults  []FaultRecord  `json:"faults"`
+	BinS    float64        `json:"bin_s"`
+	Ideal   SystemResult   `json:"ideal"`
+	Systems []SystemResult `json:"systems"`
 }
 
 // RuleInfo describes one rule.
@@ -124,13 +130,23 @@ type SystemResult struct {
 	FalseRejects   int64   `json:"false_rejects"`
 	FalseRejectPct float64 `json:"false_reject_pct"`
 	Admitted       int64   `json:"admitted_tokens"`
-	// Utilization is tokens admitted over what the ideal global bucket
-	// admitted on the same arrivals.
-	Utilization float64 `json:"utilization"`
+	// Utilization is tokens used over what the ideal global bucket
+	// admitted on the same arrivals, where a budget's use in each
+	// one-second window is capped at the ideal's admissions in it, so
+	// overshoot never counts as use. AdmittedRatio is the uncapped ratio
+	// of tokens admitted.
+	Utilization   float64 `json:"utilization"`
+	AdmittedRatio float64 `json:"admitted_ratio"`
 	// RedisOpsPerDecision counts Redis script calls per request decided.
 	RedisOpsPerDecision float64 `json:"redis_ops_per_decision"`
 	// CoordinatorMsgsPerS counts lease protocol messages both ways.
 	CoordinatorMsgsPerS float64 `json:"coordinator_msgs_per_s"`
+	// SteadyMsgsPerS is the lease message rate over the run's steady
+	// bins (see steadyBins); absent when the run has none.
+	SteadyMsgsPerS *float64 `json:"steady_msgs_per_s,omitempty"`
+	// Unmodeled names the scenario's faults this system suffers only in
+	// part, or not at all though a real deployment of it would.
+	Unmodeled []string `json:"unmodeled,omitempty"`
 	// ConvergenceS is the longest time, over the scenario's demand shifts,
 	// until the system admits ≥ 95% of what the ideal bucket admits; −1
 	// when it never does, absent when there is no shift.
@@ -145,6 +161,10 @@ type SystemResult struct {
 	// rule's hottest budget, per bin.
 	Allocation [][][]float64  `json:"allocation,omitempty"`
 	Extra      map[string]any `json:"extra,omitempty"`
+
+	// ConvergenceRefreshes is ConvergenceS in the scenario's refresh
+	// intervals (target ≤ 3); absent when it never converges.
+	ConvergenceRefreshes *float64 `json:"convergence_refreshes,omitempty"`
 }
 
 // LatencyStats is the decision latency on one path.
@@ -168,19 +188,45 @@ type RuleOutcome struct {
 	WorstKey       int     `json:"worst_key"`
 	// TimeWeighted is the worst budget's excess averaged over the run.
 	TimeWeighted float64 `json:"time_weighted_tokens"`
+	// Utilization and FalseRejectPct are the rule's, every key pooled.
+	// The worst and mean are over its measured budgets (Budgets: those
+	// carrying at least 1% of the rule's ideal tokens), each budget
+	// counted once.
+	Utilization         float64 `json:"utilization"`
+	FalseRejectPct      float64 `json:"false_reject_pct"`
+	WorstUtilization    float64 `json:"worst_utilization"`
+	WorstUtilKey        int     `json:"worst_util_key"`
+	MeanUtilization     float64 `json:"mean_utilization"`
+	WorstFalseRejectPct float64 `json:"worst_false_reject_pct"`
+	WorstFalseRejectKey int     `json:"worst_false_reject_key"`
+	MeanFalseRejectPct  float64 `json:"mean_false_reject_pct"`
+	// VsStatic is the smallest difference, over measured budgets, of this
+	// system's utilization less the static split's on the same budget, at
+	// key VsStaticKey.
+	VsStatic    *float64        `json:"vs_static,omitempty"`
+	VsStaticKey int             `json:"vs_static_key,omitempty"`
+	Budgets     []BudgetOutcome `json:"budgets,omitempty"`
 	// Bound is the overshoot the design allows under the scenario's faults,
 	// with the terms it adds up; Unbounded marks a fail-open outage.
 	Bound      *float64 `json:"bound_tokens,omitempty"`
 	BoundTerms []string `json:"bound_terms,omitempty"`
 	Unbounded  bool     `json:"unbounded,omitempty"`
-	Verdict    string   `json:"verdict,omitempty"`
+	// Beyond is set when the run lies outside the design's assumptions.
+	Beyond  *BeyondInfo `json:"beyond,omitempty"`
+	Verdict string      `json:"verdict,omitempty"`
 }
 
-// Verdicts.
+// Verdicts. PASS: every window within the bound. FAIL: some window above
+// it, a bug in allot or in the bound. UNBOUNDED: a fail-open outage, which
+// has no bound. BEYOND: the scenario lies outside the design's
+// assumptions (clocks drifting apart by more than the lease protocol's
+// margin), so the bound does not apply; the run reports what it measured
+// above it and the design's estimate.
 const (
 	Pass      = "PASS"
 	Fail      = "FAIL"
 	Unbounded = "UNBOUNDED"
+	Beyond    = "BEYOND"
 )
 
 func round(x float64, digits int) float64 {
@@ -193,18 +239,19 @@ func round(x float64, digits int) float64 {
 
 func (w *world) result() *Result {
 	res := &Result{
-		Scenario:     w.sc.Name,
-		Description:  w.sc.Description,
-		Seed:         w.seed,
-		DurationS:    w.sc.Duration.Seconds(),
-		Arrivals:     w.arrivals,
-		Decisions:    w.decisions,
-		Events:       w.eng.fired,
-		Messages:     w.net.sent,
-		MessagesLost: w.net.lost,
-		Faults:       w.faults,
-		BinS:         round(float64(w.idealM.bins.width)/1e6, 6),
-		Verdict:      Pass,
+		Scenario:           w.sc.Name,
+		Description:        w.sc.Description,
+		Seed:               w.seed,
+		DurationS:          w.sc.Duration.Seconds(),
+		Arrivals:           w.arrivals,
+		Decisions:          w.decisions,
+		Events:             w.eng.fired,
+		Messages:           w.net.sent,
+		MessagesLost:       w.net.lost,
+		MessagesDuplicated: w.net.dups,
+		Faults:             w.faults,
+		BinS:               round(float64(w.idealM.bins.width)/1e6, 6),
+		Verdict:            Pass,
 	}
 	if res.Faults == nil {
 		res.Faults = []FaultRecord{}
@@ -222,39 +269,61 @@ func (w *world) result() *Result {
 		if b, ok := s.(bounder); ok {
 			for j := range sr.Rules {
 				ro := &sr.Rules[j]
-				bound, terms, unb := b.bound(w, j)
-				ro.BoundTerms = terms
+				rb := b.bound(w, j)
+				bound, unb := rb.total()
+				for _, t := range rb.terms {
+					ro.BoundTerms = append(ro.BoundTerms, t.String())
+				}
 				switch {
+				case rb.beyond != nil:
+					ro.Beyond = rb.beyond
+					if !unb {
+						ro.Bound = &bound
+						ro.Beyond.ExcessTokens = round(math.Max(0, ro.PeakTokens-bound), 6)
+					}
+					ro.Verdict = Beyond
 				case unb:
 					ro.Unbounded = true
 					ro.Verdict = Unbounded
-					if res.Verdict == Pass {
-						res.Verdict = Unbounded
-					}
 				case ro.PeakTokens <= bound+1e-9:
 					ro.Bound = &bound
 					ro.Verdict = Pass
 				default:
 					ro.Bound = &bound
 					ro.Verdict = Fail
+				}
+				if verdictRank[ro.Verdict] > verdictRank[res.Verdict] {
+					res.Verdict = ro.Verdict
+				}
+			}
+		}
+		if _, ok := s.(bounder); ok {
+			for _, e := range w.sc.Expect.Shares {
+				if miss := w.missed(e, w.meters[i]); miss != "" {
+					res.Missed = append(res.Missed, sr.Name+": "+miss)
 					res.Verdict = Fail
 				}
 			}
 		}
 		res.Systems = append(res.Systems, sr)
 	}
+	vsStatic(res)
 	return res
 }
 
+// verdictRank orders verdicts for a run's own: the worst of its rules'.
+var verdictRank = map[string]int{Pass: 0, Unbounded: 1, Beyond: 2, Fail: 3}
+
 // bounder is a system with a stated overshoot bound per rule.
 type bounder interface {
-	bound(w *world, rule int) (tokens float64, terms []string, unbounded bool)
+	bound(w *world, rule int) ruleBound
 }
 
 // reporter is a system with extra series or figures for the report.
 type reporter interface {
 	allocation(w *world) [][][]float64
 	coordinatorMessages() int64
+	messageBins() []int64
 }
 
 func (w *world) systemResult(name string, m *meter, s system) SystemResult {
@@ -271,7 +340,12 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 		sr.RedisOpsPerDecision = round(float64(m.redisOps)/float64(m.requests), 6)
 	}
 	if w.idealM.tokens > 0 {
-		sr.Utilization = round(float64(m.tokens)/float64(w.idealM.tokens), 6)
+		var used int64
+		for _, v := range m.u.capped {
+			used += v
+		}
+		sr.Utilization = round(float64(used)/float64(w.idealM.tokens), 6)
+		sr.AdmittedRatio = round(float64(m.tokens)/float64(w.idealM.tokens), 6)
 	}
 	for p := path(0); p < numPaths; p++ {
 		h := &m.lat[p]
@@ -304,6 +378,7 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 		ro.PeakTokens = round(float64(worst)/float64(r.p), 6)
 		ro.PeakPctOfBurst = round(100*ro.PeakTokens/float64(r.spec.Burst), 4)
 		ro.TimeWeighted = round(tw, 6)
+		w.ruleUsage(&ro, &r, m.u)
 		sr.Rules = append(sr.Rules, ro)
 	}
 	bs := m.bins
@@ -327,9 +402,17 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 		if rp, ok := s.(reporter); ok {
 			sr.Allocation = rp.allocation(w)
 			sr.CoordinatorMsgsPerS = round(float64(rp.coordinatorMessages())/w.sc.Duration.Seconds(), 4)
+			sr.SteadyMsgsPerS = w.steadyRate(rp.messageBins())
+		}
+		if u, ok := s.(unmodeler); ok {
+			sr.Unmodeled = u.unmodeled(w)
 		}
 		sr.Extra = s.finish(w)
 		sr.ConvergenceS = w.convergence(m)
+		if c := sr.ConvergenceS; c != nil && *c >= 0 {
+			v := round(*c/w.sc.Coordinator.Refresh.Seconds(), 3)
+			sr.ConvergenceRefreshes = &v
+		}
 	}
 	return sr
 }
@@ -368,6 +451,32 @@ func (w *world) convergence(m *meter) *float64 {
 	}
 	v := round(worst, 6)
 	return &v
+}
+
+// missed checks expectation e against a system's meter: the first bin
+// from e.After in which e.Region admitted at least e.AtLeast of the rule's
+// rate must start within e.Within. It says how it was missed, or "".
+func (w *world) missed(e ShareExpect, m *meter) string {
+	ri := 0
+	if e.Rule != "" {
+		ri = w.sc.ruleIndex(e.Rule)
+	}
+	g := w.sc.regionIndex(e.Region)
+	bs := m.bins
+	binS := float64(bs.width) / 1e6
+	want := e.AtLeast * w.rules[ri].limit.Rate()
+	from, until := us(e.After), us(e.After+e.Within)
+	for i := bs.bin(from); i < bs.nbins; i++ {
+		start := Micros(i) * bs.width
+		if start > until {
+			break
+		}
+		if float64(bs.byReg[(i*bs.nrules+ri)*bs.nreg+g])/binS >= want {
+			return ""
+		}
+	}
+	return fmt.Sprintf("%s admitted less than %.0f%% of %s's rate (%.0f/s) in every bin from %s to %s",
+		e.Region, 100*e.AtLeast, w.rules[ri].spec.Name, want, e.After, e.After+e.Within)
 }
 
 // sortedKeys returns m's keys in order, for deterministic output.

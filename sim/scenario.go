@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/allot-dev/allot/lease"
 )
 
 // ErrScenario wraps every error about a scenario file's content.
@@ -46,6 +49,10 @@ type Scenario struct {
 	Rules   []RuleSpec    `yaml:"rules"`
 	Traffic []TrafficSpec `yaml:"traffic"`
 	Faults  []FaultSpec   `yaml:"faults"`
+	// Expect states what allot must achieve beyond its bound: a liveness
+	// property the design promises for the scenario's faults. A run that
+	// misses it FAILs.
+	Expect ExpectSpec `yaml:"expect"`
 
 	// Config names the deployment's budgets and rules files, which then
 	// give the rules (config.go); Replay replays recorded traffic
@@ -59,12 +66,31 @@ type Scenario struct {
 	Chaos yaml.Node `yaml:"chaos"`
 }
 
+// ExpectSpec is a scenario's liveness expectations of allot.
+type ExpectSpec struct {
+	// Shares are regions that must get a share of a rule's budget in time.
+	Shares []ShareExpect `yaml:"shares"`
+}
+
+// ShareExpect says that from After, within Within, Region must admit at
+// least AtLeast of Rule's rate (in one bin of the admitted-rate series):
+// capacity the design says is free by then reaches the region that wants
+// it.
+type ShareExpect struct {
+	Region  string        `yaml:"region"`
+	Rule    string        `yaml:"rule"` // default: the first rule
+	After   time.Duration `yaml:"after"`
+	Within  time.Duration `yaml:"within"`
+	AtLeast float64       `yaml:"at_least"`
+}
+
 // RegionSpec is one region: its agents and the clocks of its nodes.
 type RegionSpec struct {
 	Name   string `yaml:"name"`
 	Agents int    `yaml:"agents"`
 	// Skew is the agents' clock offset from true time; Drift their rate
-	// error (1e-4 gains 100 µs a second).
+	// error (1e-4 gains 100 µs a second). The region's coordinator, when it
+	// leads, runs on the same clock.
 	Skew  time.Duration `yaml:"skew"`
 	Drift float64       `yaml:"drift"`
 	// RedisSkew and RedisDrift are the regional Redis primary's clock;
@@ -81,7 +107,11 @@ type CoordinatorSpec struct {
 	Regions  []string      `yaml:"regions"`
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
 	Refresh  time.Duration `yaml:"refresh"`
-	// Drift is the drift margin the lease protocol assumes (ρ).
+	// Drift is the relative clock drift the lease protocol's margin covers
+	// (ρ): between the leading coordinator's clock and every region's, as
+	// lease.RelativeDrift measures it. The protocol's Drift is
+	// lease.DriftFor(LeaseTTL, ρ). A run whose clocks drift apart by more
+	// is outside the design's assumptions (verdict BEYOND).
 	Drift float64 `yaml:"drift"`
 	// Election is how long a leader failover leaves no leader.
 	Election time.Duration `yaml:"election"`
@@ -176,6 +206,9 @@ type TrafficSpec struct {
 	Stop  time.Duration `yaml:"stop"`
 	// Diurnal modulates the rate: Rate×(1 + Amplitude·sin(2π(t/Period + Phase))).
 	Diurnal *DiurnalSpec `yaml:"diurnal"`
+	// Cycle switches the stream on and off on a fixed schedule (demand that
+	// rotates between regions, a crowd that moves).
+	Cycle *CycleSpec `yaml:"cycle"`
 	// Cost is the distribution of request costs; empty means cost 1.
 	Cost []CostSpec `yaml:"cost"`
 	// Shift marks the stream's start as a demand shift, for the
@@ -190,6 +223,14 @@ type DiurnalSpec struct {
 	Phase     float64       `yaml:"phase"`
 }
 
+// CycleSpec turns a stream on for On out of every Period, the first
+// on-window starting Phase after the stream's start.
+type CycleSpec struct {
+	Period time.Duration `yaml:"period"`
+	On     time.Duration `yaml:"on"`
+	Phase  time.Duration `yaml:"phase"`
+}
+
 // CostSpec is one cost and its relative weight.
 type CostSpec struct {
 	Value  int64   `yaml:"value"`
@@ -199,30 +240,63 @@ type CostSpec struct {
 // FaultSpec is one fault on the timeline, active from At for For.
 type FaultSpec struct {
 	// Kind is one of:
-	//   coordinator_cut  the region's agents cannot reach any coordinator
-	//   region_cut       the region cannot reach any other region
-	//   redis_cut        agents (Agent, or all) cannot reach the regional Redis
-	//   redis_failover   the regional primary dies; the replica takes over
-	//   leader_failover  the coordinator leader dies; the next one takes over
-	//   agent_crash      an agent stops (and restarts after For)
-	//   loss             message loss rises to Loss during the window
+	//   coordinator_cut     the region's agents cannot reach any coordinator
+	//   coordinator_oneway  one direction of that link is cut: Direction
+	//                       "to" loses the region's messages to the
+	//                       coordinators (hellos, reports, acks), "from"
+	//                       the coordinators' messages to it (grants)
+	//   coordinator_flap    the region's link to the coordinators is cut
+	//                       for Down, then up for Up, over and over
+	//   region_cut          the region cannot reach any other region
+	//   redis_cut           agents (Agent, or all) cannot reach the regional Redis
+	//   redis_failover      the regional primary dies; the replica takes over
+	//   leader_failover     the coordinator leader dies; the next one takes over
+	//   agent_crash         an agent stops (and restarts after For)
+	//   loss                message loss rises to Loss during the window, on
+	//                       Links: "all" (the default), "wan" (lease
+	//                       messages) or "redis" (agents' calls to Redis)
+	//   duplicate           every lease message of Region (or of every
+	//                       region) is delivered twice with probability Prob
+	//   reorder             every lease message of Region (or of every
+	//                       region) is held up to Delay more, uniformly, so
+	//                       later messages overtake earlier ones
 	Kind   string        `yaml:"kind"`
 	At     time.Duration `yaml:"at"`
 	For    time.Duration `yaml:"for"`
 	Region string        `yaml:"region"`
 	Agent  *int          `yaml:"agent"`
 	Loss   float64       `yaml:"loss"`
+	Links  string        `yaml:"links"`
+	// Direction is coordinator_oneway's: "to" or "from" the coordinators.
+	Direction string `yaml:"direction"`
+	// Down and Up are coordinator_flap's phases.
+	Down time.Duration `yaml:"down"`
+	Up   time.Duration `yaml:"up"`
+	// Prob is duplicate's probability, Delay reorder's largest hold.
+	Prob  float64       `yaml:"prob"`
+	Delay time.Duration `yaml:"delay"`
 }
 
 // Fault kinds.
 const (
-	FaultCoordinatorCut = "coordinator_cut"
-	FaultRegionCut      = "region_cut"
-	FaultRedisCut       = "redis_cut"
-	FaultRedisFailover  = "redis_failover"
-	FaultLeaderFailover = "leader_failover"
-	FaultAgentCrash     = "agent_crash"
-	FaultLoss           = "loss"
+	FaultCoordinatorCut    = "coordinator_cut"
+	FaultCoordinatorOneway = "coordinator_oneway"
+	FaultCoordinatorFlap   = "coordinator_flap"
+	FaultRegionCut         = "region_cut"
+	FaultRedisCut          = "redis_cut"
+	FaultRedisFailover     = "redis_failover"
+	FaultLeaderFailover    = "leader_failover"
+	FaultAgentCrash        = "agent_crash"
+	FaultLoss              = "loss"
+	FaultDuplicate         = "duplicate"
+	FaultReorder           = "reorder"
+)
+
+// Links a loss fault applies to.
+const (
+	LinksAll   = "all"
+	LinksWAN   = "wan"
+	LinksRedis = "redis"
 )
 
 // Failure policies.
@@ -361,6 +435,11 @@ func (sc *Scenario) setDefaults() {
 			ru.Policy = PolicyClosed
 		}
 	}
+	for i := range sc.Faults {
+		if f := &sc.Faults[i]; f.Kind == FaultLoss && f.Links == "" {
+			f.Links = LinksAll
+		}
+	}
 	for i := range sc.Traffic {
 		t := &sc.Traffic[i]
 		if t.Kind == "" {
@@ -478,6 +557,21 @@ func (sc *Scenario) Validate() error {
 	if c.Drift < 0 || c.Drift >= 0.1 {
 		return bad("coordinator.drift=%v must be in [0, 0.1)", c.Drift)
 	}
+	if err := sc.LeaseConfig().Validate(); err != nil {
+		return bad("coordinator: lease_ttl=%s refresh=%s drift=%v: %w", c.LeaseTTL, c.Refresh, c.Drift, err)
+	}
+	for i, e := range sc.Expect.Shares {
+		switch {
+		case !seen[e.Region]:
+			return bad("expect.shares[%d].region=%q is not a region", i, e.Region)
+		case e.Rule != "" && sc.ruleIndex(e.Rule) < 0:
+			return bad("expect.shares[%d].rule=%q is not a rule", i, e.Rule)
+		case e.After < 0 || e.Within <= 0 || e.After+e.Within > sc.Duration:
+			return bad("expect.shares[%d]: after=%s and within=%s must lie inside duration=%s", i, e.After, e.Within, sc.Duration)
+		case e.AtLeast <= 0 || e.AtLeast > 1:
+			return bad("expect.shares[%d].at_least=%v must be in (0, 1]", i, e.AtLeast)
+		}
+	}
 	if sc.Redis.Lag < 0 {
 		return bad("redis.lag=%s must be ≥ 0", sc.Redis.Lag)
 	}
@@ -551,6 +645,10 @@ func (sc *Scenario) Validate() error {
 		if t.Key != nil && (*t.Key < 0 || *t.Key >= ru.Keys) {
 			return bad("traffic[%d].key=%d must be in [0, %d)", i, *t.Key, ru.Keys)
 		}
+		if c := t.Cycle; c != nil && (c.Period <= 0 || c.On <= 0 || c.On > c.Period || c.Phase < 0 ||
+			c.Period%time.Microsecond != 0 || c.On%time.Microsecond != 0 || c.Phase%time.Microsecond != 0) {
+			return bad("traffic[%d].cycle: period=%s, on=%s and phase=%s must be whole microseconds with 0 < on ≤ period and phase ≥ 0", i, c.Period, c.On, c.Phase)
+		}
 		if d := t.Diurnal; d != nil && (d.Amplitude < 0 || d.Amplitude > 1 || d.Period <= 0) {
 			return bad("traffic[%d].diurnal: amplitude=%v must be in [0, 1] and period=%s > 0", i, d.Amplitude, d.Period)
 		}
@@ -571,6 +669,28 @@ func (sc *Scenario) Validate() error {
 			if f.For <= 0 {
 				return bad("faults[%d].for=%s must be > 0 for %s", i, f.For, f.Kind)
 			}
+		case FaultCoordinatorOneway:
+			if f.Direction != "to" && f.Direction != "from" {
+				return bad("faults[%d].direction=%q must be to or from", i, f.Direction)
+			}
+			if f.For <= 0 {
+				return bad("faults[%d].for=%s must be > 0 for %s", i, f.For, f.Kind)
+			}
+		case FaultCoordinatorFlap:
+			if f.For <= 0 || f.Down <= 0 || f.Up <= 0 {
+				return bad("faults[%d]: for=%s, down=%s and up=%s must be > 0 for %s", i, f.For, f.Down, f.Up, f.Kind)
+			}
+		case FaultDuplicate, FaultReorder:
+			needRegion = f.Region != ""
+			if f.For <= 0 {
+				return bad("faults[%d].for=%s must be > 0 for %s", i, f.For, f.Kind)
+			}
+			if f.Kind == FaultDuplicate && (f.Prob <= 0 || f.Prob > 1) {
+				return bad("faults[%d].prob=%v must be in (0, 1]", i, f.Prob)
+			}
+			if f.Kind == FaultReorder && f.Delay <= 0 {
+				return bad("faults[%d].delay=%s must be > 0", i, f.Delay)
+			}
 		case FaultRedisFailover:
 		case FaultLeaderFailover:
 			needRegion = false
@@ -581,6 +701,9 @@ func (sc *Scenario) Validate() error {
 			needRegion = false
 			if f.Loss <= 0 || f.Loss >= 1 || f.For <= 0 {
 				return bad("faults[%d]: loss=%v must be in (0, 1) with for > 0", i, f.Loss)
+			}
+			if f.Links != LinksAll && f.Links != LinksWAN && f.Links != LinksRedis {
+				return bad("faults[%d].links=%q must be all, wan or redis", i, f.Links)
 			}
 		default:
 			return bad("faults[%d].kind=%q is not a known fault", i, f.Kind)
@@ -596,6 +719,24 @@ func (sc *Scenario) Validate() error {
 		}
 	}
 	return nil
+}
+
+// LeaseConfig is the lease protocol's configuration for the scenario,
+// without budgets: the TTL and refresh it gives, the Drift whose margin
+// covers its relative drift (lease.DriftFor), a hold half a refresh
+// interval above the least the protocol allows, and a demand TTL of two
+// refresh intervals and a third. The simulator and the chaos harness both
+// run the protocol with it.
+func (sc *Scenario) LeaseConfig() lease.Config {
+	c := sc.Coordinator
+	cfg := lease.DefaultConfig()
+	cfg.TTL, cfg.Refresh = c.LeaseTTL, c.Refresh
+	cfg.Drift = lease.DriftFor(c.LeaseTTL, c.Drift)
+	// Hold less its margin (Drift×Hold/TTL) must exceed TTL+Drift+Refresh.
+	need := float64(cfg.TTL+cfg.Drift+cfg.Refresh+cfg.Refresh/2) / (1 - float64(cfg.Drift)/float64(max(cfg.TTL, 1)))
+	cfg.Hold = time.Duration(math.Ceil(need/float64(time.Millisecond))) * time.Millisecond
+	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
+	return cfg
 }
 
 // oneWay returns the one-way latency from a to b.
@@ -636,6 +777,39 @@ func (sc *Scenario) Scaled(f float64) (*Scenario, error) {
 	for i := range c.Traffic {
 		t := &c.Traffic[i]
 		t.Rate *= f
+		burst := c.Rules[c.ruleIndex(t.Rule)].Burst
+		t.Cost = append([]CostSpec(nil), t.Cost...)
+		for j := range t.Cost {
+			t.Cost[j].Value = min(t.Cost[j].Value, burst)
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// TightBurst is the largest burst, in seconds of rate, of a scenario's
+// tight form.
+const TightBurst = 100 * time.Millisecond
+
+// Tight returns sc's tight form, named with a "-tight" suffix: every
+// rule's burst cut to at most TightBurst of its rate (at least one token),
+// costs capped at it, the rest unchanged. A burst of a second of rate
+// absorbs any leak shorter than a second; the tight form shows leaks a
+// tenth as long.
+func (sc *Scenario) Tight() (*Scenario, error) {
+	c := *sc
+	c.Name = sc.Name + "-tight"
+	c.Rules = append([]RuleSpec(nil), sc.Rules...)
+	c.Traffic = append([]TrafficSpec(nil), sc.Traffic...)
+	for i := range c.Rules {
+		r := &c.Rules[i]
+		b := int64(float64(r.Count) * TightBurst.Seconds() / r.Period.Seconds())
+		r.Burst = max(min(r.Burst, b), 1)
+	}
+	for i := range c.Traffic {
+		t := &c.Traffic[i]
 		burst := c.Rules[c.ruleIndex(t.Rule)].Burst
 		t.Cost = append([]CostSpec(nil), t.Cost...)
 		for j := range t.Cost {

@@ -39,7 +39,7 @@ func (p *leasePlane) reachShared(w *world, r, i int, t Micros) bool {
 	if len(w.net.cuts) > 0 && w.net.blocked(from, to) {
 		return false
 	}
-	if loss := w.net.loss + w.net.extraLoss; loss > 0 && p.rng.Float64() < loss {
+	if loss := w.net.loss + w.net.extraRedis; loss > 0 && p.rng.Float64() < loss {
 		return false
 	}
 	return p.a.redis[r].up(t + w.net.lat[r][r])

@@ -188,14 +188,14 @@ func TestSweepSkipsWhatTheProtocolRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Sweep(sc, Grid{LeaseTTL: []time.Duration{1100 * time.Millisecond}, Drift: []float64{0.001, 0.095}}, []uint64{1}, SweepOptions{})
+	res, err := Sweep(sc, Grid{LeaseTTL: []time.Duration{1020 * time.Millisecond}, Drift: []float64{0.001, 0.05}}, []uint64{1}, SweepOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p := res.Points[0]; p.Skipped != "" || p.Verdict == "" {
 		t.Errorf("drift 0.001: %+v, want a run", p)
 	}
-	if p := res.Points[1]; !strings.Contains(p.Skipped, "drift=104.5ms must be in [0, ttl−refresh=100ms)") || p.Keeps || p.Best {
-		t.Errorf("drift 0.095: %+v, want skipped naming the drift", p)
+	if p := res.Points[1]; !strings.Contains(p.Skipped, "must be in [0, ttl−refresh=20ms)") || p.Keeps || p.Best {
+		t.Errorf("drift 0.05: %+v, want skipped naming the drift", p)
 	}
 }

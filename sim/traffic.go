@@ -27,6 +27,8 @@ type source struct {
 	offMean  float64 // µs
 	// diurnal modulation
 	amp, period, phase float64
+	// cycle: on for cycOn of every cycPeriod, from start+cycPhase
+	cycPeriod, cycOn, cycPhase Micros
 	// costs: cumulative weights, values
 	cumW  []float64
 	costs []int64
@@ -62,6 +64,9 @@ func newSource(sc *Scenario, ts TrafficSpec, rng *rand.Rand, ruleBase []int) *so
 		s.offMean = float64(us(ts.BurstOff))
 		s.on = true
 		s.phaseEnd = s.start + Micros(rng.ExpFloat64()*s.onMean) + 1
+	}
+	if c := ts.Cycle; c != nil {
+		s.cycPeriod, s.cycOn, s.cycPhase = us(c.Period), us(c.On), us(c.Phase)
 	}
 	if d := ts.Diurnal; d != nil {
 		s.amp = d.Amplitude
@@ -113,6 +118,14 @@ func (s *source) next(rng *rand.Rand, t Micros) Micros {
 		}
 		if c >= s.stop {
 			return -1
+		}
+		if s.cycPeriod > 0 {
+			// Off between on-windows: jump to the next one's start.
+			pos := ((c-s.start-s.cycPhase)%s.cycPeriod + s.cycPeriod) % s.cycPeriod
+			if pos >= s.cycOn {
+				t = c + s.cycPeriod - pos
+				continue
+			}
 		}
 		t = c
 		if s.amp > 0 {

@@ -14,6 +14,7 @@ const (
 	evFaultStart
 	evFaultEnd
 	evSystem
+	evFlap // a coordinator_flap fault's link goes down or up
 )
 
 // ruleRT is a rule as the run uses it.
@@ -82,6 +83,10 @@ type world struct {
 	// simulator catches them.
 	opts Options
 	cur  event
+	// flapDown says, per coordinator_flap fault, whether its link is down.
+	flapDown map[int]bool
+	// winEnd is the end of the current utilization window (utilWindow).
+	winEnd Micros
 	// trace, when set by a test, sees every admission.
 	trace func(si, region, b int, cost int64, t Micros, p path)
 }
@@ -176,6 +181,7 @@ func (w *world) addSystem(s system) int {
 func (w *world) admit(si, region, b int, cost int64, t Micros, p path, lat Micros) {
 	m := w.meters[si]
 	m.requests++
+	m.u.requests[b]++
 	if w.trace != nil {
 		w.trace(si, region, b, cost, t, p)
 	}
@@ -184,14 +190,17 @@ func (w *world) admit(si, region, b int, cost int64, t Micros, p path, lat Micro
 	m.lat[p].record(lat)
 }
 
-// reject records a rejection by system si; unavailable marks a request the
-// system could not decide (a timeout or a closed policy).
-func (w *world) reject(si int, idealOK bool, p path, lat Micros, unavailable bool) {
+// reject records a rejection by system si of a request for budget b;
+// unavailable marks a request the system could not decide (a timeout or a
+// closed policy).
+func (w *world) reject(si, b int, idealOK bool, p path, lat Micros, unavailable bool) {
 	m := w.meters[si]
 	m.requests++
 	m.rejected++
+	m.u.requests[b]++
 	if idealOK {
 		m.falseRej++
+		m.u.rej[b]++
 	}
 	if unavailable {
 		m.unavail++
@@ -223,10 +232,14 @@ func (w *world) run() {
 		}
 	}
 	nextProgress := Micros(0)
+	w.winEnd = utilWindow
 	for {
 		at, ok := g.peekAt()
 		if !ok || at > w.end {
 			break
+		}
+		for at >= w.winEnd {
+			w.closeWindow()
 		}
 		if e := g.top(); e.kind == evArrival {
 			// An arrival stays at the top of the heap while it is decided
@@ -242,6 +255,8 @@ func (w *world) run() {
 			switch e.kind {
 			case evFaultStart, evFaultEnd:
 				w.fault(int(e.i), e.kind == evFaultStart)
+			case evFlap:
+				w.flap(int(e.i))
 			case evSystem:
 				w.systems[e.i].handle(w, e)
 			}
@@ -252,6 +267,7 @@ func (w *world) run() {
 		}
 	}
 	g.now = w.end
+	w.closeWindow()
 	w.idealM.finish(w, w.end)
 	for _, m := range w.meters {
 		m.finish(w, w.end)
@@ -269,13 +285,14 @@ func (w *world) arrival(i int32, t Micros) {
 	r := w.ruleOf(b)
 	d, ns, err := bucket.Decide(w.ideal[b], wall(t), r.limit, bucket.Tokens(cost))
 	idealOK := err == nil && d.Allowed
+	w.idealM.requests++
+	w.idealM.u.requests[b]++
 	if idealOK {
 		w.ideal[b] = ns
-		w.idealM.requests++
 		w.idealM.admit(w, b, s.region, cost, t)
 	} else {
-		w.idealM.requests++
 		w.idealM.rejected++
+		w.idealM.u.rej[b]++
 	}
 	w.decisions++
 	for _, sys := range w.systems {
@@ -286,6 +303,34 @@ func (w *world) arrival(i int32, t Micros) {
 	} else {
 		w.eng.drop()
 	}
+}
+
+// faultIndex returns f's index in the scenario's faults.
+func (w *world) faultIndex(f *FaultSpec) int {
+	for i := range w.sc.Faults {
+		if &w.sc.Faults[i] == f {
+			return i
+		}
+	}
+	panic("sim: fault not in the scenario")
+}
+
+// flap toggles coordinator_flap fault i's cut, while the fault lasts.
+func (w *world) flap(i int) {
+	f := &w.sc.Faults[i]
+	if w.eng.now >= us(f.At+f.For) {
+		return // the fault's end lifts the cut
+	}
+	c := cut{kind: f.Kind, region: w.sc.regionIndex(f.Region), agent: -1}
+	next := f.Up
+	if w.flapDown[i] {
+		w.net.removeCut(c)
+	} else {
+		w.net.addCut(c)
+		next = f.Down
+	}
+	w.flapDown[i] = !w.flapDown[i]
+	w.eng.schedule(event{at: w.eng.now + us(next), kind: evFlap, i: int32(i)})
 }
 
 // FaultRecord is one fault as it happened, for the report's timeline.
@@ -300,22 +345,47 @@ type FaultRecord struct {
 func (w *world) fault(i int, start bool) {
 	f := &w.sc.Faults[i]
 	ri := w.sc.regionIndex(f.Region)
-	c := cut{kind: f.Kind, region: ri, agent: -1}
+	c := cut{kind: f.Kind, region: ri, agent: -1, dir: f.Direction}
 	if f.Agent != nil {
 		c.agent = *f.Agent
 	}
 	switch f.Kind {
-	case FaultCoordinatorCut, FaultRegionCut, FaultRedisCut:
+	case FaultCoordinatorCut, FaultCoordinatorOneway, FaultRegionCut, FaultRedisCut:
 		if start {
 			w.net.addCut(c)
 		} else {
 			w.net.removeCut(c)
 		}
-	case FaultLoss:
+	case FaultCoordinatorFlap:
+		// Down first, then up, until the fault ends (evFlap toggles).
+		if w.flapDown == nil {
+			w.flapDown = map[int]bool{}
+		}
 		if start {
-			w.net.extraLoss = f.Loss
+			w.net.addCut(c)
+			w.flapDown[i] = true
+			w.eng.schedule(event{at: w.eng.now + us(f.Down), kind: evFlap, i: int32(i)})
+		} else if w.flapDown[i] {
+			w.net.removeCut(c)
+			w.flapDown[i] = false
+		}
+	case FaultDuplicate, FaultReorder:
+		lf := linkFault{kind: f.Kind, region: ri, prob: f.Prob, delay: us(f.Delay)}
+		if start {
+			w.net.addFault(lf)
 		} else {
-			w.net.extraLoss = 0
+			w.net.removeFault(lf)
+		}
+	case FaultLoss:
+		v := 0.0
+		if start {
+			v = f.Loss
+		}
+		if f.Links != LinksRedis {
+			w.net.extraWAN = v
+		}
+		if f.Links != LinksWAN {
+			w.net.extraRedis = v
 		}
 	}
 	if start {

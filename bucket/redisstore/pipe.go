@@ -42,8 +42,9 @@ type op struct {
 	err      error
 	// done carries opResult once res and err are set, or opLead when the
 	// operation is to run the queue; it is buffered so that no sender waits.
-	done chan uint8
-	one  [1]*op // a batch of this operation alone, without an allocation
+	done  chan uint8
+	one   [1]*op      // a batch of this operation alone, without an allocation
+	timer *time.Timer // its deadline while it is queued; made at its first wait
 }
 
 const (
@@ -70,9 +71,16 @@ func (p *pipe) do(ctx context.Context, o *op, exec func(context.Context, []*op) 
 	p.queue = append(p.queue, o)
 	p.mu.Unlock()
 	// A queued operation stops waiting at its own deadline, whatever the
-	// batch it ends up in runs under.
-	ctx, cancel := context.WithDeadline(ctx, o.deadline)
-	defer cancel()
+	// batch it ends up in runs under. The operation's own timer measures
+	// it: a context with a deadline would be two allocations and a timer
+	// per queued operation.
+	if o.timer == nil {
+		o.timer = time.NewTimer(time.Until(o.deadline))
+	} else {
+		o.timer.Reset(time.Until(o.deadline))
+	}
+	defer o.timer.Stop()
+	var err error
 	select {
 	case s := <-o.done:
 		if s == opLead {
@@ -83,24 +91,27 @@ func (p *pipe) do(ctx context.Context, o *op, exec func(context.Context, []*op) 
 		}
 		return nil
 	case <-ctx.Done():
-		p.mu.Lock()
-		for i, q := range p.queue {
-			if q == o {
-				// Still queued: it leaves without having run.
-				p.queue = append(p.queue[:i], p.queue[i+1:]...)
-				if p.lead == o {
-					p.lead = nil
-					p.running--
-					p.kick()
-				}
-				p.mu.Unlock()
-				return ctx.Err()
-			}
-		}
-		p.mu.Unlock()
-		// Taken into a running batch: its answer comes too late.
-		return ctx.Err()
+		err = ctx.Err()
+	case <-o.timer.C:
+		err = context.DeadlineExceeded
 	}
+	p.mu.Lock()
+	for i, q := range p.queue {
+		if q == o {
+			// Still queued: it leaves without having run.
+			p.queue = append(p.queue[:i], p.queue[i+1:]...)
+			if p.lead == o {
+				p.lead = nil
+				p.running--
+				p.kick()
+			}
+			p.mu.Unlock()
+			return err
+		}
+	}
+	p.mu.Unlock()
+	// Taken into a running batch: its answer comes too late.
+	return err
 }
 
 // take removes up to size operations from the front of the queue for

@@ -125,8 +125,9 @@ type agentStatus struct {
 	LeaseLive bool     `json:"lease_live"`
 	Table     *struct {
 		Entries []struct {
-			Key   struct{ Rule, Subject string }
-			Count int64
+			Rule    string `json:"rule"`
+			Subject string `json:"subject"`
+			Count   int64  `json:"count"`
 		} `json:"entries"`
 	} `json:"table"`
 }
@@ -157,7 +158,7 @@ func (a *e2eAgent) entry() (int64, bool) {
 		return 0, false
 	}
 	for _, e := range st.Table.Entries {
-		if e.Key.Rule == "api" && e.Key.Subject == "tenant-1" {
+		if e.Rule == "api" && e.Subject == "tenant-1" {
 			return e.Count, true
 		}
 	}

@@ -6,13 +6,15 @@
 //   - Envoy's rate limit service v3 (gRPC), so Envoy, Istio and Envoy
 //     Gateway use it unchanged;
 //   - the project's allow API over gRPC (allot.allot.v1.AllowService) and
-//     HTTP (POST /v1/allow, the same messages as JSON);
+//     HTTP (POST /v1/allow: the request as JSON, the answer a plain JSON
+//     object with every field; status.go);
 //   - Prometheus metrics on /metrics, /healthz and /readyz, and /status.
 //
 // Every flag has an environment variable (ALLOT_ and the flag's name in
 // upper case with '-' as '_'); a flag on the command line wins. With no
 // Redis the agent uses an in-process store (one agent, the embedded
-// default); with no coordinator it runs on floors alone.
+// default); with no coordinator it runs on floors alone, and with no other
+// region either its floor is the whole budget.
 //
 //	agent -region eu -rules rules.yaml -redis 127.0.0.1:6379 \
 //	      -coordinators 10.0.0.1:7000,10.0.0.2:7000 -regions eu,us,ap \
@@ -23,7 +25,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -115,7 +116,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.BoolVar(&o.coordTLS, "coordinator-tls", false, "TLS to the coordinators, verified against -coordinator-ca (else -tls-ca, else the system roots); with -tls-cert/-tls-key the certificate proves the region (mutual TLS)")
 	fs.StringVar(&o.regions, "regions", "", "every region sharing the budgets, comma-separated, as the coordinator has them (floors); empty: this region alone")
 	fs.StringVar(&o.weights, "weights", "", "floor weights in -regions order, comma-separated; empty: equal")
-	fs.Float64Var(&o.reserve, "reserve", lease.DefaultReserve, "share of every budget kept out of floors for the coordinator to grant")
+	fs.Float64Var(&o.reserve, "reserve", lease.DefaultReserve, "share of every budget kept out of floors for the coordinator to grant (none for an agent alone: no -coordinators, no other -regions)")
 	fs.StringVar(&o.policy, "allocation-policy", "max-min", "allocation policy named in the budgets: max-min, proportional or static")
 	fs.DurationVar(&o.leaseRefresh, "lease-refresh", lc.Refresh, "lease report interval until the coordinator names its own")
 	fs.DurationVar(&o.leaseDrift, "lease-drift", lc.Drift, "clock drift margin over one lease TTL")
@@ -176,6 +177,30 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	return o, o.b.validate(o)
 }
 
+// floorSplit returns how every budget splits into floors, and whether the
+// agent is alone. An agent alone — no -coordinators, and -regions empty or
+// naming only its own region — owns the whole of every budget: no
+// coordinator holds a reserve for it to grant and no other region shares
+// it. Any other agent takes the split the coordinator has (-regions,
+// -weights, -reserve) and stays on its floor while it has no lease, however
+// long the coordinator is unreachable (I5).
+func floorSplit(o options) (lease.Split, bool, error) {
+	regions := split(o.regions)
+	alone := o.coordinators == "" && (len(regions) == 0 || len(regions) == 1 && regions[0] == o.region)
+	if alone {
+		return lease.Split{Regions: []string{o.region}}, true, nil
+	}
+	spec := lease.Split{Regions: regions, Reserve: o.reserve}
+	for _, w := range split(o.weights) {
+		n, err := strconv.ParseInt(w, 10, 64)
+		if err != nil {
+			return spec, false, fmt.Errorf("-weights=%q: %w", o.weights, err)
+		}
+		spec.Weights = append(spec.Weights, n)
+	}
+	return spec, false, nil
+}
+
 func split(s string) []string {
 	var out []string
 	for _, p := range strings.Split(s, ",") {
@@ -199,14 +224,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	// Floors: the regions sharing every budget.
-	spec := lease.Split{Regions: split(o.regions), Reserve: o.reserve}
-	for _, w := range split(o.weights) {
-		n, err := strconv.ParseInt(w, 10, 64)
-		if err != nil {
-			return fmt.Errorf("-weights=%q: %w", o.weights, err)
-		}
-		spec.Weights = append(spec.Weights, n)
+	spec, alone, err := floorSplit(o)
+	if err != nil {
+		return err
 	}
 	policy, err := lease.ParseAllocationPolicy(o.policy)
 	if err != nil {
@@ -317,8 +337,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		defer client.Close()
 		deps.Transport = client
 		logger.Info("agent: leasing from the coordinators", "addrs", addrs, "regions", spec.Regions, "auth", coordAuth)
+	} else if alone {
+		logger.Info("agent: no coordinator and no other region configured; the region's floors are its whole budgets")
 	} else {
-		logger.Info("agent: no coordinator configured; running on floors alone")
+		logger.Info("agent: no coordinator configured; running on floors alone", "regions", spec.Regions, "reserve", spec.Reserve)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -353,7 +375,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	// Servers.
 	hs := health.NewServer()
-	gopts := grpcGuard(callers)
+	gopts := append(rls.ServerOptions(), grpcGuard(callers)...)
 	if serverTLS != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(serverTLS)))
 	}
@@ -379,7 +401,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return fmt.Errorf("-http-listen=%q: %w", o.httpListen, err)
 	}
-	info := map[string]any{"coordinator_auth": coordAuth, "allow_auth": callers.Mode()}
+	info := map[string]string{"coordinator_auth": coordAuth, "allow_auth": callers.Mode()}
 	hsrv, err := httpserver.New(o.b.http, mux(lim, ag, reg, watcher, callers, o.b, info), serverTLS)
 	if err != nil {
 		return err
@@ -472,7 +494,7 @@ func certPool(flag, file string) (*x509.CertPool, error) {
 
 // mux serves the HTTP endpoints; info is added to /status, and callers
 // guards /v1/allow.
-func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rules.Source, callers *auth.Callers, b boundary, info map[string]any) *http.ServeMux {
+func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rules.Source, callers *auth.Callers, b boundary, info map[string]string) *http.ServeMux {
 	m := http.NewServeMux()
 	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -487,60 +509,37 @@ func mux(lim limiter.Limiter, ag *agent.Agent, reg *prometheus.Registry, src rul
 		w.Write([]byte("ready\n"))
 	})
 	m.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		st := ag.Status()
-		out := map[string]any{
-			"region": st.Region, "agent": st.Agent, "members": st.Members, "speaking": st.Speaking,
-			"lease_live": st.LeaseLive, "breaker": st.Breaker.String(), "rules_version": src.Current().Version(),
-			"stats": ag.Core().Stats(),
-		}
-		for k, v := range info {
-			out[k] = v
-		}
-		if st.Table != nil {
-			out["lease_end"] = st.LeaseEnd
-			out["table"] = map[string]any{"pub": st.Table.Pub, "term": st.Table.Term, "version": st.Table.Version,
-				"speaker": st.Table.Speaker, "entries": st.Table.Entries}
-		}
-		if st.LastError != nil {
-			out["last_error"] = st.LastError.Error()
-		}
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(out)
+		writeJSON(w, http.StatusOK, statusOf(ag.Status(), ag.Core().Stats(), src.Current().Version(), info), true)
 	})
 	m.Handle("POST /v1/allow", callers.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := readBody(w, r, b.maxBody)
 		if errors.Is(err, errBodyTooLarge) {
-			http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
+			writeJSON(w, http.StatusRequestEntityTooLarge, errorJSON{err.Error()}, false)
 			return
 		}
 		if err != nil {
-			http.Error(w, "agent: /v1/allow: "+err.Error(), http.StatusBadRequest)
+			writeJSON(w, http.StatusBadRequest, errorJSON{"agent: /v1/allow: " + err.Error()}, false)
 			return
 		}
+		// The request is the gRPC API's AllowRequest in protobuf's JSON
+		// form, which takes snake_case (and camelCase) names, and numbers
+		// or strings for cost.
 		var in allotv1.AllowRequest
 		if err := protojson.Unmarshal(body, &in); err != nil {
-			http.Error(w, "agent: /v1/allow: "+err.Error(), http.StatusBadRequest)
+			writeJSON(w, http.StatusBadRequest, errorJSON{"agent: /v1/allow: " + err.Error()}, false)
 			return
 		}
 		req, err := grpclimit.RequestFromProtoBounded(&in, b.bounds)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
+			writeJSON(w, http.StatusBadRequest, errorJSON{err.Error()}, false)
 			return
 		}
 		d, err := lim.Allow(r.Context(), req)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
+			writeJSON(w, http.StatusBadRequest, errorJSON{err.Error()}, false)
 			return
 		}
-		out, err := protojson.Marshal(grpclimit.DecisionToProto(d))
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(out)
+		writeJSON(w, http.StatusOK, allowOf(d), false)
 	})))
 	return m
 }

@@ -4,11 +4,15 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +21,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/encoding/protojson"
 
-	allotv1 "github.com/allot-dev/allot/api/allot/v1"
 	"github.com/allot-dev/allot/internal/testenv"
 )
 
@@ -103,7 +105,7 @@ func waitHealthy(t *testing.T, p *agentProc) {
 	}
 }
 
-func allow(t *testing.T, httpAddr, subject string) *allotv1.AllowResponse {
+func allow(t *testing.T, httpAddr, subject string) allowJSON {
 	t.Helper()
 	body := fmt.Sprintf(`{"subject": %q, "descriptor": [{"key": "path", "value": "/orders"}]}`, subject)
 	resp, err := http.Post("http://"+httpAddr+"/v1/allow", "application/json", strings.NewReader(body))
@@ -115,11 +117,11 @@ func allow(t *testing.T, httpAddr, subject string) *allotv1.AllowResponse {
 	if resp.StatusCode != 200 {
 		t.Fatalf("/v1/allow: %d %s", resp.StatusCode, b)
 	}
-	var out allotv1.AllowResponse
-	if err := protojson.Unmarshal(b, &out); err != nil {
+	var out allowJSON
+	if err := json.Unmarshal(b, &out); err != nil {
 		t.Fatalf("decode %s: %v", b, err)
 	}
-	return &out
+	return out
 }
 
 func TestAgentServesAllowRLSAndMetrics(t *testing.T) {
@@ -130,17 +132,21 @@ func TestAgentServesAllowRLSAndMetrics(t *testing.T) {
 				extra = []string{"-redis", testenv.StartRedis(t).Addr}
 			}
 			httpAddr, grpcAddr := startAgent(t, extra...)
-			// 10 per minute, this region alone (no -regions), no reserve
-			// needed to see the floor: the first 6 pass (10 minus a third
-			// held in reserve), then none.
+			// 10 per minute, this region alone (no coordinator, no
+			// -regions): its floor is the whole budget, and every answer
+			// says so.
 			admitted := 0
 			for i := 0; i < 11; i++ {
-				if d := allow(t, httpAddr, "alice"); d.GetAllowed() {
+				d := allow(t, httpAddr, "alice")
+				if d.Allowed {
 					admitted++
 				}
+				if l := d.Limit; l == nil || *l != (limitJSON{Count: 10, PeriodMS: 60000, Burst: 10}) || d.Remaining != int64(max(9-i, 0)) {
+					t.Fatalf("answer %d: limit %v, remaining %d; want 10 per minute, %d", i, l, d.Remaining, max(9-i, 0))
+				}
 			}
-			if admitted != 6 {
-				t.Fatalf("admitted %d of 11 on a floor of 10 − ⌈10/3⌉ = 6", admitted)
+			if admitted != 10 {
+				t.Fatalf("admitted %d of 11 on a budget of 10 owned alone", admitted)
 			}
 			// Envoy's RLS on the same agent and rules: bob has his own bucket.
 			conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -152,15 +158,18 @@ func TestAgentServesAllowRLSAndMetrics(t *testing.T) {
 			req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{{
 				Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "subject", Value: "bob"}, {Key: "path", Value: "/x"}}}}}
 			codes := map[rlsv3.RateLimitResponse_Code]int{}
-			for i := 0; i < 8; i++ {
+			for i := 0; i < 12; i++ {
 				resp, err := c.ShouldRateLimit(context.Background(), req)
 				if err != nil {
 					t.Fatal(err)
 				}
 				codes[resp.GetOverallCode()]++
+				if cl := resp.GetStatuses()[0].GetCurrentLimit(); cl.GetRequestsPerUnit() != 10 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+					t.Fatalf("RLS current_limit %v, want 10 per minute", cl)
+				}
 			}
-			if codes[rlsv3.RateLimitResponse_OK] != 6 || codes[rlsv3.RateLimitResponse_OVER_LIMIT] != 2 {
-				t.Fatalf("RLS codes %v, want 6 OK and 2 OVER_LIMIT", codes)
+			if codes[rlsv3.RateLimitResponse_OK] != 10 || codes[rlsv3.RateLimitResponse_OVER_LIMIT] != 2 {
+				t.Fatalf("RLS codes %v, want 10 OK and 2 OVER_LIMIT", codes)
 			}
 			resp, err := http.Get("http://" + httpAddr + "/metrics")
 			if err != nil {
@@ -168,11 +177,49 @@ func TestAgentServesAllowRLSAndMetrics(t *testing.T) {
 			}
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			for _, want := range []string{`allot_region_decisions_total{agent="eu-1",path="store",result="admitted",rule="api"} 12`,
-				"allot_region_decision_seconds_bucket", "allot_region_members", "allot_region_rule_policy"} {
+			for _, want := range []string{`allot_region_decisions_total{agent="eu-1",path="store",result="admitted",rule="api"} 20`,
+				`allot_region_decision_seconds_bucket{agent="eu-1",path="store",le=`, "allot_region_members", "allot_region_rule_policy"} {
 				if !strings.Contains(string(b), want) {
 					t.Errorf("/metrics lacks %s", want)
 				}
+			}
+		})
+	}
+}
+
+// TestFloorsAloneAndShared: an agent alone (no coordinator, -regions empty
+// or naming only its region) owns the whole budget; one configured with
+// other regions, or with a coordinator, keeps to its floor (10 per minute
+// less a reserve of ⌈10/3⌉ = 4, split among the regions), with no
+// coordinator or with one it cannot reach (I5). Every answer states the
+// limit in force.
+func TestFloorsAloneAndShared(t *testing.T) {
+	unreachable := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)) // nothing listens there
+	for _, c := range []struct {
+		name     string
+		args     []string
+		admitted int
+	}{
+		{"alone", nil, 10},
+		{"alone, naming itself", []string{"-regions", "eu"}, 10},
+		{"no coordinator, three regions", []string{"-regions", "eu,us,ap"}, 2},
+		{"unreachable coordinator, three regions", []string{"-regions", "eu,us,ap", "-coordinators", unreachable, "-insecure"}, 2},
+		{"unreachable coordinator, this region alone", []string{"-regions", "eu", "-coordinators", unreachable, "-insecure"}, 6},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			httpAddr, _ := startAgent(t, c.args...)
+			admitted := 0
+			for i := 0; i < 11; i++ {
+				d := allow(t, httpAddr, "frank")
+				if d.Allowed {
+					admitted++
+				}
+				if l := d.Limit; l == nil || l.Count != int64(c.admitted) || l.Burst != int64(c.admitted) || *d.Quota != (limitJSON{Count: 10, PeriodMS: 60000, Burst: 10}) {
+					t.Fatalf("answer %d: limit %v of quota %v, want the limit in force, %d per minute, of 10", i, l, d.Quota, c.admitted)
+				}
+			}
+			if admitted != c.admitted {
+				t.Fatalf("admitted %d of 11, want %d", admitted, c.admitted)
 			}
 		})
 	}
@@ -203,13 +250,13 @@ func TestAgentReloadsRules(t *testing.T) {
 	p := launchAgent(t, testRules)
 	waitHealthy(t, p)
 	httpAddr, rf := p.httpAddr, p.rulesFile
-	for i := 0; i < 6; i++ {
-		if !allow(t, httpAddr, "carol").GetAllowed() {
-			t.Fatalf("request %d denied within the floor", i)
+	for i := 0; i < 10; i++ {
+		if !allow(t, httpAddr, "carol").Allowed {
+			t.Fatalf("request %d denied within the budget", i)
 		}
 	}
-	if allow(t, httpAddr, "carol").GetAllowed() {
-		t.Fatal("7th request admitted on a floor of 6")
+	if allow(t, httpAddr, "carol").Allowed {
+		t.Fatal("11th request admitted on a budget of 10")
 	}
 	// A larger quota: the file is reloaded within a poll interval and the
 	// same bucket has room again.
@@ -219,9 +266,9 @@ func TestAgentReloadsRules(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		d := allow(t, httpAddr, "carol")
-		if d.GetAllowed() {
-			if d.GetLimit().GetCount() != 1000 {
-				t.Fatalf("admitted under limit %v, want 1000 per minute", d.GetLimit())
+		if d.Allowed {
+			if d.Limit.Count != 1000 {
+				t.Fatalf("admitted under limit %v, want 1000 per minute", d.Limit)
 			}
 			return
 		}
@@ -258,8 +305,8 @@ func TestAgentOverTLS(t *testing.T) {
 		if err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			var out allotv1.AllowResponse
-			if err := protojson.Unmarshal(b, &out); err != nil || !out.GetAllowed() || out.GetReason() != allotv1.Reason_REASON_OK {
+			var out allowJSON
+			if err := json.Unmarshal(b, &out); err != nil || !out.Allowed || out.Reason != "ok" {
 				t.Fatalf("allow over TLS with Redis over TLS: %s %v", b, err)
 			}
 			break
@@ -290,4 +337,102 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestAllowAndStatusJSON: the HTTP allow API and /status read like a JSON
+// API: snake_case keys, every field present (false, zero and null too),
+// numbers as numbers, objects rather than bare arrays of counts.
+func TestAllowAndStatusJSON(t *testing.T) {
+	httpAddr, _ := startAgent(t, "-regions", "eu,us,ap") // floors: 2 per minute of 10
+	decode := func(b []byte) map[string]any {
+		t.Helper()
+		dec := json.NewDecoder(strings.NewReader(string(b)))
+		dec.UseNumber()
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			t.Fatalf("decode %s: %v", b, err)
+		}
+		return m
+	}
+	post := func(body string) map[string]any {
+		t.Helper()
+		resp, err := http.Post("http://"+httpAddr+"/v1/allow", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
+			t.Fatalf("/v1/allow: %d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+		}
+		return decode(b)
+	}
+	allowKeys := []string{"allowed", "reason", "remaining", "retry_after_ms", "retry_after_seconds", "reset_after_ms", "limit", "quota",
+		"policy", "rule", "plan", "cost", "shadow", "fallback", "http_status", "rules_version"}
+	body := `{"subject":"gina","descriptor":[{"key":"path","value":"/orders"}],"attempt_id":""}`
+	var last map[string]any
+	for i := 0; i < 3; i++ {
+		last = post(body)
+		if got := slices.Sorted(maps.Keys(last)); !slices.Equal(got, slices.Sorted(slices.Values(allowKeys))) {
+			t.Fatalf("allow keys %v, want %v", got, allowKeys)
+		}
+	}
+	want := map[string]any{"allowed": false, "reason": "over_limit", "remaining": json.Number("0"), "retry_after_ms": json.Number("30000"),
+		"retry_after_seconds": json.Number("30"), "reset_after_ms": json.Number("60000"), "policy": "api", "rule": "api", "plan": "",
+		"cost": json.Number("1"), "shadow": false, "fallback": "", "http_status": json.Number("0"), "rules_version": "agent-test",
+		"limit": map[string]any{"count": json.Number("2"), "period_ms": json.Number("60000"), "burst": json.Number("2")},
+		"quota": map[string]any{"count": json.Number("10"), "period_ms": json.Number("60000"), "burst": json.Number("10")}}
+	for k, v := range want {
+		got := last[k]
+		if n, ok := v.(json.Number); ok && (k == "retry_after_ms" || k == "reset_after_ms") {
+			// Real time passed since the denial: within a second of it.
+			g, _ := got.(json.Number).Int64()
+			w, _ := n.Int64()
+			if g > w || g < w-1000 {
+				t.Errorf("third answer %s = %v, want about %v", k, got, v)
+			}
+			continue
+		}
+		if fmt.Sprint(got) != fmt.Sprint(v) {
+			t.Errorf("third answer %s = %#v, want %#v", k, got, v)
+		}
+	}
+	// No rule: no quota applied, and the fields say so rather than vanish.
+	if m := post(`{"subject":"gina","descriptor":[{"key":"endpoint","value":"none"}]}`); m["allowed"] != true || m["reason"] != "no_rule" || m["limit"] != nil || m["quota"] != nil {
+		t.Errorf("no rule: %v", m)
+	}
+	_, st := get(t, "http://"+httpAddr+"/status")
+	m := decode([]byte(st))
+	statusKeys := []string{"region", "agent", "members", "speaking", "lease_live", "coordinator_auth", "allow_auth", "breaker",
+		"rules_version", "lease_end", "table", "last_error", "stats"}
+	if got := slices.Sorted(maps.Keys(m)); !slices.Equal(got, slices.Sorted(slices.Values(statusKeys))) {
+		t.Fatalf("status keys %v, want %v", got, statusKeys)
+	}
+	var walk func(path string, v any)
+	key := regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+	walk = func(path string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, e := range v {
+				if !key.MatchString(k) {
+					t.Errorf("status key %s.%s is not snake_case", path, k)
+				}
+				walk(path+"."+k, e)
+			}
+		case []any:
+			for i, e := range v {
+				if _, ok := e.(json.Number); ok {
+					t.Errorf("status %s[%d] is a bare number in an array", path, i)
+				}
+				walk(fmt.Sprintf("%s[%d]", path, i), e)
+			}
+		}
+	}
+	walk("", m)
+	rules := m["stats"].(map[string]any)["rules"].([]any)
+	api := rules[0].(map[string]any)
+	if api["rule"] != "api" || api["failure_policy"] != "fail_closed" || fmt.Sprint(api["admitted"].(map[string]any)["store"]) != "2" ||
+		fmt.Sprint(api["denied"].(map[string]any)["store"]) != "1" {
+		t.Errorf("status stats for api: %v", api)
+	}
 }

@@ -11,8 +11,9 @@ import (
 	"github.com/allot-dev/allot/coordinator"
 )
 
-// TestCheck: `rules check` prints every region's floor, rules included,
-// and rejects a document naming the bad field.
+// TestCheck: `rules check` prints every region's floor as a quota (count
+// per period, burst), rules included, and rejects a document naming the
+// bad field.
 func TestCheck(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.yaml")
@@ -34,8 +35,13 @@ rules: |
 	}
 	for _, want := range []string{
 		"2 budgets",
-		"api: 6000 per 1m0s, burst 100, max-min, reserve 2000, floors: us=2000/33 eu=1000/16 ap=1000/16 (Σ 4000 of 6000)",
-		"search/free: 10 per 1m0s",
+		"api: 6000 per minute, burst 100 (max-min); reserve 2000 per minute\n" +
+			"  floors, what each region may use without a lease:\n" +
+			"    us  2000 per minute, burst 33\n" +
+			"    eu  1000 per minute, burst 16\n" +
+			"    ap  1000 per minute, burst 16\n" +
+			"    Σ   4000 per minute of the budget's 6000 per minute\n",
+		"search/free: 10 per minute (max-min); reserve 4 per minute\n",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("check output lacks %q:\n%s", want, out.String())

@@ -241,7 +241,13 @@ func skeleton(in skeletonInput) (string, error) {
 		fmt.Fprintf(&b, "  %s: {%s}\n", q(a), strings.Join(cells, ", "))
 	}
 	lc := in.lease
-	fmt.Fprintf(&b, "coordinator:\n  lease_ttl: %s\n  refresh: %s\n  drift: %g   # the file's drift %s over its ttl\n", lc.TTL, lc.Refresh, float64(lc.Drift)/float64(lc.TTL), lc.Drift)
+	rho := 0.0
+	if lc.Drift > 0 && lc.Drift < lc.TTL {
+		// lease.DriftFor's inverse, within the simulator's range (its
+		// MaxConfigRho; the binaries do not import the simulator).
+		rho = min(2*float64(lc.Drift)/float64(lc.TTL-lc.Drift), 0.0999)
+	}
+	fmt.Fprintf(&b, "coordinator:\n  lease_ttl: %s\n  refresh: %s\n  drift: %.6g   # ρ whose margin lease.DriftFor(ttl, ρ) is the file's drift %s\n", lc.TTL, lc.Refresh, rho, lc.Drift)
 	fmt.Fprintf(&b, "  # hold=%s, demand_ttl=%s, headroom=%g and hysteresis=%g are served;\n", lc.Hold, lc.DemandTTL, lc.Headroom, lc.Hysteresis)
 	b.WriteString("  # the simulator derives hold and demand_ttl from ttl and refresh.\n")
 	fmt.Fprintf(&b, "config:\n  budgets_file: %s\n", q(in.budgetsRef))

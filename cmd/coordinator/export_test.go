@@ -88,8 +88,11 @@ func TestExportRoundTrips(t *testing.T) {
 		}
 	}
 	lc := doc.LeaseConfig(lease.DefaultConfig())
-	if c := sc.Coordinator; c.LeaseTTL != lc.TTL || c.Refresh != lc.Refresh || c.Drift != float64(lc.Drift)/float64(lc.TTL) {
-		t.Errorf("coordinator %+v, want the file's ttl %s refresh %s drift %s", c, lc.TTL, lc.Refresh, lc.Drift)
+	if c := sc.Coordinator; c.LeaseTTL != lc.TTL || c.Refresh != lc.Refresh {
+		t.Errorf("coordinator %+v, want the file's ttl %s refresh %s", c, lc.TTL, lc.Refresh)
+	}
+	if d := lease.DriftFor(sc.Coordinator.LeaseTTL, sc.Coordinator.Drift); d < lc.Drift || d > lc.Drift+time.Microsecond {
+		t.Errorf("drift ρ=%v gives a margin of %s, want the file's %s", sc.Coordinator.Drift, d, lc.Drift)
 	}
 	res, err := sim.Run(sc, 1, sim.Options{Systems: []string{"allot"}})
 	if err != nil || res.Verdict != sim.Pass {

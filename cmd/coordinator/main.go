@@ -199,8 +199,19 @@ func serve(args []string) error {
 		return err
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigc)
+	go func() {
+		select {
+		case sig := <-sigc:
+			log.Info("coordinator: stopping", "signal", sig.String())
+			stop()
+		case <-ctx.Done():
+		}
+	}()
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
@@ -239,19 +250,23 @@ func serve(args []string) error {
 		ecfg := coordinator.DefaultElectionConfig(*prefix)
 		ecfg.SessionTTL, ecfg.Logger = *sessionTTL, log
 		_ = coordinator.RunElection(ctx, cli, ecfg, s) // returns when ctx ends, after resigning
+		log.Info("coordinator: left the election")
 	} else {
 		// The start time orders incarnations: a restart fences the last.
 		if err := s.BecomeLeader(uint64(time.Now().UnixMilli())); err != nil {
 			return err
 		}
 		<-ctx.Done()
+		log.Info("coordinator: expiring every region's lease before exit")
 		s.ExpireAll()
 		time.Sleep(200 * time.Millisecond) // let the expiries reach the regions
 	}
 	g.Stop()
 	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	return hs.Shutdown(sctx)
+	err = hs.Shutdown(sctx)
+	log.Info("coordinator: stopped")
+	return err
 }
 
 func serverTLS(certFile, keyFile, clientCA string) (*tls.Config, error) {
@@ -343,16 +358,35 @@ func check(path string, out io.Writer) error {
 	if err := lc.Validate(); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%s: %d budgets; lease ttl=%s refresh=%s drift=%s hold=%s\n", path, len(bs), lc.TTL, lc.Refresh, lc.Drift, lc.Hold)
+	noun := "budgets"
+	if len(bs) == 1 {
+		noun = "budget"
+	}
+	fmt.Fprintf(out, "%s: %d %s; lease ttl=%s refresh=%s drift=%s hold=%s\n", path, len(bs), noun, lc.TTL, lc.Refresh, lc.Drift, lc.Hold)
 	for _, b := range bs {
-		fmt.Fprintf(out, "%s: %s, %s, reserve %d, floors:", b.Rule, b.Limit, b.Policy, b.ReserveCount())
+		p := b.Limit.Period()
+		fmt.Fprintf(out, "%s: %s (%s); reserve %s\n", b.Rule, rules.FormatQuota(b.Limit), b.Policy, quota(b.ReserveCount(), -1, p))
+		fmt.Fprintln(out, "  floors, what each region may use without a lease:")
 		var sum bucket.Tokens
+		w := 0
+		for _, r := range b.Regions {
+			w = max(w, len(r))
+		}
 		for _, r := range b.Regions {
 			f := b.Floor(r)
 			sum += f.Count
-			fmt.Fprintf(out, " %s=%d/%d", r, f.Count, f.Burst)
+			fmt.Fprintf(out, "    %-*s  %s\n", w, r, quota(f.Count, f.Burst, p))
 		}
-		fmt.Fprintf(out, " (Σ %d of %d)\n", sum, b.Limit.Count())
+		fmt.Fprintf(out, "    %-*s  %s of the budget's %s\n", w, "Σ", quota(sum, -1, p), quota(b.Limit.Count(), -1, p))
 	}
 	return nil
+}
+
+// quota renders count per period with burst as the rules write a quota
+// ("1000 per minute, burst 16"); a negative burst leaves it out.
+func quota(count, burst bucket.Tokens, period time.Duration) string {
+	if burst < 0 {
+		burst = count
+	}
+	return rules.FormatQuota(bucket.Per(count, period).WithBurst(burst))
 }

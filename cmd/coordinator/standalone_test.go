@@ -25,8 +25,9 @@ import (
 
 // TestStandaloneProcess runs the binary in standalone mode on a budgets
 // file, regions proving themselves with tokens over TLS: a region is served
-// above its floor, the status page shows it, and SIGTERM expires the
-// region's lease before the process exits.
+// above its floor, the status page shows it, and SIGINT (as SIGTERM)
+// expires the region's lease before the process exits, saying so in the
+// log.
 func TestStandaloneProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
@@ -88,7 +89,7 @@ func TestStandaloneProcess(t *testing.T) {
 		t.Fatalf("status page lacks the hot key, the leadership or the authentication mode:\n%s", body)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
 	deadline = time.Now().Add(5 * time.Second)
@@ -98,12 +99,18 @@ func TestStandaloneProcess(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after SIGTERM the region still holds %d (lease live %v), want its floor", n, live)
+			t.Fatalf("after SIGINT the region still holds %d (lease live %v), want its floor", n, live)
 		}
 		time.Sleep(10 * time.Millisecond) // a real process shuts down
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("coordinator exited with %v", err)
+	}
+	logs, _ := os.ReadFile(filepath.Join(dir, "coord.log"))
+	for _, want := range []string{`msg="coordinator: stopping" signal=interrupt`, `msg="coordinator: expiring every region's lease before exit"`, `msg="coordinator: stopped"`} {
+		if !strings.Contains(string(logs), want) {
+			t.Errorf("the log lacks %s:\n%s", want, logs)
+		}
 	}
 }
 

@@ -3,10 +3,11 @@
 // loopback, an in-process store per region standing in for its Redis),
 // with generated traffic on one tenant's global budget that moves from
 // region to region. It prints, every second, what each region admits
-// against the global budget and the allocation the coordinator gave it, and
-// at the end the totals and the largest overshoot over every time window.
+// against the global budget and the allocation in force there (its floor,
+// or what the coordinator leased it, and which), with a legend, and at the
+// end the totals and the largest overshoot over every time window.
 //
-//	go run ./cmd/demo                 # 24 s
+//	go run ./cmd/demo                 # the coordinator's learning, then 24 s
 //	go run ./cmd/demo -duration 60s -budget 5000
 package main
 
@@ -66,7 +67,7 @@ var out io.Writer = os.Stdout
 func run() error {
 	var o options
 	var regions string
-	flag.DurationVar(&o.duration, "duration", 24*time.Second, "how long to run (the busy region changes every third of it)")
+	flag.DurationVar(&o.duration, "duration", 24*time.Second, "how long to run after the coordinator's learning has ended at the latest (the busy region changes every third of it)")
 	flag.IntVar(&o.budget, "budget", 1000, "the tenant's global budget, requests per second (burst the same)")
 	flag.StringVar(&regions, "regions", "eu,us,ap", "comma-separated region names (at least 2)")
 	flag.IntVar(&o.agents, "agents", 2, "agents per region, joined by memberlist on loopback")
@@ -127,6 +128,9 @@ rules:
 	lc.Hold, lc.DemandTTL = 4500*time.Millisecond, 1200*time.Millisecond
 	lc.Budgets = budgets
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// A new leader grants no increase for one lease TTL and twice the
+	// drift (lease.NewAllocator): the regions run on their floors meanwhile.
+	learn := lc.TTL + 2*lc.Drift
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// The coordinator: the real lease service over gRPC on loopback, with
@@ -146,7 +150,8 @@ rules:
 	coord.Register(gs)
 	go gs.Serve(lis)
 	defer gs.Stop()
-	if err := coord.BecomeLeader(uint64(time.Now().UnixMilli())); err != nil {
+	leaderAt := time.Now()
+	if err := coord.BecomeLeader(uint64(leaderAt.UnixMilli())); err != nil {
 		return err
 	}
 	go coord.Run(cctx)
@@ -162,7 +167,7 @@ rules:
 		return err
 	}
 	defer closeLogs()
-	nslots := int(o.duration/slot) + 2
+	nslots := int((learn+o.duration)/slot) + 2
 	var drs []*demoRegion
 	var wg sync.WaitGroup
 	for ri, name := range o.regions {
@@ -229,25 +234,15 @@ rules:
 	}
 	defer func() { cancel(); wg.Wait() }()
 
-	fmt.Fprintf(out, "allot demo: a coordinator (gRPC %s, status page http://%s/status) and %d regions × %d agents;\n", lis.Addr(), hl.Addr(), len(drs), o.agents)
-	fmt.Fprintf(out, "one tenant with a global budget of %s\n", rules.FormatQuota(global))
-	fmt.Fprintf(out, "floors: %d/s per region (a third of the budget held in reserve); the busy region offers %.0f/s, the others %.0f/s each\n\n",
-		budgets[0].Floor(o.regions[0]).Count, o.heavy*float64(o.budget), o.light*float64(o.budget))
-
-	// A new coordinator grants no increase until every lease a previous
-	// leader could have granted has expired: one TTL of learning.
-	warm := lc.TTL + lc.Drift + 200*time.Millisecond
-	fmt.Fprintf(out, "the coordinator starts in learning mode for one lease TTL (%s): regions run on their floors meanwhile...\n\n", warm.Round(100*time.Millisecond))
-	select {
-	case <-time.After(warm):
-	case <-ctx.Done():
-		return nil
-	}
+	phase := o.duration / time.Duration(len(drs))
+	intro(drs, o, budgets[0], lis.Addr().String(), hl.Addr().String(), learn, phase)
 
 	start := time.Now()
-	phase := o.duration / time.Duration(len(drs))
-	busy := func(t time.Duration) int { return min(int(t/phase), len(drs)-1) }
-	tctx, tcancel := context.WithTimeout(cctx, o.duration)
+	// The first busy region stays busy until the latest end of the
+	// coordinator's learning, then each is busy for a third of the duration.
+	learnEnd := max(leaderAt.Add(learn).Sub(start), 0)
+	busy := func(t time.Duration) int { return min(int(max(t-learnEnd, 0)/phase), len(drs)-1) }
+	tctx, tcancel := context.WithTimeout(cctx, learnEnd+o.duration)
 	defer tcancel()
 	var twg sync.WaitGroup
 	for ri, dr := range drs {
@@ -258,7 +253,7 @@ rules:
 		}()
 	}
 
-	header(drs)
+	header(drs, o.budget)
 	tk := time.NewTicker(time.Second)
 	defer tk.Stop()
 	last := make([]int64, len(drs))
@@ -270,12 +265,13 @@ loop:
 			break loop
 		case <-tk.C:
 			sec++
-			line(drs, sec, busy(time.Since(start)), global, last, float64(o.budget))
+			learning := func() bool { return coord.Status(0).Learning }
+			line(drs, sec, busy(time.Since(start)), global, budgets[0], last, float64(o.budget), learning)
 		}
 	}
 	twg.Wait()
 	elapsed := time.Since(start)
-	summary(drs, global, elapsed, coord)
+	summary(drs, global, elapsed, learnEnd, coord)
 	if errors.Is(ctx.Err(), context.Canceled) {
 		fmt.Fprintln(out, "(interrupted)")
 	}
@@ -330,12 +326,44 @@ func traffic(ctx context.Context, dr *demoRegion, ri int, start time.Time, busy 
 	}
 }
 
-func header(drs []*demoRegion) {
+// intro prints what runs, what the traffic is, and the legend of the
+// rows that follow.
+func intro(drs []*demoRegion, o options, b lease.Budget, grpcAddr, httpAddr string, learn, phase time.Duration) {
+	var names []string
+	for _, dr := range drs {
+		names = append(names, dr.name)
+	}
+	floor := b.Floor(o.regions[0]).Count
+	fmt.Fprintf(out, "allot demo: a coordinator (gRPC %s; its status page: open http://%s/status in a browser)\n", grpcAddr, httpAddr)
+	fmt.Fprintf(out, "and %d regions (%s) of %d agents each, on this machine. One tenant, one global budget:\n", len(drs), strings.Join(names, ", "), o.agents)
+	fmt.Fprintf(out, "%s (R = %.0f tokens/s, B = %d at once), over all regions together.\n\n", rules.FormatQuota(b.Limit), b.Limit.Rate(), b.Limit.Burst())
+	fmt.Fprintf(out, "Each region's floor, what it may use with no lease, is %d/s: the budget less the %d/s reserve\n", floor, b.ReserveCount())
+	fmt.Fprintf(out, "the coordinator holds back, split %d ways. The coordinator leases the rest where the demand is:\n", len(drs))
+	fmt.Fprintln(out, "the busy region gets the reserve and what quiet regions lend of their floors; a quiet region")
+	fmt.Fprintln(out, "keeps its demand and some headroom, so it sits below its floor.")
+	fmt.Fprintf(out, "\nTraffic: the busy region offers %.0f/s, the others %.0f/s each. The busy region is %s first,\n",
+		o.heavy*float64(o.budget), o.light*float64(o.budget), drs[0].name)
+	fmt.Fprintf(out, "through the coordinator's learning (no increase, every region on its floor; at most its first %s\n", learn.Round(100*time.Millisecond))
+	fmt.Fprintf(out, "as leader, less once every region has answered it), then each region is busy for %s in turn.\n\n", phase.Round(100*time.Millisecond))
+	fmt.Fprintln(out, "Every second, per region: the requests it admitted that second, then its allocation of the tenant's")
+	fmt.Fprintln(out, "budget (tokens/s) and what that allocation is:")
+	fmt.Fprintf(out, "  floor  the region's floor (%d/s): no lease entry for the tenant, or one equal to the floor\n", floor)
+	fmt.Fprintln(out, "  lent   a lease entry below the floor: the region lends the rest to a busier one")
+	fmt.Fprintln(out, "  grant  a lease entry above the floor: the reserve and others' lent floors, leased to it")
+	fmt.Fprintln(out, "  *      the busy region")
+	fmt.Fprintln(out, "A region may admit more than its allocation in a second: its bucket holds up to a second's allocation")
+	fmt.Fprintln(out, "(the burst), full after a quiet spell, on top of what refills.")
+	fmt.Fprintf(out, "The bar is the total admitted against the budget (each # is %.0f/s; ! is over it). \"learning\" marks\n", float64(o.budget)/barWidth)
+	fmt.Fprintln(out, "the seconds at whose end the coordinator was still learning.")
+	fmt.Fprintln(out)
+}
+
+func header(drs []*demoRegion, budget int) {
 	fmt.Fprintf(out, "%5s ", "t")
 	for _, dr := range drs {
-		fmt.Fprintf(out, "| %-25s", dr.name+": admitted/s  alloc")
+		fmt.Fprintf(out, "| %-23s", fmt.Sprintf("%s: admitted  alloc", dr.name))
 	}
-	fmt.Fprintf(out, "| %s\n", "total admitted/s")
+	fmt.Fprintf(out, "| total admitted of %d/s\n", budget)
 }
 
 // alloc returns the region's allocation of the hot key now, and whether
@@ -346,7 +374,10 @@ func alloc(dr *demoRegion, global bucket.Limit) (bucket.Limit, bool) {
 	return l, hot
 }
 
-func line(drs []*demoRegion, sec, busy int, global bucket.Limit, last []int64, budget float64) {
+// line prints one second's row; learning is asked after the allocations
+// are read, so a row marked learning shows allocations read while the
+// coordinator was learning.
+func line(drs []*demoRegion, sec, busy int, global bucket.Limit, b lease.Budget, last []int64, budget float64, learning func() bool) {
 	fmt.Fprintf(out, "%4ds ", sec)
 	var total int64
 	for i, dr := range drs {
@@ -356,48 +387,82 @@ func line(drs []*demoRegion, sec, busy int, global bucket.Limit, last []int64, b
 		total += d
 		l, hot := alloc(dr, global)
 		dr.allocs = append(dr.allocs, l.Count())
-		mark, kind := " ", "floor"
+		mark := " "
 		if i == busy {
 			mark = "*"
 		}
-		if hot {
-			kind = "lease"
-		}
-		fmt.Fprintf(out, "|%s%-8d %6d %-9s", mark, d, l.Count(), kind)
+		fmt.Fprintf(out, "|%s%8d %6d %-6s ", mark, d, l.Count(), allocKind(hot, l.Count(), b.Floor(dr.name).Count))
 	}
-	fmt.Fprintf(out, "| %-6d %s\n", total, bar(float64(total), budget))
+	phase := ""
+	if learning() {
+		phase = " learning"
+	}
+	fmt.Fprintf(out, "| %5d %s%s\n", total, bar(float64(total), budget), phase)
 }
+
+// allocKind names an allocation of count for the legend: the floor (no
+// lease entry, or one equal to it), lent (an entry below it) or grant (an
+// entry above it).
+func allocKind(entry bool, count, floor bucket.Tokens) string {
+	switch {
+	case entry && count < floor:
+		return "lent"
+	case entry && count > floor:
+		return "grant"
+	}
+	return "floor"
+}
+
+// barWidth is the width of a full budget's bar.
+const barWidth = 20
 
 func bar(v, budget float64) string {
-	const width = 20
-	n := int(math.Round(v / budget * width))
-	if n > width {
-		return strings.Repeat("#", width) + strings.Repeat("!", min(n-width, 10))
+	n := int(math.Round(v / budget * barWidth))
+	if n > barWidth {
+		return strings.Repeat("#", barWidth) + strings.Repeat("!", min(n-barWidth, 10))
 	}
-	return strings.Repeat("#", max(n, 0)) + strings.Repeat(".", width-max(n, 0))
+	return strings.Repeat("#", max(n, 0)) + strings.Repeat(".", barWidth-max(n, 0))
 }
 
-// summary prints the totals, the overshoot over every window and how the
-// allocation moved.
-func summary(drs []*demoRegion, global bucket.Limit, elapsed time.Duration, coord *coordinator.Server) {
+// summary prints the totals, the share of the budget used and why it is
+// below 100%, the overshoot over every window and how the allocation
+// moved. learnEnd is the latest end of the coordinator's learning, from
+// the start of the traffic.
+func summary(drs []*demoRegion, global bucket.Limit, elapsed, learnEnd time.Duration, coord *coordinator.Server) {
 	R, B := global.Rate(), float64(global.Burst())
 	var total, offered int64
-	fmt.Fprintf(out, "\n%-8s %10s %10s %8s\n", "region", "offered", "admitted", "share")
+	fmt.Fprintf(out, "\n%-8s %10s %10s  %s\n", "region", "offered", "admitted", "share of all admitted")
 	for _, dr := range drs {
 		total += dr.allowed.Load()
 		offered += dr.offered.Load()
 	}
 	for _, dr := range drs {
 		a := dr.allowed.Load()
-		fmt.Fprintf(out, "%-8s %10d %10d %7.1f%%\n", dr.name, dr.offered.Load(), a, 100*float64(a)/math.Max(float64(total), 1))
+		fmt.Fprintf(out, "%-8s %10d %10d  %5.1f%%\n", dr.name, dr.offered.Load(), a, 100*float64(a)/math.Max(float64(total), 1))
+	}
+	fmt.Fprintf(out, "%-8s %10d %10d\n", "total", offered, total)
+
+	// Admissions after the latest end of learning, from the slots.
+	n := len(drs[0].slots)
+	var after float64
+	for s := int(learnEnd / slot); s < n; s++ {
+		for _, dr := range drs {
+			after += float64(dr.slots[s].Load())
+		}
 	}
 	ideal := B + R*elapsed.Seconds()
-	fmt.Fprintf(out, "%-8s %10d %10d   of at most B + R·t = %.0f + %.0f × %.1fs = %.0f (%.1f%% used)\n",
-		"total", offered, total, B, R, elapsed.Seconds(), ideal, 100*float64(total)/ideal)
+	idealAfter := B + R*(elapsed-learnEnd).Seconds()
+	fmt.Fprintf(out, "\nused: %d admitted of at most B + R·t = %.0f + %.0f/s × %.1f s = %.0f, the most an exact global limiter\n",
+		total, B, R, elapsed.Seconds(), ideal)
+	fmt.Fprintf(out, "could have admitted in the run: %.1f%%; in the %.1f s after learning could last, %.0f of %.0f: %.1f%%.\n",
+		100*float64(total)/ideal, (elapsed - learnEnd).Seconds(), after, idealAfter, 100*after/idealAfter)
+	fmt.Fprintln(out, "Below 100% because capacity waits while it moves: while the coordinator learns no region may pass its")
+	fmt.Fprintln(out, "floor; after the busy region changes, the new one grows only as the old one gives its lease back (the")
+	fmt.Fprintln(out, "dip in the total for a few seconds); quiet regions keep headroom above their demand; and of the")
+	fmt.Fprintln(out, "burst B, split like the budget, quiet regions leave their share undrawn.")
 
 	// The largest excess over B + R·t in any window, in linear time:
 	// max over j of (A(j) − R·t_j) − min over i ≤ j of (A(i) − R·t_i) − B.
-	n := len(drs[0].slots)
 	var cum float64
 	minPrefix, worst := 0.0, math.Inf(-1)
 	for s := 0; s < n; s++ {
@@ -415,22 +480,42 @@ func summary(drs []*demoRegion, global bucket.Limit, elapsed time.Duration, coor
 	if worst > tol {
 		verdict = "OVER the budget"
 	}
-	fmt.Fprintf(out, "largest excess over B + R·t in any window: %.0f tokens (%s; %.0f allowed for %s slots)\n", math.Max(worst, 0), verdict, tol, slot)
+	fmt.Fprintf(out, "\nlargest excess over B + R·t in any window: %.0f tokens (%s; %.0f allowed for %s slots)\n", math.Max(worst, 0), verdict, tol, slot)
 
-	fmt.Fprintln(out, "\nallocation of the hot key per region, tokens/s, every 2 s (floor when no lease entry):")
+	fmt.Fprintln(out, "\nallocation of the tenant per region, tokens/s, every 2 s (the floor when no lease entry):")
 	for _, dr := range drs {
 		var parts []string
 		for i := 1; i < len(dr.allocs); i += 2 {
-			parts = append(parts, fmt.Sprint(dr.allocs[i]))
+			parts = append(parts, fmt.Sprintf("%4d", dr.allocs[i]))
 		}
 		fmt.Fprintf(out, "  %-6s %s\n", dr.name, strings.Join(parts, " "))
 	}
 	cs := coord.Status(10)
-	fmt.Fprintf(out, "\ncoordinator: term %d, learning %v, %d hot key(s)\n", cs.Term, cs.Learning, len(cs.Keys))
-	for _, k := range cs.Keys {
-		fmt.Fprintf(out, "  %s/%s: allocation %v, floors %v, demand %v per %s\n", k.Key.Rule, k.Key.Subject, k.Counts, k.Floors, k.Wants, k.Budget.Limit.Period())
+	learning := "learning over"
+	if cs.Learning {
+		learning = "still learning"
 	}
-	fmt.Fprintln(out, "regional store operations per 1000 decisions (light traffic is decided exactly, one call each; heavy traffic from batches):")
+	fmt.Fprintf(out, "\ncoordinator: leader since %s (its term, %d, is that instant in Unix milliseconds); %s; %d hot key(s)\n",
+		time.UnixMilli(int64(cs.Term)).Format("15:04:05.000"), cs.Term, learning, len(cs.Keys))
+	for _, k := range cs.Keys {
+		fmt.Fprintf(out, "  %s/%s, tokens per %s:\n", k.Key.Rule, k.Key.Subject, k.Budget.Limit.Period())
+		row := func(what string, v []bucket.Tokens) {
+			fmt.Fprintf(out, "    %-11s", what)
+			for _, x := range v {
+				fmt.Fprintf(out, " %6d", x)
+			}
+			fmt.Fprintln(out)
+		}
+		fmt.Fprintf(out, "    %-11s", "")
+		for _, r := range k.Regions {
+			fmt.Fprintf(out, " %6s", r)
+		}
+		fmt.Fprintln(out)
+		row("allocation", k.Counts)
+		row("floor", k.Floors)
+		row("demand", k.Wants)
+	}
+	fmt.Fprintln(out, "\nregional store operations per 1000 decisions (light traffic is decided exactly, one call each; heavy traffic from batches):")
 	for _, dr := range drs {
 		var ops, decisions int64
 		for _, a := range dr.agents {

@@ -6,6 +6,9 @@
 //	go run ./cmd/gateway                         # in-process buckets
 //	go run ./cmd/gateway -redis 127.0.0.1:6379   # buckets in Redis, shared by every gateway on it
 //	go run ./cmd/gateway -agent 127.0.0.1:9091   # decisions from an agent's allow API
+//	go run ./cmd/gateway -region eu -redis 127.0.0.1:6379 \
+//	    -regions eu,us -coordinators 127.0.0.1:7000 \
+//	    -gossip-bind 127.0.0.1:7946                # the region's agent in this process
 //	curl -i -H 'X-Tenant: acme' -H 'X-Plan: free' localhost:8080/items
 //
 // Identity comes from the X-Tenant and X-Plan headers (as a trusted proxy in
@@ -31,6 +34,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -85,6 +89,7 @@ type options struct {
 	http               httpserver.Config
 	allowTokens        string
 	agentTokenFile     string
+	embed              embedOptions // embed.go
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -110,6 +115,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	o.http.RegisterFlags(fs)
 	fs.StringVar(&o.allowTokens, "allow-tokens", "", "tokens file of the callers allowed to use this gateway's allow API (gRPC); empty: any caller that reaches it")
 	fs.StringVar(&o.agentTokenFile, "agent-token-file", "", "file holding this gateway's token for the -agent allow API (sent in clear: the agent is expected on the same host or network)")
+	o.embed.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -121,6 +127,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if _, err := rls.ParseDomainAction(o.rlsUnknownDomain); err != nil {
 		return o, fmt.Errorf("-rls-unknown-domain: %w", err)
+	}
+	if err := o.embed.validate(o.agentAddr, o.redisAddr); err != nil {
+		return o, err
 	}
 	return o, o.bounds.Validate()
 }
@@ -156,6 +165,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	// Rules: the embedded example, or a file followed for changes.
 	var src rules.Source
 	var watcher *rules.FileWatcher
+	// emb is the embedded agent (-region), told of every rules change.
+	var emb atomic.Pointer[embedded]
 	if o.rulesPath == "" {
 		s, err := rules.Parse(exampleRules, "embedded rules.yaml")
 		if err != nil {
@@ -166,7 +177,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	} else {
 		cfg := rules.DefaultWatchConfig()
 		cfg.Logger = logger
-		cfg.Notify = metrics.Reload // the rules in force and the reloads rejected
+		cfg.Notify = func(u rules.Update) {
+			metrics.Reload(u) // the rules in force and the reloads rejected
+			if e := emb.Load(); e != nil && u.Changed {
+				if err := e.agent.SetRules(u.New, nil); err != nil {
+					logger.Error("gateway: rules change not applied to the embedded agent", "err", err)
+				}
+			}
+		}
 		if watcher, err = rules.WatchFile(o.rulesPath, cfg); err != nil {
 			return err
 		}
@@ -178,8 +196,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	mem := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: o.memoryMaxKeys})
 	var store bucket.Store = mem
 	storeName := "memory"
+	var client *redis.Client
 	if o.redisAddr != "" {
-		client := redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true})
+		client = redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true})
 		defer client.Close()
 		rs, err := redisstore.New(client, redisstore.Options{})
 		if err != nil {
@@ -188,6 +207,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 		store, storeName = rs, "redis "+o.redisAddr
 	} else {
 		reg.MustRegister(limiter.NewMemoryCollector(map[string]*bucket.Memory{"buckets": mem}))
+	}
+	if o.embed.region != "" {
+		// The region's agent runs here: decisions come from its batches
+		// and its regional store, within the leased allocation, with no
+		// call out of the process. It stops when ctx ends, before the
+		// stores close.
+		actx, stopAgent := context.WithCancel(context.WithoutCancel(ctx))
+		e, err := startAgent(actx, o.embed, src.Current(), store, client, logger, reg)
+		if err != nil {
+			stopAgent()
+			return err
+		}
+		emb.Store(e)
+		defer e.close()
+		defer stopAgent()
+		store, storeName = e.agent.Store(), "agent "+o.embed.region+" in process over "+storeName
 	}
 	var lim limiter.Limiter
 	local, err := limiter.New(limiter.Config{
@@ -281,7 +316,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 			callers = auth.NewCallers("allow", nil, nil)
 		}
 		reg.MustRegister(callers)
-		var gopts []grpc.ServerOption
+		gopts := rls.ServerOptions()
 		if !callers.Open() {
 			gopts = append(gopts, grpc.UnaryInterceptor(callers.UnaryServerInterceptor(grpclimit.AllowServiceName)))
 		}

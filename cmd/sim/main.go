@@ -53,6 +53,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	jsonOut := fs.String("json", "", "write the results as JSON to this file")
 	htmlOut := fs.String("html", "", "write the HTML report to this file")
 	quiet := fs.Bool("q", false, "print no table")
+	failFast := fs.Bool("failfast", false, "stop at the first run that FAILs")
+	forms := fs.String("forms", "normal", "which forms of each scenario to run: normal, tight (every burst cut to at most 0.1 s of rate) or both")
 	unsafeSkipEscrow := fs.Bool("unsafe-skip-escrow", false, "run allot's allocator with its escrow check off, to watch the simulator catch it (escrow-cut FAILs); never for figures")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: sim [flags] scenario.yaml|dir ...\n")
@@ -60,6 +62,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	var tightForms []bool
+	switch *forms {
+	case "normal":
+		tightForms = []bool{false}
+	case "tight":
+		tightForms = []bool{true}
+	case "both":
+		tightForms = []bool{false, true}
+	default:
+		return fmt.Errorf("sim: -forms=%q must be normal, tight or both", *forms)
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
@@ -111,7 +124,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	failed := false
 	start := time.Now()
 	var arrivals int64
-	for i, sc := range scs {
+	runOne := func(i int, sc *sim.Scenario, tight bool) error {
 		if *scale != 1 {
 			s, err := sc.Scaled(*scale)
 			if err != nil {
@@ -126,6 +139,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 			}
 			sc = s
 		}
+		form := ""
+		if tight {
+			s, err := sc.Tight()
+			if err != nil {
+				return fmt.Errorf("%s: %w", paths[i], err)
+			}
+			sc, form = s, " -forms tight"
+		}
 		runSeeds := fixed
 		if runSeeds == nil {
 			runSeeds = sc.Seeds[:1]
@@ -134,6 +155,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		for _, sd := range runSeeds {
+			if *failFast && failed {
+				return nil
+			}
 			o := opts
 			began := time.Now()
 			if tty {
@@ -157,13 +181,32 @@ func run(args []string, stdout, stderr io.Writer) error {
 			}
 			arrivals += res.Arrivals
 			results = append(results, res)
-			if res.Verdict == sim.Fail {
+			replay := fmt.Sprintf("go run ./cmd/sim -seed %d -scale %v -max-keys %d%s", sd, *scale, *maxKeys, form)
+			if *unsafeSkipEscrow {
+				replay += " -unsafe-skip-escrow"
+			}
+			switch res.Verdict {
+			case sim.Fail:
 				failed = true
-				unsafe := ""
-				if *unsafeSkipEscrow {
-					unsafe = " -unsafe-skip-escrow"
+				fmt.Fprintf(stderr, "FAIL %s seed=%d; replay: %s %s\n", sc.Name, sd, replay, paths[i])
+				for _, m := range res.Missed {
+					fmt.Fprintf(stderr, "  expectation missed: %s\n", m)
 				}
-				fmt.Fprintf(stderr, "FAIL %s seed=%d; replay: go run ./cmd/sim -seed %d -scale %v -max-keys %d%s %s\n", sc.Name, sd, sd, *scale, *maxKeys, unsafe, paths[i])
+			case sim.Beyond:
+				for _, ro := range res.Systems[0].Rules {
+					if b := ro.Beyond; b != nil {
+						fmt.Fprintf(stderr, "BEYOND %s seed=%d rule %s: %s; measured %.1f tokens above the bound, the design's estimate ≈ %.1f; replay: %s %s\n",
+							sc.Name, sd, ro.Rule, b.Reason, b.ExcessTokens, b.EstimateTokens, replay, paths[i])
+					}
+				}
+			}
+		}
+		return nil
+	}
+	for i, sc := range scs {
+		for _, tight := range tightForms {
+			if err := runOne(i, sc, tight); err != nil {
+				return err
 			}
 		}
 	}
