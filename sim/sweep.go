@@ -32,7 +32,7 @@ type Settings struct {
 
 // String renders the settings as the scenario's fields.
 func (s Settings) String() string {
-	return fmt.Sprintf("lease_ttl=%s refresh=%s reserve=%s batch_window=%s policy=%s drift=%g",
+	return fmt.Sprintf("lease_ttl=%s refresh=%s reserve=%s batch_window=%s policy=%s drift=%.4g",
 		s.LeaseTTL, s.Refresh, s.reserve(), s.BatchWindow, s.Policy, s.Drift)
 }
 

@@ -19,7 +19,7 @@ func WriteSweepTable(w io.Writer, r *SweepResult) error {
 	io.WriteString(tw, "#\tlease_ttl\trefresh\treserve\tbatch_window\tpolicy\tdrift\tverdict\tworst rule\tovershoot\tbound\tutil\tstatic\tcentral\tlease msg/s\tconverge s\t\t\n")
 	for i, p := range r.Points {
 		s := p.Settings
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%g\t", i, s.LeaseTTL, s.Refresh, s.reserve(), s.BatchWindow, s.Policy, s.Drift)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%.4g\t", i, s.LeaseTTL, s.Refresh, s.reserve(), s.BatchWindow, s.Policy, s.Drift)
 		if p.Skipped != "" {
 			fmt.Fprintf(tw, "-\t-\t-\t-\t-\t-\t-\t-\t-\tskipped: %s\t\n", p.Skipped)
 			continue
@@ -93,7 +93,7 @@ func pointLabel(r *SweepResult, p SweepPoint) string {
 		case "policy":
 			parts = append(parts, s.Policy)
 		case "drift":
-			parts = append(parts, fmt.Sprintf("ρ %g", s.Drift))
+			parts = append(parts, fmt.Sprintf("ρ %.4g", s.Drift))
 		}
 	}
 	return strings.Join(parts, ", ")
@@ -220,7 +220,7 @@ tr.best{background:#fff8dc}section{border-top:2px solid #eee;margin-top:24px;pad
 		if p.Best {
 			cls = ` class="best"`
 		}
-		fmt.Fprintf(&b, `<tr%s><td>%d%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td class="l">%s</td><td>%g</td>`, cls, i, map[bool]string{true: " ★"}[p.Best],
+		fmt.Fprintf(&b, `<tr%s><td>%d%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td class="l">%s</td><td>%.4g</td>`, cls, i, map[bool]string{true: " ★"}[p.Best],
 			s.LeaseTTL, s.Refresh, s.reserve(), s.BatchWindow, html.EscapeString(s.Policy), s.Drift)
 		if p.Skipped != "" {
 			fmt.Fprintf(&b, `<td class="l" colspan="9">skipped: %s</td></tr>`, html.EscapeString(p.Skipped))
