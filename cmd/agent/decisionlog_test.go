@@ -17,7 +17,7 @@ func TestAgentWritesDecisionLog(t *testing.T) {
 	logPath := filepath.Join(t.TempDir(), "decisions.jsonl")
 	p := launchAgent(t, testRules, "-decision-log", logPath, "-decision-log-sample", "1")
 	waitHealthy(t, p)
-	for i := 0; i < 8; i++ {
+	for i := 0; i < 12; i++ {
 		allow(t, p.httpAddr, "alice")
 	}
 	// The log is flushed every second and at the end; poll for the
@@ -27,13 +27,13 @@ func TestAgentWritesDecisionLog(t *testing.T) {
 	for {
 		b, _ := os.ReadFile(logPath)
 		lines = strings.Split(strings.TrimSpace(string(b)), "\n")
-		if len(b) > 0 && len(lines) >= 8 || time.Now().After(deadline) {
+		if len(b) > 0 && len(lines) >= 12 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond) // waiting for the flush goroutine's ticker
 	}
-	if len(lines) != 8 {
-		t.Fatalf("%d records, want 8:\n%s", len(lines), strings.Join(lines, "\n"))
+	if len(lines) != 12 {
+		t.Fatalf("%d records, want 12:\n%s", len(lines), strings.Join(lines, "\n"))
 	}
 	allowed := 0
 	for _, l := range lines {
@@ -52,8 +52,8 @@ func TestAgentWritesDecisionLog(t *testing.T) {
 			allowed++
 		}
 	}
-	if allowed != 6 {
-		t.Errorf("%d records allowed, want the floor's 6", allowed)
+	if allowed != 10 {
+		t.Errorf("%d records allowed, want the 10 of a budget this region owns alone", allowed)
 	}
 }
 
