@@ -91,8 +91,10 @@ proto:
 		--go_out=api --go_opt=paths=source_relative \
 		--go-grpc_out=api --go-grpc_opt=paths=source_relative $(PROTOS)
 
+## run: the demo; ARGS go to it, e.g. to record its decisions for the
+## simulator: make run ARGS="-decision-log /tmp/demo/decisions.jsonl"
 run:
-	$(GO) run ./cmd/demo
+	$(GO) run ./cmd/demo $(ARGS)
 
 ## sim: the whole scenario library; a table, sim-results.json and a
 ## self-contained sim-report.html (inline SVG, no network needed).

@@ -117,10 +117,11 @@ func newAllot(w *world) error {
 		cfg := region.DefaultConfig()
 		cfg.Region = w.regions[r].name
 		var reserve float64
+		var weights []int64
 		if len(w.rules) > 0 {
-			reserve = w.rules[0].spec.Reserve
+			reserve, weights = w.rules[0].spec.Reserve, w.rules[0].spec.Weights
 		}
-		cfg.Floors = lease.Split{Regions: names, Reserve: reserve}
+		cfg.Floors = lease.Split{Regions: names, Weights: weights, Reserve: reserve}
 		cfg.Rules = map[string]region.RuleConfig{}
 		for _, ru := range w.rules {
 			cfg.Rules[ru.spec.Name] = region.RuleConfig{Scope: rules.ScopeGlobal, OnUnavailable: policyOf(ru.spec.Policy),

@@ -92,7 +92,7 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 	}
 	for _, r := range w.rules {
 		p.budgets = append(p.budgets, lease.Budget{Rule: r.spec.Name, Limit: r.limit, Regions: names,
-			Reserve: r.spec.Reserve, Policy: lease.MaxMin})
+			Weights: r.spec.Weights, Reserve: r.spec.Reserve, Policy: r.spec.allocation()})
 		for k := 0; k < r.keys; k++ {
 			p.keys = append(p.keys, bucket.Key{Rule: r.spec.Name, Subject: "s" + strconv.Itoa(k)})
 		}

@@ -54,6 +54,12 @@ type Scenario struct {
 	// misses it FAILs.
 	Expect ExpectSpec `yaml:"expect"`
 
+	// Config names the deployment's budgets and rules files, which then
+	// give the rules (config.go); Replay replays recorded traffic
+	// (replay.go) beside or instead of Traffic.
+	Config *ConfigSpec  `yaml:"config"`
+	Replay []ReplaySpec `yaml:"replay"`
+
 	// Chaos is the block the chaos harness (package chaos) reads, so that
 	// one file drives both the simulator and the harness's real processes.
 	// The simulator ignores it; the harness parses and validates it.
@@ -165,6 +171,16 @@ type RuleSpec struct {
 	// Reserve is the share of the budget the coordinator holds back from
 	// the floors.
 	Reserve float64 `yaml:"reserve"`
+	// Weights are the regions' floor weights, in the order of the
+	// scenario's regions; empty means equal floors.
+	Weights []int64 `yaml:"weights"`
+	// Allocation is the coordinator's allocation policy: "max-min" (the
+	// default), "proportional" or "static".
+	Allocation string `yaml:"allocation"`
+
+	// defaultKeys is Keys when a config leaves it to the replayed logs
+	// and they name no subject of the rule.
+	defaultKeys int
 }
 
 // TrafficSpec is one stream of arrivals into a region for a rule.
@@ -299,7 +315,7 @@ func LoadScenario(path string) (*Scenario, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sim: read scenario: %w", err)
 	}
-	sc, err := ParseScenario(b)
+	sc, err := parseScenario(b, filepath.Dir(path))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -328,19 +344,16 @@ func LoadDir(dir string) ([]*Scenario, error) {
 }
 
 // ParseScenario decodes a scenario, rejecting unknown fields (with their
-// line), fills the defaults and validates it.
+// line), reads the files it names (relative to the working directory),
+// fills the defaults and validates it.
 func ParseScenario(b []byte) (*Scenario, error) {
+	return parseScenario(b, "")
+}
+
+func newDecoder(b []byte) *yaml.Decoder {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
-	sc := &Scenario{}
-	if err := dec.Decode(sc); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrScenario, err)
-	}
-	sc.setDefaults()
-	if err := sc.Validate(); err != nil {
-		return nil, err
-	}
-	return sc, nil
+	return dec
 }
 
 func (sc *Scenario) setDefaults() {
@@ -609,6 +622,9 @@ func (sc *Scenario) Validate() error {
 		case r.Reserve < 0 || r.Reserve >= 1:
 			return bad("rules[%d].reserve=%v must be in [0, 1)", i, r.Reserve)
 		}
+		if err := r.validateSplit(i, len(sc.Regions)); err != nil {
+			return err
+		}
 		rules[r.Name] = true
 	}
 	for i, t := range sc.Traffic {
@@ -756,6 +772,10 @@ func (sc *Scenario) Scaled(f float64) (*Scenario, error) {
 	c.Rules = append([]RuleSpec(nil), sc.Rules...)
 	c.Traffic = append([]TrafficSpec(nil), sc.Traffic...)
 	c.Faults = append([]FaultSpec(nil), sc.Faults...)
+	c.Replay = append([]ReplaySpec(nil), sc.Replay...)
+	for i := range c.Replay {
+		c.Replay[i].Scale *= f
+	}
 	for i := range c.Rules {
 		r := &c.Rules[i]
 		r.Count = max(int64(float64(r.Count)*f), 1)

@@ -33,6 +33,8 @@ type source struct {
 	cumW  []float64
 	costs []int64
 	shift bool
+	// replay, when set, gives the arrivals instead (replay.go).
+	replay *replayStream
 }
 
 func newSource(sc *Scenario, ts TrafficSpec, rng *rand.Rand, ruleBase []int) *source {
@@ -91,6 +93,9 @@ func newSource(sc *Scenario, ts TrafficSpec, rng *rand.Rand, ruleBase []int) *so
 // process of rate maxRate; bursty streams switch on and off at
 // exponentially distributed times.
 func (s *source) next(rng *rand.Rand, t Micros) Micros {
+	if s.replay != nil {
+		return s.replay.next()
+	}
 	if t < s.start {
 		t = s.start
 	}
@@ -136,6 +141,10 @@ func (s *source) next(rng *rand.Rand, t Micros) Micros {
 
 // draw picks the key (as a budget index) and the cost of one request.
 func (s *source) draw(rng *rand.Rand) (budget int, cost int64) {
+	if s.replay != nil {
+		k, c := s.replay.draw()
+		return s.base + k, c
+	}
 	switch {
 	case s.fixed >= 0:
 		budget = s.base + s.fixed

@@ -92,6 +92,7 @@ type options struct {
 	breakerBackoff, batchWindow        time.Duration
 	batchFraction                      float64
 	b                                  boundary // boundary.go
+	dl                                 decisionLogFlags
 }
 
 func parse(args []string, getenv func(string) string, stderr io.Writer) (options, error) {
@@ -135,6 +136,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.DurationVar(&o.batchWindow, "batch-window", cc.BatchWindow, "local demand one token batch covers")
 	fs.Float64Var(&o.batchFraction, "batch-max-fraction", cc.BatchMaxFraction, "largest batch, as a fraction of the region's burst")
 	o.b.register(fs)
+	o.dl.register(fs)
 
 	// The environment fills in every flag not given on the command line.
 	set := map[string]bool{}
@@ -376,7 +378,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	lim, err := limiter.New(limiter.Config{Rules: watcher, Store: ag.Store(), Logger: logger, Bounds: o.b.bounds})
+	store, closeLog, err := o.dl.wrap(ctx, ag.Store(), watcher, o.region, logger)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
+	lim, err := limiter.New(limiter.Config{Rules: watcher, Store: store, Logger: logger, Bounds: o.b.bounds})
 	if err != nil {
 		return err
 	}

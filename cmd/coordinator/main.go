@@ -7,6 +7,7 @@
 //	coordinator rules put -etcd 127.0.0.1:2379 -f budgets.yaml
 //	coordinator rules get -etcd 127.0.0.1:2379
 //	coordinator rules check -f budgets.yaml         # floors per region
+//	coordinator export -budgets budgets.yaml -status 127.0.0.1:7071 -o what-if.yaml   # a scenario for sim sweep
 //
 // Standalone mode serves the budgets of a file and leads on its own. HA
 // mode runs several coordinators on etcd: one leads (elected, its etcd
@@ -59,6 +60,8 @@ func main() {
 		err = serve(os.Args[2:])
 	case "rules":
 		err = rulesCmd(os.Args[2:], os.Stdout)
+	case "export":
+		err = exportCmd(os.Args[2:], os.Stdout)
 	default:
 		usage()
 	}
@@ -77,7 +80,8 @@ func usage() {
   coordinator serve [flags]            run a coordinator (-h for flags)
   coordinator rules check -f F         validate a budgets document and print every region's floors
   coordinator rules put -etcd E -f F   validate a budgets document and store it in etcd
-  coordinator rules get -etcd E        print the stored budgets document`)
+  coordinator rules get -etcd E        print the stored budgets document
+  coordinator export -budgets F [-status ADDR] [-o S]   write a simulator scenario skeleton of what runs`)
 	os.Exit(2)
 }
 

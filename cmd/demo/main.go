@@ -54,6 +54,9 @@ type options struct {
 	heavy    float64
 	light    float64
 	gossip   bool
+	// decisionLog, when set, records each region's decisions (decisionlog.go).
+	decisionLog string
+	sample      float64
 }
 
 const slot = 10 * time.Millisecond
@@ -71,6 +74,8 @@ func run() error {
 	flag.Float64Var(&o.heavy, "heavy", 1.3, "the busy region's offered load, as a multiple of the budget")
 	flag.Float64Var(&o.light, "light", 0.1, "each other region's offered load, as a multiple of the budget")
 	flag.BoolVar(&o.gossip, "gossip", true, "join each region's agents with memberlist on 127.0.0.1 (false: static membership)")
+	flag.StringVar(&o.decisionLog, "decision-log", "", "record each region's sampled decisions to this file, the region inserted before the extension (JSONL, for sim's replay)")
+	flag.Float64Var(&o.sample, "decision-log-sample", 1, "fraction of decisions the decision log records")
 	flag.Parse()
 	o.regions = strings.Split(regions, ",")
 	switch {
@@ -157,6 +162,11 @@ rules:
 	hsrv := &http.Server{Handler: coord.Handler(nil), ReadHeaderTimeout: 5 * time.Second}
 	go hsrv.Serve(hl)
 	defer hsrv.Close()
+	dlogs, closeLogs, err := openDecisionLogs(o.decisionLog, o.regions, o.sample)
+	if err != nil {
+		return err
+	}
+	defer closeLogs()
 	nslots := int((learn+o.duration)/slot) + 2
 	var drs []*demoRegion
 	var wg sync.WaitGroup
@@ -208,7 +218,11 @@ rules:
 			if err != nil {
 				return err
 			}
-			lim, err := limiter.New(limiter.Config{Rules: set, Store: a.Store(), Logger: quiet})
+			var st bucket.Store = a.Store()
+			if dl := dlogs[name]; dl != nil {
+				st = agent.LogDecisions(st, dl, set)
+			}
+			lim, err := limiter.New(limiter.Config{Rules: set, Store: st, Logger: quiet})
 			if err != nil {
 				return err
 			}

@@ -6,6 +6,7 @@
 //	sim [flags] sim/scenarios            # the whole library
 //	sim -seed 7 sim/scenarios/03-flash-crowd.yaml
 //	sim -unsafe-skip-escrow sim/scenarios/16-escrow-cut.yaml   # a broken allocator, caught
+//	sim sweep -lease-ttl 5s,10s -reserve 0.2,0.33 -html sweep.html my.yaml   # what-if over settings
 //
 // The exit status is 1 when any run FAILs (allot's overshoot above the
 // bound for the scenario's faults), and every failing run prints the
@@ -38,6 +39,9 @@ func main() {
 var errFailed = errors.New("sim: some runs failed")
 
 func run(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "sweep" {
+		return sweep(args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	seeds := fs.String("seeds", "", "comma-separated seeds to run (default: each scenario's first seed)")
