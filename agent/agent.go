@@ -508,14 +508,26 @@ func (a *Agent) pollFailover(ctx context.Context, now time.Time) {
 // every key of the rules that empty on failover, not only its own: the
 // core keeps one failover epoch, which errs on the side of denying.
 func (a *Agent) pollCluster(ctx context.Context, cc *redis.ClusterClient, now time.Time) {
-	slots, err := cc.ClusterSlots(ctx).Result()
+	list, err := cc.ClusterShards(ctx).Result()
 	if err != nil {
 		return
 	}
-	shards := make(map[string]string, len(slots))
-	for _, s := range slots {
-		if len(s.Nodes) > 0 {
-			shards[strconv.Itoa(s.Start)+"-"+strconv.Itoa(s.End)] = s.Nodes[0].ID
+	shards := make(map[string]string, len(list))
+	for _, s := range list {
+		var rng []byte
+		for i, r := range s.Slots {
+			if i > 0 {
+				rng = append(rng, ',')
+			}
+			rng = strconv.AppendInt(append(strconv.AppendInt(rng, r.Start, 10), '-'), r.End, 10)
+		}
+		// A shard's primary is its online master; a shard with none (its
+		// primary failed, no replica promoted yet) is left as it was.
+		for _, n := range s.Nodes {
+			if n.Role == "master" && n.Health == "online" && len(rng) > 0 {
+				shards[string(rng)] = n.ID
+				break
+			}
 		}
 	}
 	var mu sync.Mutex

@@ -113,13 +113,13 @@ func OpenDecisionLog(cfg DecisionLogConfig) (*DecisionLog, error) {
 }
 
 func (l *DecisionLog) open() error {
-	f, err := os.OpenFile(l.cfg.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	f, err := os.OpenFile(l.cfg.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("agent: decision log: %w", err)
 	}
 	st, err := f.Stat()
 	if err != nil {
-		f.Close()
+		_ = f.Close() // the error above is the one to report
 		return fmt.Errorf("agent: decision log: %w", err)
 	}
 	l.f, l.w, l.size = f, bufio.NewWriterSize(f, 32<<10), st.Size()

@@ -109,14 +109,13 @@ func TestTimeoutDoublesTheDeadline(t *testing.T) {
 // open it.
 func TestSlowStoreDoesNotOpen(t *testing.T) {
 	run := func(b *Breaker, countAll bool) {
-		now := t0
 		type call struct {
 			start time.Time
 			d     time.Duration
 		}
 		var inflight []call
 		for ms := 0; ms < 2000; ms++ {
-			now = t0.Add(time.Duration(ms) * time.Millisecond)
+			now := t0.Add(time.Duration(ms) * time.Millisecond)
 			// End the calls whose time has come: answered at 150 ms, or
 			// timed out at their deadline.
 			keep := inflight[:0]

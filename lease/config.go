@@ -353,7 +353,8 @@ func marginOver(drift, ttl, d time.Duration) time.Duration {
 		return 0
 	}
 	m := mulDiv(int64(drift), int64(d), int64(ttl))
-	hi, lo := bits.Mul64(uint64(drift), uint64(d))
+	hi, lo := bits.Mul64(uint64(drift), uint64(d)) // #nosec G115 -- drift, d > 0 above
+	// #nosec G115 -- m is a quotient of positives and ttl > 0 above
 	if qhi, qlo := bits.Mul64(uint64(m), uint64(ttl)); m < math.MaxInt64 && (qhi != hi || qlo != lo) {
 		m++ // round up: a margin never falls short
 	}

@@ -105,9 +105,10 @@ func (f *storeFaults) fallback(w *world, si int, t Micros, r, ag, b int, cost in
 				m = map[int32]bucket.State{}
 				f.emerg[r*f.maxAg+ag] = m
 			}
-			d, ns, err := bucket.Decide(m[int32(b)], w.regions[r].agent.at(t), el, bucket.Tokens(cost))
+			key := int32(b) // #nosec G115 -- a budget index; 2^31 budgets would not fit in memory
+			d, ns, err := bucket.Decide(m[key], w.regions[r].agent.at(t), el, bucket.Tokens(cost))
 			if err == nil && d.Allowed {
-				m[int32(b)] = ns
+				m[key] = ns
 				w.admit(si, r, b, cost, t, pathEmergency, lat)
 				return
 			}

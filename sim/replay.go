@@ -307,12 +307,12 @@ func (sc *Scenario) parseReplay(data []byte, format string, rename map[string]st
 		}
 		k, ok := m[r.subject]
 		if !ok {
-			k = int32(len(m))
+			k = int32(len(m)) // #nosec G115 -- a subject a record; 2^31 records would not fit in memory
 			m[r.subject] = k
 		}
 		log.at = append(log.at, r.t-t0)
-		log.region = append(log.region, uint16(r.region))
-		log.rule = append(log.rule, uint16(r.rule))
+		log.region = append(log.region, uint16(r.region)) // #nosec G115 -- validate caps regions at 255
+		log.rule = append(log.rule, uint16(r.rule))       // #nosec G115 -- validate caps rules at 65535
 		log.key = append(log.key, k)
 		log.cost = append(log.cost, r.cost)
 		counts[r.region*len(sc.Rules)+r.rule]++
@@ -412,7 +412,7 @@ func replaySources(sc *Scenario, rng *rand.Rand, ruleBase []int, end Micros) []*
 					continue
 				}
 				st.at = append(st.at, t)
-				st.key = append(st.key, log.key[i]%int32(keys))
+				st.key = append(st.key, log.key[i]%int32(keys)) // #nosec G115 -- validate caps keys at 10^7
 				st.cost = append(st.cost, min(log.cost[i], sc.Rules[u].Burst))
 			}
 		}

@@ -3,7 +3,6 @@ package sim
 import (
 	"fmt"
 	"math"
-	"sort"
 	"time"
 )
 
@@ -477,14 +476,4 @@ func (w *world) missed(e ShareExpect, m *meter) string {
 	}
 	return fmt.Sprintf("%s admitted less than %.0f%% of %s's rate (%.0f/s) in every bin from %s to %s",
 		e.Region, 100*e.AtLeast, w.rules[ri].spec.Name, want, e.After, e.After+e.Within)
-}
-
-// sortedKeys returns m's keys in order, for deterministic output.
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

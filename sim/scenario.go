@@ -506,6 +506,9 @@ func (sc *Scenario) Validate() error {
 	if len(sc.Regions) > 255 {
 		return bad("regions has %d entries, at most 255", len(sc.Regions))
 	}
+	if len(sc.Rules) > 65535 {
+		return bad("rules has %d entries, at most 65535", len(sc.Rules))
+	}
 	seen := map[string]bool{}
 	for i, r := range sc.Regions {
 		switch {

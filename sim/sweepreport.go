@@ -16,7 +16,7 @@ import (
 func WriteSweepTable(w io.Writer, r *SweepResult) error {
 	fmt.Fprintf(w, "sweep of %s over %s, seeds %v; systems allot, static split, central Redis\n", r.Scenario, axesText(r.Axes), r.Seeds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	io.WriteString(tw, "#\tlease_ttl\trefresh\treserve\tbatch_window\tpolicy\tdrift\tverdict\tworst rule\tovershoot\tbound\tutil\tstatic\tcentral\tlease msg/s\tconverge s\t\t\n")
+	_, _ = io.WriteString(tw, "#\tlease_ttl\trefresh\treserve\tbatch_window\tpolicy\tdrift\tverdict\tworst rule\tovershoot\tbound\tutil\tstatic\tcentral\tlease msg/s\tconverge s\t\t\n")
 	for i, p := range r.Points {
 		s := p.Settings
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%.4g\t", i, s.LeaseTTL, s.Refresh, s.reserve(), s.BatchWindow, s.Policy, s.Drift)

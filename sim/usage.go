@@ -40,7 +40,7 @@ func newUsage(nb int) *usage {
 // add records cost tokens admitted for budget b in the current window.
 func (u *usage) add(b int, cost int64) {
 	if u.win[b] == 0 {
-		u.touched = append(u.touched, int32(b))
+		u.touched = append(u.touched, int32(b)) // #nosec G115 -- a budget index; 2^31 budgets would not fit in memory
 	}
 	u.win[b] += cost
 }

@@ -330,7 +330,7 @@ func (w *world) flap(i int) {
 		next = f.Down
 	}
 	w.flapDown[i] = !w.flapDown[i]
-	w.eng.schedule(event{at: w.eng.now + us(next), kind: evFlap, i: int32(i)})
+	w.eng.schedule(event{at: w.eng.now + us(next), kind: evFlap, i: int32(i)}) // #nosec G115 -- an index into the scenario's faults
 }
 
 // FaultRecord is one fault as it happened, for the report's timeline.
@@ -364,7 +364,7 @@ func (w *world) fault(i int, start bool) {
 		if start {
 			w.net.addCut(c)
 			w.flapDown[i] = true
-			w.eng.schedule(event{at: w.eng.now + us(f.Down), kind: evFlap, i: int32(i)})
+			w.eng.schedule(event{at: w.eng.now + us(f.Down), kind: evFlap, i: int32(i)}) // #nosec G115 -- an index into the scenario's faults
 		} else if w.flapDown[i] {
 			w.net.removeCut(c)
 			w.flapDown[i] = false

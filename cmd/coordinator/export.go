@@ -66,7 +66,7 @@ func exportCmd(args []string, out io.Writer) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		data, rev, err := coordinator.GetDocument(ctx, cli, *prefix)
 		cancel()
-		cli.Close()
+		_ = cli.Close() // the document is read; closing reports nothing to act on
 		if err != nil {
 			return fmt.Errorf("export: %w", err)
 		}
@@ -74,7 +74,7 @@ func exportCmd(args []string, out io.Writer) error {
 			return fmt.Errorf("export: nothing stored at %s", coordinator.DocumentKey(*prefix))
 		}
 		docPath = strings.TrimSuffix(*output, filepath.Ext(*output)) + ".budgets.yaml"
-		if err := os.WriteFile(docPath, data, 0o644); err != nil {
+		if err := os.WriteFile(docPath, data, 0o600); err != nil {
 			return fmt.Errorf("export: %w", err)
 		}
 		source = fmt.Sprintf("%s at revision %d (copied to %s)", coordinator.DocumentKey(*prefix), rev, docPath)
@@ -115,7 +115,7 @@ func exportCmd(args []string, out io.Writer) error {
 		_, err = io.WriteString(out, text)
 		return err
 	}
-	if err := os.WriteFile(*output, []byte(text), 0o644); err != nil {
+	if err := os.WriteFile(*output, []byte(text), 0o600); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	fmt.Fprintf(out, "wrote %s: %d budgets over %d regions; fill in its latencies and agents, then run: sim sweep %s\n", *output, len(bs), len(regionsOf(bs, nil)), *output)

@@ -32,7 +32,7 @@ func openDecisionLogs(path string, regions []string, sample float64) (map[string
 		cfg.Path, cfg.Sample, cfg.Region = base+"-"+r+ext, sample, r
 		l, err := agent.OpenDecisionLog(cfg)
 		if err != nil {
-			closeAll()
+			_ = closeAll() // the open's error is the one to report
 			return nil, nil, err
 		}
 		logs[r] = l

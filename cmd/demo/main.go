@@ -495,8 +495,9 @@ func summary(drs []*demoRegion, global bucket.Limit, elapsed, learnEnd time.Dura
 	if cs.Learning {
 		learning = "still learning"
 	}
+	since := time.UnixMilli(int64(min(cs.Term, math.MaxInt64))) // a term is the instant its leader was elected
 	fmt.Fprintf(out, "\ncoordinator: leader since %s (its term, %d, is that instant in Unix milliseconds); %s; %d hot key(s)\n",
-		time.UnixMilli(int64(cs.Term)).Format("15:04:05.000"), cs.Term, learning, len(cs.Keys))
+		since.Format("15:04:05.000"), cs.Term, learning, len(cs.Keys))
 	for _, k := range cs.Keys {
 		fmt.Fprintf(out, "  %s/%s, tokens per %s:\n", k.Key.Rule, k.Key.Subject, k.Budget.Limit.Period())
 		row := func(what string, v []bucket.Tokens) {

@@ -228,7 +228,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("mutants: %w", err)
 		}
-		if err := os.WriteFile(o.jsonOut, append(b, '\n'), 0o644); err != nil {
+		if err := os.WriteFile(o.jsonOut, append(b, '\n'), 0o600); err != nil {
 			return fmt.Errorf("mutants: %w", err)
 		}
 	}
@@ -291,7 +291,7 @@ func name(patch string) string { return strings.TrimSuffix(filepath.Base(patch),
 func pick(patches []string, n int, commit string) []string {
 	h := func(p string) uint64 {
 		f := fnv.New64a()
-		io.WriteString(f, commit+"/"+name(p))
+		_, _ = io.WriteString(f, commit+"/"+name(p)) // a hash's Write never fails
 		return f.Sum64()
 	}
 	out := slices.Clone(patches)
@@ -414,9 +414,10 @@ func copyTree(from, to string, files []string) error {
 		if err != nil {
 			return fmt.Errorf("mutants: %w", err)
 		}
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Dir(dst), 0o750); err != nil {
 			return fmt.Errorf("mutants: %w", err)
 		}
+		// #nosec G703 -- dst is the project's own tree, walked from -root, under the run's temporary directory
 		if err := os.WriteFile(dst, b, st.Mode().Perm()); err != nil {
 			return fmt.Errorf("mutants: %w", err)
 		}

@@ -392,12 +392,12 @@ func StartSentinels(t testing.TB, n int) *Sentinel {
 				break
 			}
 			if time.Now().After(deadline) {
-				c.Close()
+				_ = c.Close() // failing anyway
 				t.Fatalf("testenv: sentinel on %s did not report master %s", a, primary.Addr)
 			}
 			time.Sleep(50 * time.Millisecond) // waiting for the sentinel to find its master
 		}
-		c.Close()
+		_ = c.Close() // the sentinel has answered
 	}
 	return s
 }
