@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -138,7 +139,7 @@ func ParseDocument(data []byte, name string) (*Document, error) {
 	}
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		line := yamlErrLine(err)
+		line := rules.YAMLErrorLine(err)
 		if line == 0 {
 			line = 1 + strings.Count(string(data), "\n")
 		}
@@ -457,7 +458,7 @@ func (p *docParser) top(n *yaml.Node) {
 
 func (p *docParser) budgets(n *yaml.Node) {
 	if n.Kind != yaml.SequenceNode {
-		p.add(n.Line, "budgets", "want a list, got %s", describe(n))
+		p.add(n.Line, "budgets", "want a list, got %s", rules.DescribeNode(n))
 		return
 	}
 	for i, bn := range n.Content {
@@ -543,7 +544,7 @@ func (p *docParser) inlineRules(s string, line int, literal bool) {
 // duplicate keys.
 func (p *docParser) mapping(n *yaml.Node, field string, allowed []string, fn func(key string, vn *yaml.Node)) {
 	if n.Kind != yaml.MappingNode {
-		p.add(n.Line, field, "want a mapping, got %s", describe(n))
+		p.add(n.Line, field, "want a mapping, got %s", rules.DescribeNode(n))
 		return
 	}
 	seen := map[string]int{}
@@ -555,10 +556,10 @@ func (p *docParser) mapping(n *yaml.Node, field string, allowed []string, fn fun
 		}
 		switch first, dup := seen[kn.Value]; {
 		case kn.Kind != yaml.ScalarNode:
-			p.add(kn.Line, field, "keys must be strings, got %s", describe(kn))
+			p.add(kn.Line, field, "keys must be strings, got %s", rules.DescribeNode(kn))
 		case dup:
 			p.add(kn.Line, sub, "duplicate key (first at line %d)", first)
-		case !contains(allowed, kn.Value):
+		case !slices.Contains(allowed, kn.Value):
 			p.add(kn.Line, sub, "unknown key %q (known: %s)", kn.Value, strings.Join(allowed, ", "))
 		case vn.Kind == yaml.AliasNode:
 			p.add(vn.Line, sub, "aliases are not supported")
@@ -572,7 +573,7 @@ func (p *docParser) mapping(n *yaml.Node, field string, allowed []string, fn fun
 
 func (p *docParser) str(n *yaml.Node, field string) (string, bool) {
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
-		p.add(n.Line, field, "want a string, got %s", describe(n))
+		p.add(n.Line, field, "want a string, got %s", rules.DescribeNode(n))
 		return "", false
 	}
 	return n.Value, true
@@ -580,7 +581,7 @@ func (p *docParser) str(n *yaml.Node, field string) (string, bool) {
 
 func (p *docParser) stringList(n *yaml.Node, field string) []string {
 	if n.Kind != yaml.SequenceNode {
-		p.add(n.Line, field, "want a list, got %s", describe(n))
+		p.add(n.Line, field, "want a list, got %s", rules.DescribeNode(n))
 		return nil
 	}
 	out := []string{}
@@ -596,7 +597,7 @@ func (p *docParser) stringList(n *yaml.Node, field string) []string {
 
 func (p *docParser) intList(n *yaml.Node, field string) []int64 {
 	if n.Kind != yaml.SequenceNode {
-		p.add(n.Line, field, "want a list, got %s", describe(n))
+		p.add(n.Line, field, "want a list, got %s", rules.DescribeNode(n))
 		return nil
 	}
 	out := []int64{}
@@ -605,7 +606,7 @@ func (p *docParser) intList(n *yaml.Node, field string) []int64 {
 		p.d.lines[f] = en.Line
 		v, err := strconv.ParseInt(en.Value, 10, 64)
 		if en.Kind != yaml.ScalarNode || en.Tag == "!!null" || err != nil {
-			p.add(en.Line, f, "want a whole number, got %s", describe(en))
+			p.add(en.Line, f, "want a whole number, got %s", rules.DescribeNode(en))
 			continue
 		}
 		out = append(out, v)
@@ -616,7 +617,7 @@ func (p *docParser) intList(n *yaml.Node, field string) []int64 {
 func (p *docParser) float(n *yaml.Node, field string) *float64 {
 	v, err := strconv.ParseFloat(n.Value, 64)
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" || err != nil {
-		p.add(n.Line, field, "want a number, got %s", describe(n))
+		p.add(n.Line, field, "want a number, got %s", rules.DescribeNode(n))
 		return nil
 	}
 	return &v
@@ -626,47 +627,11 @@ func (p *docParser) duration(n *yaml.Node, field string) time.Duration {
 	v, err := time.ParseDuration(n.Value)
 	switch {
 	case n.Kind != yaml.ScalarNode || n.Tag == "!!null" || err != nil:
-		p.add(n.Line, field, "want a duration such as 10s or 500ms, got %s", describe(n))
+		p.add(n.Line, field, "want a duration such as 10s or 500ms, got %s", rules.DescribeNode(n))
 	case v <= 0:
 		p.add(n.Line, field, "%s must be > 0 (leave it out for the default)", v)
 	default:
 		return v
 	}
 	return 0
-}
-
-var lineRE = regexp.MustCompile(`line (\d+)`)
-
-func yamlErrLine(err error) int {
-	if m := lineRE.FindStringSubmatch(err.Error()); m != nil {
-		n, _ := strconv.Atoi(m[1])
-		return n
-	}
-	return 0
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
-}
-
-func describe(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.AliasNode:
-		return "an alias"
-	case yaml.ScalarNode:
-		if n.Tag == "!!null" {
-			return "nothing"
-		}
-		return fmt.Sprintf("%q", n.Value)
-	}
-	return "an unexpected node"
 }

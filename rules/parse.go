@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -105,7 +106,7 @@ func Parse(data []byte, name string) (*Set, error) {
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		line := yamlErrLine(err)
+		line := YAMLErrorLine(err)
 		if line == 0 {
 			// "unexpected end of stream" and the like: the end of the file.
 			line = 1 + bytes.Count(data, []byte("\n"))
@@ -162,7 +163,9 @@ func (p *parser) err() error {
 
 var lineRE = regexp.MustCompile(`line (\d+)`)
 
-func yamlErrLine(err error) int {
+// YAMLErrorLine is the line a yaml error names, or 0: the rules file's and
+// the budgets file's parsers report a syntax error at it.
+func YAMLErrorLine(err error) int {
 	if m := lineRE.FindStringSubmatch(err.Error()); m != nil {
 		n, _ := strconv.Atoi(m[1])
 		return n
@@ -182,14 +185,14 @@ func (p *parser) mapping(n *yaml.Node, field string, allowed []string, fn func(k
 		return false
 	}
 	if n.Kind != yaml.MappingNode {
-		p.add(n.Line, field, "want a mapping, got %s", describe(n))
+		p.add(n.Line, field, "want a mapping, got %s", DescribeNode(n))
 		return false
 	}
 	seen := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		kn, vn := n.Content[i], n.Content[i+1]
 		if kn.Kind != yaml.ScalarNode {
-			p.add(kn.Line, field, "keys must be strings, got %s", describe(kn))
+			p.add(kn.Line, field, "keys must be strings, got %s", DescribeNode(kn))
 			continue
 		}
 		key := kn.Value
@@ -199,7 +202,7 @@ func (p *parser) mapping(n *yaml.Node, field string, allowed []string, fn func(k
 			continue
 		}
 		seen[key] = kn.Line
-		if allowed != nil && !contains(allowed, key) {
+		if allowed != nil && !slices.Contains(allowed, key) {
 			p.add(kn.Line, sub, "unknown key %q (known: %s)", key, strings.Join(allowed, ", "))
 			continue
 		}
@@ -219,16 +222,9 @@ func join(field, key string) string {
 	return field + "." + key
 }
 
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
-}
-
-func describe(n *yaml.Node) string {
+// DescribeNode names what a yaml node holds, for an error that says what
+// a field got instead of what it wants.
+func DescribeNode(n *yaml.Node) string {
 	switch n.Kind {
 	case yaml.MappingNode:
 		return "a mapping"
@@ -248,7 +244,7 @@ func describe(n *yaml.Node) string {
 // str reads a scalar string.
 func (p *parser) str(n *yaml.Node, field string) (string, bool) {
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
-		p.add(n.Line, field, "want a string, got %s", describe(n))
+		p.add(n.Line, field, "want a string, got %s", DescribeNode(n))
 		return "", false
 	}
 	return n.Value, true
@@ -257,7 +253,7 @@ func (p *parser) str(n *yaml.Node, field string) (string, bool) {
 // integer reads a whole number in [lo, hi].
 func (p *parser) integer(n *yaml.Node, field string, lo, hi int64) (int64, bool) {
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
-		p.add(n.Line, field, "want a whole number, got %s", describe(n))
+		p.add(n.Line, field, "want a whole number, got %s", DescribeNode(n))
 		return 0, false
 	}
 	v, err := strconv.ParseInt(n.Value, 10, 64)
@@ -283,7 +279,7 @@ func (p *parser) boolean(n *yaml.Node, field string) (bool, bool) {
 			return b, true
 		}
 	}
-	p.add(n.Line, field, "want true or false, got %s", describe(n))
+	p.add(n.Line, field, "want true or false, got %s", DescribeNode(n))
 	return false, false
 }
 
@@ -426,7 +422,7 @@ var ruleKeys = []string{"name", "match", "limit", "subject", "cost", "costs", "s
 
 func (p *parser) rules(n *yaml.Node, s *Set) {
 	if n.Kind != yaml.SequenceNode {
-		p.add(n.Line, "rules", "want a list, got %s", describe(n))
+		p.add(n.Line, "rules", "want a list, got %s", DescribeNode(n))
 		return
 	}
 	if len(n.Content) > MaxRules {
@@ -558,7 +554,7 @@ func (p *parser) subject(n *yaml.Node, field string, r *Rule) {
 		return
 	}
 	if n.Kind != yaml.SequenceNode {
-		p.add(n.Line, field, "want identity, shared, or a list of descriptor keys; got %s", describe(n))
+		p.add(n.Line, field, "want identity, shared, or a list of descriptor keys; got %s", DescribeNode(n))
 		return
 	}
 	if len(n.Content) == 0 {
@@ -582,7 +578,7 @@ func (p *parser) subject(n *yaml.Node, field string, r *Rule) {
 
 func (p *parser) costs(n *yaml.Node, field string, r *Rule) {
 	if n.Kind != yaml.SequenceNode {
-		p.add(n.Line, field, "want a list, got %s", describe(n))
+		p.add(n.Line, field, "want a list, got %s", DescribeNode(n))
 		return
 	}
 	if len(n.Content) > MaxConditions {
