@@ -154,7 +154,7 @@ func Load(path string) (*Scenario, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chaos: read scenario: %w", err)
 	}
-	sc, err := Parse(b)
+	sc, err := parse(b, filepath.Dir(path))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -164,11 +164,10 @@ func Load(path string) (*Scenario, error) {
 
 // LoadDir reads every *.yaml file in dir, sorted by name.
 func LoadDir(dir string) ([]*Scenario, error) {
-	names, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	names, err := sim.ScenarioFiles(dir)
 	if err != nil {
-		return nil, fmt.Errorf("chaos: list %s: %w", dir, err)
+		return nil, fmt.Errorf("chaos: %w", err)
 	}
-	sort.Strings(names)
 	var out []*Scenario
 	for _, n := range names {
 		sc, err := Load(n)
@@ -177,15 +176,18 @@ func LoadDir(dir string) ([]*Scenario, error) {
 		}
 		out = append(out, sc)
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("chaos: no *.yaml scenarios in %s", dir)
-	}
 	return out, nil
 }
 
-// Parse decodes and validates a scenario file's content.
+// Parse decodes and validates a scenario file's content; the files it
+// names are read relative to the working directory.
 func Parse(b []byte) (*Scenario, error) {
-	ss, err := sim.ParseScenario(b)
+	return parse(b, "")
+}
+
+// parse is Parse with the files the scenario names read relative to dir.
+func parse(b []byte, dir string) (*Scenario, error) {
+	ss, err := sim.ParseScenarioIn(b, dir)
 	if err != nil {
 		return nil, err
 	}

@@ -324,11 +324,10 @@ func LoadScenario(path string) (*Scenario, error) {
 
 // LoadDir reads every *.yaml file in dir, sorted by name.
 func LoadDir(dir string) ([]*Scenario, error) {
-	names, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	names, err := ScenarioFiles(dir)
 	if err != nil {
-		return nil, fmt.Errorf("sim: list %s: %w", dir, err)
+		return nil, err
 	}
-	sort.Strings(names)
 	var out []*Scenario
 	for _, n := range names {
 		sc, err := LoadScenario(n)
@@ -337,10 +336,21 @@ func LoadDir(dir string) ([]*Scenario, error) {
 		}
 		out = append(out, sc)
 	}
-	if len(out) == 0 {
+	return out, nil
+}
+
+// ScenarioFiles lists the *.yaml files in dir, sorted by name; a directory
+// with none is an error. The chaos harness reads the same directories.
+func ScenarioFiles(dir string) ([]string, error) {
+	names, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil {
+		return nil, fmt.Errorf("sim: list %s: %w", dir, err)
+	}
+	if len(names) == 0 {
 		return nil, fmt.Errorf("sim: no *.yaml scenarios in %s", dir)
 	}
-	return out, nil
+	sort.Strings(names)
+	return names, nil
 }
 
 // ParseScenario decodes a scenario, rejecting unknown fields (with their
@@ -348,6 +358,12 @@ func LoadDir(dir string) ([]*Scenario, error) {
 // fills the defaults and validates it.
 func ParseScenario(b []byte) (*Scenario, error) {
 	return parseScenario(b, "")
+}
+
+// ParseScenarioIn is ParseScenario for a file in dir: the files the
+// scenario names are read relative to dir, as LoadScenario reads them.
+func ParseScenarioIn(b []byte, dir string) (*Scenario, error) {
+	return parseScenario(b, dir)
 }
 
 func newDecoder(b []byte) *yaml.Decoder {
