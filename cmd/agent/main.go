@@ -179,28 +179,18 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	return o, o.b.validate(o)
 }
 
-// floorSplit returns how every budget splits into floors, and whether the
-// agent is alone. An agent alone — no -coordinators, and -regions empty or
-// naming only its own region — owns the whole of every budget: no
-// coordinator holds a reserve for it to grant and no other region shares
-// it. Any other agent takes the split the coordinator has (-regions,
-// -weights, -reserve) and stays on its floor while it has no lease, however
-// long the coordinator is unreachable (I5).
+// floorSplit is agent.Floors over the flags, -weights parsed.
 func floorSplit(o options) (lease.Split, bool, error) {
-	regions := split(o.regions)
-	alone := o.coordinators == "" && (len(regions) == 0 || len(regions) == 1 && regions[0] == o.region)
-	if alone {
-		return lease.Split{Regions: []string{o.region}}, true, nil
-	}
-	spec := lease.Split{Regions: regions, Reserve: o.reserve}
+	var weights []int64
 	for _, w := range split(o.weights) {
 		n, err := strconv.ParseInt(w, 10, 64)
 		if err != nil {
-			return spec, false, fmt.Errorf("-weights=%q: %w", o.weights, err)
+			return lease.Split{}, false, fmt.Errorf("-weights=%q: %w", o.weights, err)
 		}
-		spec.Weights = append(spec.Weights, n)
+		weights = append(weights, n)
 	}
-	return spec, false, nil
+	spec, alone := agent.Floors(o.region, split(o.regions), weights, o.reserve, o.coordinators != "")
+	return spec, alone, nil
 }
 
 func split(s string) []string {
@@ -310,24 +300,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	// Membership.
 	if o.gossipBind != "" {
-		host, port, err := net.SplitHostPort(o.gossipBind)
-		if err != nil {
+		gc := agent.DefaultGossipConfig()
+		gc.Name, gc.Region, gc.Join = o.name, o.region, split(o.gossipJoin)
+		if gc.BindAddr, gc.BindPort, err = agent.HostPort(o.gossipBind); err != nil {
 			return fmt.Errorf("-gossip-bind=%q: %w", o.gossipBind, err)
 		}
-		gc := agent.DefaultGossipConfig()
-		gc.Name, gc.Region, gc.BindAddr, gc.Join = o.name, o.region, host, split(o.gossipJoin)
 		if o.gossipAdvertise != "" {
-			ah, ap, err := net.SplitHostPort(o.gossipAdvertise)
-			if err != nil {
+			if gc.AdvertiseAddr, gc.AdvertisePort, err = agent.HostPort(o.gossipAdvertise); err != nil {
 				return fmt.Errorf("-gossip-advertise=%q: %w", o.gossipAdvertise, err)
 			}
-			if gc.AdvertisePort, err = strconv.Atoi(ap); err != nil {
-				return fmt.Errorf("-gossip-advertise=%q: port: %w", o.gossipAdvertise, err)
-			}
-			gc.AdvertiseAddr = ah
-		}
-		if gc.BindPort, err = strconv.Atoi(port); err != nil {
-			return fmt.Errorf("-gossip-bind=%q: port: %w", o.gossipBind, err)
 		}
 		g, err := agent.StartGossip(gc)
 		if err != nil {

@@ -8,9 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -112,7 +110,7 @@ func startAgent(ctx context.Context, e embedOptions, set *rules.Set, store bucke
 		out.close()
 		return nil, err
 	}
-	spec := lease.Split{Regions: split(e.regions), Reserve: lease.DefaultReserve}
+	spec, _ := agent.Floors(e.region, split(e.regions), nil, lease.DefaultReserve, e.coordinators != "")
 	cfg := agent.DefaultConfig()
 	cfg.Name, cfg.Core.Region, cfg.Core.Floors = e.name, e.region, spec
 	cfg.Core.Rules = region.RuleConfigs(set, nil)
@@ -126,14 +124,11 @@ func startAgent(ctx context.Context, e embedOptions, set *rules.Set, store bucke
 		deps.Shared = agent.NewRedisShared(client, "allot:", e.region, time.Second, time.Hour)
 	}
 	if e.gossipBind != "" {
-		host, port, err := net.SplitHostPort(e.gossipBind)
-		if err != nil {
-			return fail(fmt.Errorf("-gossip-bind=%q: %w", e.gossipBind, err))
-		}
 		gc := agent.DefaultGossipConfig()
-		gc.Name, gc.Region, gc.BindAddr, gc.Join = e.name, e.region, host, split(e.gossip)
-		if gc.BindPort, err = strconv.Atoi(port); err != nil {
-			return fail(fmt.Errorf("-gossip-bind=%q: port: %w", e.gossipBind, err))
+		gc.Name, gc.Region, gc.Join = e.name, e.region, split(e.gossip)
+		var err error
+		if gc.BindAddr, gc.BindPort, err = agent.HostPort(e.gossipBind); err != nil {
+			return fail(fmt.Errorf("-gossip-bind=%q: %w", e.gossipBind, err))
 		}
 		g, err := agent.StartGossip(gc)
 		if err != nil {
