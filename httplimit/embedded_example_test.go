@@ -43,7 +43,7 @@ rules:
 	}
 	// The regions sharing the budget; eu's floor is its share of the
 	// two thirds not held in reserve for the coordinator to grant.
-	floors := lease.Split{Regions: []string{"eu"}, Reserve: lease.DefaultReserve}
+	floors, _ := agent.Floors("eu", []string{"eu"}, nil, lease.DefaultReserve, true)
 	coordAddr := startCoordinator(ctx, region.Budgets(set, floors, lease.MaxMin))
 
 	// The region's agent: leases over coordinator.Client, membership over
