@@ -79,15 +79,13 @@ func exportCmd(args []string, out io.Writer) error {
 		}
 		source = fmt.Sprintf("%s at revision %d (copied to %s)", coordinator.DocumentKey(*prefix), rev, docPath)
 	}
-	doc, err := coordinator.LoadDocument(docPath)
+	// The skeleton is what a coordinator would run: a document it would
+	// refuse is refused here too.
+	lc, err := loadChecked(docPath)
 	if err != nil {
 		return err
 	}
-	bs, err := doc.Resolve(fromRules)
-	if err != nil {
-		return err
-	}
-	lc := doc.LeaseConfig(lease.DefaultConfig())
+	bs := lc.Budgets
 	var live *liveStatus
 	if *status != "" {
 		if live, err = fetchStatus(*status); err != nil {

@@ -343,21 +343,30 @@ func rulesCmd(args []string, out io.Writer) error {
 	return nil
 }
 
-// check validates a budgets document and prints each budget's split.
-func check(path string, out io.Writer) error {
+// loadChecked reads a budgets document as the coordinator would run it:
+// its budgets resolved against their rules files and its lease settings
+// validated with them.
+func loadChecked(path string) (lease.Config, error) {
 	doc, err := coordinator.LoadDocument(path)
 	if err != nil {
-		return err
+		return lease.Config{}, err
 	}
 	bs, err := doc.Resolve(fromRules)
 	if err != nil {
-		return err
+		return lease.Config{}, err
 	}
 	lc := doc.LeaseConfig(lease.DefaultConfig())
 	lc.Budgets = bs
-	if err := lc.Validate(); err != nil {
+	return lc, lc.Validate()
+}
+
+// check validates a budgets document and prints each budget's split.
+func check(path string, out io.Writer) error {
+	lc, err := loadChecked(path)
+	if err != nil {
 		return err
 	}
+	bs := lc.Budgets
 	noun := "budgets"
 	if len(bs) == 1 {
 		noun = "budget"
