@@ -31,6 +31,18 @@ const denBits = 32
 func (s *State) den() int64 { return int64(s.frac & (1<<denBits - 1)) }
 func (s *State) rem() int64 { return int64(s.frac >> denBits) }
 
+// Full reports whether the bucket is full at now: never written, or
+// refilled since. A full bucket is the same under any limit.
+func (s State) Full(now time.Time) bool { return s.full(now.UnixMicro()) }
+
+// WrittenUnder reports whether the state was last written under limit l,
+// the limit a later decision under another limit carries it from (see
+// Rebase). The simulator checks with it that a region's bucket was moved to
+// a new allocation before the agents could decide with it.
+func (s State) WrittenUnder(l Limit) bool {
+	return s.frac != 0 && s.num == l.num && s.den() == l.den && s.burst == int64(l.burst)
+}
+
 // full reports whether the bucket is full at now µs.
 func (s *State) full(now int64) bool {
 	return s.frac == 0 || s.tat < now || (s.tat == now && s.rem() == 0)

@@ -172,3 +172,32 @@ func TestDeniedDebitsNothing(t *testing.T) {
 		t.Fatalf("3 left after a denial, but cost 3 was denied: %+v", d)
 	}
 }
+
+// TestStateWrittenUnder: a state records the limit it was written under
+// until a rebase or a decision under another limit moves it, and a full
+// bucket is written under none.
+func TestStateWrittenUnder(t *testing.T) {
+	old, nu := PerSecond(100), PerSecond(40)
+	var s State
+	if !s.Full(t0) || s.WrittenUnder(old) {
+		t.Fatalf("zero state: full %v, written under %s %v; want full, under none", s.Full(t0), old, s.WrittenUnder(old))
+	}
+	_, s, err := Decide(s, t0, old, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Full(t0) || !s.WrittenUnder(old) || s.WrittenUnder(nu) {
+		t.Fatalf("after a decision under %s: full %v, under it %v, under %s %v", old, s.Full(t0), s.WrittenUnder(old), nu, s.WrittenUnder(nu))
+	}
+	at := t0.Add(100 * time.Millisecond)
+	r, err := Rebase(s, at, old, nu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.WrittenUnder(nu) || r.WrittenUnder(old) {
+		t.Fatalf("after a rebase to %s: under it %v, under %s %v", nu, r.WrittenUnder(nu), old, r.WrittenUnder(old))
+	}
+	if !s.Full(t0.Add(time.Second)) {
+		t.Fatal("a bucket 100 tokens down at 100/s is not full a second later")
+	}
+}

@@ -44,6 +44,10 @@ type leasePlane struct {
 	// msgBins counts lease messages per time bin, for the steady-state
 	// rate.
 	msgBins []int64
+	// violations counts broken protocol promises (protocol.go);
+	// violationList holds the first few.
+	violations    int64
+	violationList []string
 }
 
 // regionPlane is one region's end of the lease protocol.
@@ -54,6 +58,15 @@ type regionPlane struct {
 	store   *regionStore
 	// view follows the region's publications, for the allocation chart.
 	view *region.TableView
+	// pub follows the current speaker's own publications, live is the list
+	// of live agents its last Tick was given, carries maps a grant to the
+	// publication current when the Speaker took it (once per delivery: a
+	// duplicated grant is acknowledged again), and stepped is the grant the
+	// Speaker was just given (protocol.go's checks).
+	pub     *region.TableView
+	live    []string
+	carries map[grantRef][]uint64
+	stepped *grantRef
 }
 
 type coordinator struct {
@@ -198,6 +211,11 @@ func (p *leasePlane) elect(w *world, r int, t Micros) {
 		panic(fmt.Sprintf("sim: speaker for %s: %v", cfg.Region, err)) // the config was validated
 	}
 	rp.sp = sp
+	rp.pub = region.NewTableView(w.regions[r].name, p.a.cfg[r].Floors)
+	if st := sp.Table(); st != nil {
+		rp.pub.Set(st)
+	}
+	rp.carries, rp.stepped = map[grantRef][]uint64{}, nil
 	if p.leader >= 0 {
 		sp.Connected(now)
 	}
@@ -212,6 +230,12 @@ func (p *leasePlane) carry(w *world, r int, t Micros) {
 	ag := p.a.agents[r][rp.speaker]
 	for range 2 {
 		rd := rp.sp.Ready()
+		if g := rp.stepped; g != nil {
+			if tb := rp.sp.Table(); tb != nil {
+				rp.carries[*g] = append(rp.carries[*g], tb.Pub)
+			}
+			rp.stepped = nil
+		}
 		var o region.Outcome
 		if len(rd.Settle) > 0 {
 			rp.store.t, rp.store.from = t, rp.speaker
@@ -222,6 +246,8 @@ func (p *leasePlane) carry(w *world, r int, t Micros) {
 			}
 		}
 		if tb := rd.Publish; tb != nil {
+			p.checkSettled(w, r, t, tb, o.Unsettled)
+			rp.pub.Set(tb)
 			if stored, ok := rp.shared.publish(w, p, r, rp.speaker, t, tb); ok && stored >= tb.Pub {
 				o.Refused, o.StoredPub = true, stored
 			}
@@ -230,6 +256,7 @@ func (p *leasePlane) carry(w *world, r int, t Micros) {
 		}
 		rp.sp.Advance(o)
 		for _, m := range rd.Send {
+			p.checkAdopted(w, r, t, m)
 			p.count(w, t)
 			if p.leader < 0 {
 				continue // no leader: the stream is down
@@ -258,6 +285,7 @@ func (p *leasePlane) handle(w *world, e *event) {
 					live = append(live, ag.name)
 				}
 			}
+			rp.live = live
 			reports, _ := rp.shared.demands(w, p, r, rp.speaker, t)
 			rp.sp.Tick(p.regionNow(w, r, t), reports, live)
 			p.carry(w, r, t)
@@ -292,6 +320,8 @@ func (p *leasePlane) handle(w *world, e *event) {
 		}
 		if err := rp.sp.Step(p.regionNow(w, r, t), m); err != nil {
 			p.stepErrors++
+		} else if m.Type == lease.MsgGrant {
+			rp.stepped = &grantRef{m.Term, m.Grant}
 		}
 		p.carry(w, r, t)
 	case plElected:

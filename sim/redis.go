@@ -90,9 +90,12 @@ func (r *regionalRedis) decide(b int, t Micros, l bucket.Limit, cost int64) buck
 	r.ops++
 	st := r.states[b]
 	d, ns, err := bucket.Decide(st, r.clock.at(t), l, bucket.Tokens(cost))
-	if err != nil || !d.Allowed {
-		if err != nil {
-			d = bucket.Decision{Limit: l}
+	switch {
+	case err != nil:
+		return bucket.Decision{Limit: l}
+	case !d.Allowed:
+		if ns != st {
+			r.store(b, t, ns, 0) // carried to l or capped: the script writes it too
 		}
 		return d
 	}
@@ -114,7 +117,13 @@ func (r *regionalRedis) peek(b int, t Micros, l bucket.Limit) bucket.Decision {
 func (r *regionalRedis) takeUpTo(b int, t Micros, l bucket.Limit, n int64) int64 {
 	st := r.states[b]
 	got, _, ns, err := bucket.TakeUpTo(st, r.clock.at(t), l, bucket.Tokens(n))
-	if err != nil || got == 0 {
+	if err != nil {
+		return 0
+	}
+	if got == 0 {
+		if ns != st {
+			r.store(b, t, ns, 0) // carried to l or capped: the script writes it too
+		}
 		return 0
 	}
 	r.store(b, t, ns, int64(got))

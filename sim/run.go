@@ -105,6 +105,11 @@ type Result struct {
 	// Missed lists the scenario's expectations (Scenario.Expect) allot
 	// missed; each makes the run FAIL.
 	Missed  []string       `json:"missed,omitempty"`
+	// Violations lists the first protocol promises allot's speakers were
+	// seen to break (settle before publishing, adopt before
+	// acknowledging), of ViolationCount; any makes the run FAIL.
+	Violations     []string `json:"violations,omitempty"`
+	ViolationCount int64    `json:"violation_count,omitempty"`
 	Faults  []FaultRecord  `json:"faults"`
 	BinS    float64        `json:"bin_s"`
 	Ideal   SystemResult   `json:"ideal"`
@@ -295,6 +300,11 @@ func (w *world) result() *Result {
 					res.Verdict = ro.Verdict
 				}
 			}
+		}
+		if al, ok := s.(*allot); ok && al.plane != nil && al.plane.violations > 0 {
+			res.Violations = append(res.Violations, al.plane.violationList...)
+			res.ViolationCount += al.plane.violations
+			res.Verdict = Fail
 		}
 		if _, ok := s.(bounder); ok {
 			for _, e := range w.sc.Expect.Shares {

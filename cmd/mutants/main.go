@@ -94,6 +94,9 @@ type Outcome struct {
 	// Missed is the first expectation of a scenario (sim.Result.Missed)
 	// the mutant missed, for a mutant caught that way.
 	Missed string `json:"missed,omitempty"`
+	// Violation is the first protocol violation (sim.Result.Violations)
+	// of a run the mutant made, for a mutant caught that way.
+	Violation string `json:"violation,omitempty"`
 	// Runs is how many runs of the library it took.
 	Runs    int     `json:"runs"`
 	Seconds float64 `json:"seconds"`
@@ -370,6 +373,9 @@ func runMutant(ctx context.Context, o options, work string, files []string, patc
 		if len(r.Missed) > 0 && out.Missed == "" {
 			out.Missed = fmt.Sprintf("%s seed=%d: %s", r.Scenario, r.Seed, r.Missed[0])
 		}
+		if len(r.Violations) > 0 && out.Violation == "" {
+			out.Violation = fmt.Sprintf("%s seed=%d: %s", r.Scenario, r.Seed, r.Violations[0])
+		}
 		for _, s := range r.Systems {
 			for _, ro := range s.Rules {
 				if ro.Verdict != sim.Fail || ro.Bound == nil {
@@ -469,6 +475,8 @@ func writeTable(w io.Writer, outs []Outcome) error {
 			ratio = fmt.Sprintf("%.1f / %.1f", c.Overshoot, c.Bound)
 		} else if o.Missed != "" {
 			worst, ratio = o.Missed, "(expectation missed)"
+		} else if o.Violation != "" {
+			worst, ratio = o.Violation, "(protocol violation)"
 		}
 		by := strings.Join(o.CaughtBy, ", ")
 		if len(o.CaughtBy) > 6 {

@@ -192,6 +192,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 				for _, m := range res.Missed {
 					fmt.Fprintf(stderr, "  expectation missed: %s\n", m)
 				}
+				for _, v := range res.Violations {
+					fmt.Fprintf(stderr, "  protocol violation: %s\n", v)
+				}
+				if n := res.ViolationCount - int64(len(res.Violations)); n > 0 {
+					fmt.Fprintf(stderr, "  and %d more protocol violations\n", n)
+				}
 			case sim.Beyond:
 				for _, ro := range res.Systems[0].Rules {
 					if b := ro.Beyond; b != nil {

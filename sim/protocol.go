@@ -1,0 +1,139 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/region"
+)
+
+// The lease plane checks, from outside the Speaker, the two promises of its
+// Ready order that no overshoot measure sees: within one publication they
+// are leaks below a bucket's burst (see "Protocol checks" in the design).
+//
+//   - Settled before published: every allocation a new table changes is
+//     already the limit of the region's Redis bucket when the table is
+//     published (the bucket was rebased to it, took its burst out, or is
+//     full, which is the same under any limit). An agent deciding with a
+//     table whose allocation its bucket does not have yet refills at the old
+//     rate until its next request.
+//   - Adopted before acknowledged: an acknowledgement leaves for the
+//     coordinator only once every live agent of the region decides with a
+//     table that carries the grant. The coordinator hands on what the
+//     acknowledgement gives up at once.
+//
+// A broken promise is a protocol violation: the run FAILs and the first few
+// are listed (Result.Violations).
+
+// maxViolations is how many violations a run lists; it counts them all.
+const maxViolations = 5
+
+// grantRef names a grant within a leader's term.
+type grantRef struct{ term, grant uint64 }
+
+// violate records one protocol violation.
+func (p *leasePlane) violate(format string, args ...any) {
+	p.violations++
+	if len(p.violationList) < maxViolations {
+		p.violationList = append(p.violationList, fmt.Sprintf(format, args...))
+	}
+}
+
+// tableKeys returns the keys of a and b's entries, sorted, once each.
+func tableKeys(a, b *region.Table) []bucket.Key {
+	var ks []bucket.Key
+	for _, t := range []*region.Table{a, b} {
+		if t == nil {
+			continue
+		}
+		for _, e := range t.Entries {
+			ks = append(ks, e.Key)
+		}
+	}
+	slices.SortFunc(ks, func(x, y bucket.Key) int {
+		if x.Rule != y.Rule {
+			if x.Rule < y.Rule {
+				return -1
+			}
+			return 1
+		}
+		switch {
+		case x.Subject < y.Subject:
+			return -1
+		case x.Subject > y.Subject:
+			return 1
+		}
+		return 0
+	})
+	return slices.Compact(ks)
+}
+
+// checkSettled checks, as region r's speaker publishes tb at t, that every
+// allocation tb changes from the speaker's previous publication is the
+// limit of its bucket in the region's Redis (or the bucket is full).
+// Changes the store did not take (unsettled) are listed again by the
+// Speaker and not checked here.
+func (p *leasePlane) checkSettled(w *world, r int, t Micros, tb *region.Table, unsettled []region.Change) {
+	rp := p.regions[r]
+	now := p.regionNow(w, r, t)
+	prev := rp.pub.Table()
+	after := region.NewTableView(w.regions[r].name, p.a.cfg[r].Floors)
+	after.Set(tb)
+	rd := rp.store.rd
+	for _, k := range tableKeys(prev, tb) {
+		b, ok := p.budgetOf(w, k)
+		if !ok {
+			continue
+		}
+		global := w.ruleOf(b).limit
+		from, _, _ := rp.pub.Allocation(now, k, global)
+		to, _, _ := after.Allocation(now, k, global)
+		if from == to || to.IsZero() || !rd.up(t) {
+			continue
+		}
+		if slices.ContainsFunc(unsettled, func(c region.Change) bool { return c.Key == k }) {
+			continue
+		}
+		st := rd.states[b]
+		if st.Full(rd.clock.at(t)) || st.WrittenUnder(to) {
+			continue
+		}
+		p.violate("%s: table %d published at %s with %s/%s at %s while its Redis bucket was still under %s (settle before publishing)",
+			w.regions[r].name, tb.Pub, time.Duration(t)*time.Microsecond, k.Rule, k.Subject, to, from)
+	}
+}
+
+// checkAdopted checks, as region r's speaker sends m at t, that an
+// acknowledgement leaves only once every live agent decides with a table
+// at least as new as the one that carried its grant. An agent with no
+// table yet (just restarted) decides with none of the grant's allocations
+// and is left out.
+func (p *leasePlane) checkAdopted(w *world, r int, t Micros, m lease.Message) {
+	if m.Type != lease.MsgAck {
+		return
+	}
+	rp := p.regions[r]
+	ref := grantRef{m.Term, m.Grant}
+	pubs := rp.carries[ref]
+	if len(pubs) == 0 {
+		return
+	}
+	pub := pubs[0]
+	if len(pubs) == 1 {
+		delete(rp.carries, ref)
+	} else {
+		rp.carries[ref] = pubs[1:]
+	}
+	for i, ag := range p.a.agents[r] {
+		if i == rp.speaker || !ag.alive || !slices.Contains(rp.live, ag.name) {
+			continue
+		}
+		if tb := ag.view.Table(); tb != nil && tb.Pub < pub {
+			p.violate("%s: grant %d of term %d acknowledged at %s while %s decided with table %d, not yet %d, which carries it (adopt before acknowledging)",
+				w.regions[r].name, m.Grant, m.Term, time.Duration(t)*time.Microsecond, ag.name, tb.Pub, pub)
+		}
+	}
+}
