@@ -58,12 +58,12 @@ type regionPlane struct {
 	store   *regionStore
 	// view follows the region's publications, for the allocation chart.
 	view *region.TableView
-	// pub follows the current speaker's own publications, live is the list
+	// last is the current speaker's last publication, live is the list
 	// of live agents its last Tick was given, carries maps a grant to the
 	// publication current when the Speaker took it (once per delivery: a
 	// duplicated grant is acknowledged again), and stepped is the grant the
 	// Speaker was just given (protocol.go's checks).
-	pub     *region.TableView
+	last    *region.Table
 	live    []string
 	carries map[grantRef][]uint64
 	stepped *grantRef
@@ -211,10 +211,7 @@ func (p *leasePlane) elect(w *world, r int, t Micros) {
 		panic(fmt.Sprintf("sim: speaker for %s: %v", cfg.Region, err)) // the config was validated
 	}
 	rp.sp = sp
-	rp.pub = region.NewTableView(w.regions[r].name, p.a.cfg[r].Floors)
-	if st := sp.Table(); st != nil {
-		rp.pub.Set(st)
-	}
+	rp.last = sp.Table()
 	rp.carries, rp.stepped = map[grantRef][]uint64{}, nil
 	if p.leader >= 0 {
 		sp.Connected(now)
@@ -247,7 +244,7 @@ func (p *leasePlane) carry(w *world, r int, t Micros) {
 		}
 		if tb := rd.Publish; tb != nil {
 			p.checkSettled(w, r, t, tb, o.Unsettled)
-			rp.pub.Set(tb)
+			rp.last = tb
 			if stored, ok := rp.shared.publish(w, p, r, rp.speaker, t, tb); ok && stored >= tb.Pub {
 				o.Refused, o.StoredPub = true, stored
 			}

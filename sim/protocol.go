@@ -79,19 +79,33 @@ func tableKeys(a, b *region.Table) []bucket.Key {
 func (p *leasePlane) checkSettled(w *world, r int, t Micros, tb *region.Table, unsettled []region.Change) {
 	rp := p.regions[r]
 	now := p.regionNow(w, r, t)
-	prev := rp.pub.Table()
-	after := region.NewTableView(w.regions[r].name, p.a.cfg[r].Floors)
-	after.Set(tb)
 	rd := rp.store.rd
-	for _, k := range tableKeys(prev, tb) {
+	if !rd.up(t) {
+		return
+	}
+	// The Holder's floors are per budget; the agents' views take one split
+	// for every rule (see "everything's report rule"), so each rule's
+	// allocations are read through a view with its budget's split.
+	before := make([]*region.TableView, len(p.budgets))
+	after := make([]*region.TableView, len(p.budgets))
+	for _, k := range tableKeys(rp.last, tb) {
 		b, ok := p.budgetOf(w, k)
 		if !ok {
 			continue
 		}
+		ri := int(w.ruleIdx[b])
+		if before[ri] == nil {
+			before[ri] = region.NewTableView(w.regions[r].name, p.budgets[ri].Split())
+			after[ri] = region.NewTableView(w.regions[r].name, p.budgets[ri].Split())
+			if rp.last != nil {
+				before[ri].Set(rp.last)
+			}
+			after[ri].Set(tb)
+		}
 		global := w.ruleOf(b).limit
-		from, _, _ := rp.pub.Allocation(now, k, global)
-		to, _, _ := after.Allocation(now, k, global)
-		if from == to || to.IsZero() || !rd.up(t) {
+		from, _, _ := before[ri].Allocation(now, k, global)
+		to, _, _ := after[ri].Allocation(now, k, global)
+		if from == to || to.IsZero() {
 			continue
 		}
 		if slices.ContainsFunc(unsettled, func(c region.Change) bool { return c.Key == k }) {
@@ -101,7 +115,7 @@ func (p *leasePlane) checkSettled(w *world, r int, t Micros, tb *region.Table, u
 		if st.Full(rd.clock.at(t)) || st.WrittenUnder(to) {
 			continue
 		}
-		p.violate("%s: table %d published at %s with %s/%s at %s while its Redis bucket was still under %s (settle before publishing)",
+		p.violate("%s: table %d published at %s with %s/%s at %s while its Redis bucket was not yet moved from %s (settle before publishing)",
 			w.regions[r].name, tb.Pub, time.Duration(t)*time.Microsecond, k.Rule, k.Subject, to, from)
 	}
 }
