@@ -104,16 +104,16 @@ type Result struct {
 	Verdict            string `json:"verdict"`
 	// Missed lists the scenario's expectations (Scenario.Expect) allot
 	// missed; each makes the run FAIL.
-	Missed  []string       `json:"missed,omitempty"`
+	Missed []string `json:"missed,omitempty"`
 	// Violations lists the first protocol promises allot's speakers were
 	// seen to break (settle before publishing, adopt before
 	// acknowledging), of ViolationCount; any makes the run FAIL.
-	Violations     []string `json:"violations,omitempty"`
-	ViolationCount int64    `json:"violation_count,omitempty"`
-	Faults  []FaultRecord  `json:"faults"`
-	BinS    float64        `json:"bin_s"`
-	Ideal   SystemResult   `json:"ideal"`
-	Systems []SystemResult `json:"systems"`
+	Violations     []string       `json:"violations,omitempty"`
+	ViolationCount int64          `json:"violation_count,omitempty"`
+	Faults         []FaultRecord  `json:"faults"`
+	BinS           float64        `json:"bin_s"`
+	Ideal          SystemResult   `json:"ideal"`
+	Systems        []SystemResult `json:"systems"`
 }
 
 // RuleInfo describes one rule.
