@@ -18,19 +18,23 @@ import (
 // coreShard holds the state of the keys that hash to it. keys, under mu,
 // is every key; read is an immutable copy that lookups use without a lock,
 // republished (as sync.Map does) once the misses have cost about as much as
-// a copy.
+// a copy. amended is set while keys holds a key that read lacks (sync.Map's
+// amended), so a key in neither, the common case of a cold key, is found
+// missing without the lock.
 type coreShard struct {
-	read   atomic.Pointer[map[bucket.Key]*keyState]
-	mu     sync.RWMutex
-	keys   map[bucket.Key]*keyState
-	misses int
-	_      [24]byte // keep shards on separate cache lines
+	read    atomic.Pointer[map[bucket.Key]*keyState]
+	amended atomic.Bool
+	mu      sync.RWMutex
+	keys    map[bucket.Key]*keyState
+	misses  int
+	_       [20]byte // keep shards on separate cache lines
 }
 
 // publishLocked makes read a copy of keys. Requires that s.mu is held.
 func (s *coreShard) publishLocked() {
 	m := maps.Clone(s.keys)
 	s.read.Store(&m)
+	s.amended.Store(false)
 	s.misses = 0
 }
 
@@ -64,11 +68,13 @@ type keyState struct {
 	batchLimit bucket.Limit // the allocation the held tokens were taken under
 	takenAt    int64        // µs of the last refill
 	rate       float64      // short-term demand, tokens per second: sizes batches
-	lastSample int64        // µs
-	demand     float64      // moving average over windows of at least demandWindow, tokens per second: reported
-	winStart   int64        // µs: start of the current demand window
-	winTokens  int64        // tokens asked in the current demand window
-	lastActive int64        // µs of the last sample with arrivals
+	// lastSample (µs) is written under mu and read without it too, so
+	// that a decision within sampleEvery of the last sample skips the lock.
+	lastSample atomic.Int64
+	demand     float64 // moving average over windows of at least demandWindow, tokens per second: reported
+	winStart   int64   // µs: start of the current demand window
+	winTokens  int64   // tokens asked in the current demand window
+	lastActive int64   // µs of the last sample with arrivals
 	emergency  bucket.State
 	// emergencyFrom is the µs instant the outage the emergency bucket
 	// serves began (the breaker's opening): a later outage starts it empty
@@ -124,6 +130,11 @@ func (c *Core) lookup(key bucket.Key) *keyState {
 			return ks
 		}
 	}
+	// A key added after the load of amended is one this lookup may miss,
+	// as it would had it come a moment earlier.
+	if !s.amended.Load() {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ks := s.keys[key]
@@ -154,9 +165,11 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 	if ks := s.keys[key]; ks != nil {
 		return ks
 	}
-	ks := &keyState{key: key, lastSample: now, lastActive: now, winStart: now}
+	ks := &keyState{key: key, lastActive: now, winStart: now}
+	ks.lastSample.Store(now)
 	ks.rs.Store(c.rule(key.Rule))
 	s.keys[key] = ks
+	s.amended.Store(true)
 	s.missLocked()
 	c.stats.keys.Add(1)
 	c.newMu.Lock()
