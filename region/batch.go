@@ -129,7 +129,7 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allo
 	// The refill took every token the bucket held: it is full again a
 	// burst's worth of intervals from now.
 	reset := time.Duration(lim.Burst()) * lim.Interval()
-	ks.denyUntil(now.Add(max(retry, quiet)).UnixMicro(), now.Add(reset).UnixMicro(), 1)
+	c.denyUntil(ks, now.Add(max(retry, quiet)).UnixMicro(), now.Add(reset).UnixMicro(), 1)
 	res.Decision.RetryAfter, res.Decision.ResetAfter = retry, reset
 	return c.done(ks, res), nil
 }

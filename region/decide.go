@@ -192,7 +192,7 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 		ks := c.state(key, now.UnixMicro())
 		ks.arrived.Add(int64(cost))
 		if !dd.Allowed && dd.RetryAfter > 0 {
-			ks.denyUntil(now.Add(dd.RetryAfter).UnixMicro(), now.Add(dd.ResetAfter).UnixMicro(), cost)
+			c.denyUntil(ks, now.Add(dd.RetryAfter).UnixMicro(), now.Add(dd.ResetAfter).UnixMicro(), cost)
 		}
 	}
 	return PathStore, true, nil
@@ -300,7 +300,7 @@ func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, ac *alloc
 	}
 	c.breaker.Success(now)
 	if !d.Allowed && d.RetryAfter > 0 {
-		ks.denyUntil(now.Add(d.RetryAfter).UnixMicro(), now.Add(d.ResetAfter).UnixMicro(), cost)
+		c.denyUntil(ks, now.Add(d.RetryAfter).UnixMicro(), now.Add(d.ResetAfter).UnixMicro(), cost)
 	}
 	res.Decision, res.Path = d, PathStore
 	return c.done(ks, res), nil

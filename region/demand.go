@@ -179,7 +179,7 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 		batch = float64(ac.limit.Burst())*c.cfg.BatchMaxFraction >= c.batchMinus
 	}
 	if batch && !ks.batched.Load() {
-		c.hot[hotSlot(ks.key)].Store(ks)
+		c.promote(ks)
 	}
 	ks.batched.Store(batch)
 }

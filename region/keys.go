@@ -257,13 +257,30 @@ func (l *attemptLog) remember(id string, r attemptRec) {
 	l.byID[id] = r
 }
 
-// denyUntil caches a denial: requests of at least cost are denied locally
-// until the instant until (µs), and told that the bucket is full again at
-// reset (µs).
-func (ks *keyState) denyUntil(until, reset int64, cost bucket.Tokens) {
+// denyUntil caches a denial of ks: requests of at least cost are denied
+// locally until the instant until (µs), and told that the bucket is full
+// again at reset (µs). A key denied is in heavy demand, as a batched one
+// is, so it takes its place in the hot-key cache: the denials that follow
+// skip the shard's map.
+func (c *Core) denyUntil(ks *keyState, until, reset int64, cost bucket.Tokens) {
 	ks.deniedReset.Store(reset)
 	ks.deniedCost.Store(int64(cost))
 	ks.deniedUntil.Store(until)
+	c.promote(ks)
+}
+
+// promote puts ks in the hot-key cache, writing the slot only when it holds
+// another key, so that keys in use from many goroutines do not pass its
+// cache line between cores.
+func (c *Core) promote(ks *keyState) {
+	if slot := &c.hot[hotSlot(ks.key)]; slot.Load() != ks {
+		slot.Store(ks)
+		// Tick marks a dropped key gone before it clears its slot: one of
+		// the two sees the other's write, so no dropped key stays cached.
+		if ks.gone.Load() {
+			slot.CompareAndSwap(ks, nil)
+		}
+	}
 }
 
 // Tick does the core's periodic work at now: it probes the store while
@@ -302,9 +319,9 @@ func (c *Core) Tick(ctx context.Context, now time.Time) {
 			s.mu.Lock()
 			for _, k := range idle {
 				if ks := s.keys[k]; ks != nil && ks.held() == 0 && ks.arrived.Load() == 0 {
+					ks.gone.Store(true)
 					c.hot[hotSlot(k)].CompareAndSwap(ks, nil)
 					delete(s.keys, k)
-					ks.gone.Store(true)
 					c.stats.keys.Add(-1)
 					c.dropped.Add(1)
 				}
