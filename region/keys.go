@@ -99,32 +99,29 @@ type allocCache struct {
 	until int64 // µs
 }
 
-const hotSlots = 256
+// hotSlots is the size of the hot-key cache: room for the keys in heavy
+// use of a busy agent (a key in none of them is found in its shard's map).
+const hotSlots = 1024
 
-// hotSlot is a cheap hash of a key for the hot-key cache: a collision only
-// sends a lookup on to the shard's map.
-func hotSlot(k bucket.Key) int {
-	h := uint(len(k.Subject))*0x9E37 + uint(len(k.Rule))*0x85EB
-	if n := len(k.Subject); n > 0 {
-		h += uint(k.Subject[0])*31 + uint(k.Subject[n-1])*131 + uint(k.Subject[n/2])*7
-	}
-	if n := len(k.Rule); n > 0 {
-		h += uint(k.Rule[n-1]) * 17
-	}
-	return int(h % hotSlots)
+// hash is the key's hash, for its shard and its slot in the hot-key cache.
+// Rules are told apart by their names' lengths only, which costs nothing;
+// keys that collide in a slot are found in their shards' maps.
+func (c *Core) hash(k bucket.Key) uint64 {
+	return maphash.String(c.seed, k.Subject) + uint64(len(k.Rule))*0x9E3779B97F4A7C15
 }
 
-func (c *Core) shard(k bucket.Key) *coreShard {
-	h := maphash.String(c.seed, k.Subject) + uint64(len(k.Rule))*0x9E3779B97F4A7C15
-	return &c.shards[(h>>7)&c.mask]
-}
+// slot is the key of hash h's place in the hot-key cache.
+func (c *Core) slot(h uint64) *atomic.Pointer[keyState] { return &c.hot[h%hotSlots] }
+
+func (c *Core) shard(h uint64) *coreShard { return &c.shards[(h>>10)&c.mask] }
 
 // lookup returns key's state, nil when the key has none.
 func (c *Core) lookup(key bucket.Key) *keyState {
-	if ks := c.hot[hotSlot(key)].Load(); ks != nil && ks.key == key {
+	h := c.hash(key)
+	if ks := c.slot(h).Load(); ks != nil && ks.key == key {
 		return ks
 	}
-	s := c.shard(key)
+	s := c.shard(h)
 	if m := s.read.Load(); m != nil {
 		if ks := (*m)[key]; ks != nil {
 			return ks
@@ -159,7 +156,7 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 	if ks := c.lookup(key); ks != nil {
 		return ks
 	}
-	s := c.shard(key)
+	s := c.shard(c.hash(key))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ks := s.keys[key]; ks != nil {
@@ -273,7 +270,7 @@ func (c *Core) denyUntil(ks *keyState, until, reset int64, cost bucket.Tokens) {
 // another key, so that keys in use from many goroutines do not pass its
 // cache line between cores.
 func (c *Core) promote(ks *keyState) {
-	if slot := &c.hot[hotSlot(ks.key)]; slot.Load() != ks {
+	if slot := c.slot(c.hash(ks.key)); slot.Load() != ks {
 		slot.Store(ks)
 		// Tick marks a dropped key gone before it clears its slot: one of
 		// the two sees the other's write, so no dropped key stays cached.
@@ -320,7 +317,7 @@ func (c *Core) Tick(ctx context.Context, now time.Time) {
 			for _, k := range idle {
 				if ks := s.keys[k]; ks != nil && ks.held() == 0 && ks.arrived.Load() == 0 {
 					ks.gone.Store(true)
-					c.hot[hotSlot(k)].CompareAndSwap(ks, nil)
+					c.slot(c.hash(k)).CompareAndSwap(ks, nil)
 					delete(s.keys, k)
 					c.stats.keys.Add(-1)
 					c.dropped.Add(1)
