@@ -122,6 +122,41 @@ func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global
 	return res.Path, ac, err
 }
 
+// fromBatch decides cost tokens of key from the key's batch at nowUS, a
+// reading that may lag the true time (a clock.Coarse), when that is what
+// decide would do at any instant from nowUS to nowUS+slackUS: the key's
+// cached allocation is current and holds past nowUS+slackUS, no cached
+// denial covers the request at nowUS (nor so later), and the batch holds
+// cost tokens. It returns the key's cached allocation when it decided, and
+// nil, having changed nothing, otherwise; the
+// caller then decides with decide on a true reading. So a reading stale by
+// less than slackUS gives the answer decide gives on a true one: the only
+// input that could turn that answer the other way with a later time is a
+// lease ending, and the cached allocation outlives the slack.
+func (c *Core) fromBatch(nowUS, slackUS int64, key bucket.Key, global *bucket.Limit, cost bucket.Tokens, d *bucket.Decision) *allocCache {
+	if bucket.Check(*global, cost) != nil {
+		return nil
+	}
+	ks := c.lookup(key)
+	if ks == nil || (ks.held() == 0 && !ks.batched.Load()) {
+		return nil
+	}
+	ac := ks.alloc.Load()
+	if ac == nil || ac.epoch != c.alloc.Epoch()+c.scaleEpoch.Load() || nowUS+slackUS >= ac.until || !sameLimit(ac.global, *global) {
+		return nil
+	}
+	if cost > ac.limit.Burst() || (nowUS < ks.deniedUntil.Load() && int64(cost) >= ks.deniedCost.Load()) {
+		return nil
+	}
+	left, ok := ks.take(cost, true)
+	if !ok {
+		return nil
+	}
+	d.Allowed, d.Remaining, d.Limit = true, bucket.Tokens(left), ac.limit
+	d.RetryAfter, d.ResetAfter = 0, 0
+	return ac
+}
+
 // coldSample: every coldSample-th decision of a key without state gives
 // it state, so a key in heavy demand far below its allocation (which the
 // store never reports as pressed) is soon tracked and batched, while
