@@ -117,7 +117,8 @@ func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global
 			}
 		}
 	}
-	res, err := c.slow(ctx, now, nowUS, ks, ac, cost, attemptID)
+	var res Result
+	err := c.slow(ctx, now, nowUS, ks, ac, cost, attemptID, &res)
 	*d = res.Decision
 	return res.Path, ac, err
 }
@@ -210,7 +211,8 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 		ks := c.state(key, now.UnixMicro())
 		ac := c.allocation(ks, now, *global)
 		ks.arrived.Add(int64(cost))
-		res, err := c.fallback(now, ks, ac, cost, Result{Alloc: ac.full, Decision: bucket.Decision{Limit: ac.limit}})
+		res := Result{Alloc: ac.full, Decision: bucket.Decision{Limit: ac.limit}}
+		err := c.fallback(now, ks, ac, cost, &res)
 		*d = res.Decision
 		return res.Path, true, err
 	}
@@ -256,7 +258,7 @@ func (c *Core) decideAttempt(ctx context.Context, now time.Time, nowUS int64, ks
 	}
 	var err error
 	if res.Path != PathBatch {
-		res, err = c.slow(ctx, now, nowUS, ks, ac, cost, attemptID)
+		err = c.slow(ctx, now, nowUS, ks, ac, cost, attemptID, &res)
 	}
 	if err == nil {
 		ks.mu.Lock()
@@ -271,15 +273,16 @@ func (c *Core) decideAttempt(ctx context.Context, now time.Time, nowUS int64, ks
 }
 
 // slow is every decision but one from a held batch.
-func (c *Core) slow(ctx context.Context, now time.Time, nowUS int64, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string) (Result, error) {
+func (c *Core) slow(ctx context.Context, now time.Time, nowUS int64, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string, res *Result) error {
 	lim := ac.limit
-	res := Result{Hot: ac.hot, Alloc: ac.full, Decision: bucket.Decision{Limit: lim}}
+	*res = Result{Hot: ac.hot, Alloc: ac.full, Decision: bucket.Decision{Limit: lim}}
 	// Arrivals are counted for demand on every path but the batch's, whose
 	// spending sampleLocked reads off the batch itself.
 	if cost > lim.Burst() { // a zero allocation has burst 0
 		ks.arrived.Add(int64(cost))
 		res.Path, res.Decision.RetryAfter = PathNoAllocation, c.cfg.DenyRetry
-		return c.done(ks, res), nil
+		c.done(ks, res)
+		return nil
 	}
 	if du := ks.deniedUntil.Load(); nowUS < du && int64(cost) >= ks.deniedCost.Load() {
 		ks.arrived.Add(int64(cost))
@@ -289,7 +292,8 @@ func (c *Core) slow(ctx context.Context, now time.Time, nowUS int64, ks *keyStat
 		// repeats: it is full again when that denial said (later if other
 		// agents spent from it meanwhile).
 		res.Decision.ResetAfter = max(time.Duration(ks.deniedReset.Load()-nowUS)*time.Microsecond, res.Decision.RetryAfter)
-		return c.done(ks, res), nil
+		c.done(ks, res)
+		return nil
 	}
 	if ks.batched.Load() {
 		return c.refill(ctx, now, ks, ac, cost, attemptID, res)
@@ -298,13 +302,12 @@ func (c *Core) slow(ctx context.Context, now time.Time, nowUS int64, ks *keyStat
 }
 
 // done counts res.
-func (c *Core) done(ks *keyState, res Result) Result {
+func (c *Core) done(ks *keyState, res *Result) {
 	if res.Decision.Allowed {
 		ks.rs.Load().admitted[res.Path].Add(1)
 	} else {
 		ks.rs.Load().denied[res.Path].Add(1)
 	}
-	return res
 }
 
 // isInputErr reports whether err is about the request, not the store.
@@ -313,7 +316,7 @@ func isInputErr(err error) bool {
 }
 
 // exact decides one request in the store.
-func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string, res Result) (Result, error) {
+func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string, res *Result) error {
 	lim := ac.limit
 	ks.arrived.Add(int64(cost))
 	c.sample(ks, now)
@@ -328,7 +331,7 @@ func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, ac *alloc
 			// About the request, or the caller gave up: no verdict on the
 			// store.
 			c.breaker.Cancel()
-			return res, err
+			return err
 		}
 		c.storeFailed(now, err)
 		return c.fallback(now, ks, ac, cost, res)
@@ -338,5 +341,6 @@ func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, ac *alloc
 		c.denyUntil(ks, now.Add(d.RetryAfter).UnixMicro(), now.Add(d.ResetAfter).UnixMicro(), cost)
 	}
 	res.Decision, res.Path = d, PathStore
-	return c.done(ks, res), nil
+	c.done(ks, res)
+	return nil
 }

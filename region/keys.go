@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"hash/maphash"
-	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -17,12 +16,12 @@ import (
 
 // coreShard holds the state of the keys that hash to it. keys, under mu,
 // is every key; read is an immutable copy that lookups use without a lock,
-// republished (as sync.Map does) once the misses have cost about as much as
-// a copy. amended is set while keys holds a key that read lacks (sync.Map's
-// amended), so a key in neither, the common case of a cold key, is found
-// missing without the lock.
+// republished (as sync.Map does) once the lookups that took the lock have
+// cost about as much as a copy. amended is set while keys holds a key that
+// read lacks (sync.Map's amended), so a key in neither, the common case of
+// a cold key, is found missing without the lock.
 type coreShard struct {
-	read    atomic.Pointer[map[bucket.Key]*keyState]
+	read    atomic.Pointer[readTable]
 	amended atomic.Bool
 	mu      sync.RWMutex
 	keys    map[bucket.Key]*keyState
@@ -30,10 +29,49 @@ type coreShard struct {
 	_       [20]byte // keep shards on separate cache lines
 }
 
+// readTable is a shard's keys in an open-addressed table indexed by the
+// hash the core already took of the key (Core.hash), so a lookup hashes
+// the key once, not again as a map would. It is never written once
+// published.
+type readTable struct {
+	mask  uint64
+	slots []readSlot
+}
+
+type readSlot struct {
+	h  uint64
+	ks *keyState
+}
+
+// find returns the state of key, whose hash is h; nil when the table does
+// not hold it.
+func (t *readTable) find(h uint64, key bucket.Key) *keyState {
+	for i := h & t.mask; ; i = (i + 1) & t.mask {
+		sl := &t.slots[i]
+		if sl.ks == nil {
+			return nil
+		}
+		if sl.h == h && sl.ks.key == key {
+			return sl.ks
+		}
+	}
+}
+
 // publishLocked makes read a copy of keys. Requires that s.mu is held.
 func (s *coreShard) publishLocked() {
-	m := maps.Clone(s.keys)
-	s.read.Store(&m)
+	n := 8
+	for n < 2*len(s.keys) { // at most half full: a miss ends within a probe or two
+		n <<= 1
+	}
+	t := &readTable{mask: uint64(n - 1), slots: make([]readSlot, n)} // #nosec G115 -- n >= 8
+	for _, ks := range s.keys {
+		i := ks.h & t.mask
+		for t.slots[i].ks != nil {
+			i = (i + 1) & t.mask
+		}
+		t.slots[i] = readSlot{h: ks.h, ks: ks}
+	}
+	s.read.Store(t)
 	s.amended.Store(false)
 	s.misses = 0
 }
@@ -55,6 +93,7 @@ type keyState struct {
 	batched     atomic.Bool // local demand is large enough to batch
 
 	key bucket.Key
+	h   uint64 // Core.hash of key
 	// gone is set when the state is dropped from its shard, for the demand
 	// order, which may still list it until it is rebuilt.
 	gone atomic.Bool
@@ -122,8 +161,8 @@ func (c *Core) lookup(key bucket.Key) *keyState {
 		return ks
 	}
 	s := c.shard(h)
-	if m := s.read.Load(); m != nil {
-		if ks := (*m)[key]; ks != nil {
+	if t := s.read.Load(); t != nil {
+		if ks := t.find(h, key); ks != nil {
 			return ks
 		}
 	}
@@ -134,16 +173,15 @@ func (c *Core) lookup(key bucket.Key) *keyState {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ks := s.keys[key]
-	if ks != nil {
-		s.missLocked()
-	}
-	return ks
+	// Found or not, the lookup took the lock because read lags keys: count
+	// it toward republishing read.
+	s.missLocked()
+	return s.keys[key]
 }
 
-// missLocked counts a lookup that found a key in keys but not in read, and
-// republishes read once that has cost about as much as a copy. Requires
-// that s.mu is held.
+// missLocked counts a lookup that took the lock while read lagged keys,
+// and republishes read once that has cost about as much as a copy.
+// Requires that s.mu is held.
 func (s *coreShard) missLocked() {
 	s.misses++
 	if s.misses > len(s.keys)/2+8 {
@@ -156,13 +194,14 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 	if ks := c.lookup(key); ks != nil {
 		return ks
 	}
-	s := c.shard(c.hash(key))
+	h := c.hash(key)
+	s := c.shard(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ks := s.keys[key]; ks != nil {
 		return ks
 	}
-	ks := &keyState{key: key, lastActive: now, winStart: now}
+	ks := &keyState{key: key, h: h, lastActive: now, winStart: now}
 	ks.lastSample.Store(now)
 	ks.rs.Store(c.rule(key.Rule))
 	s.keys[key] = ks
@@ -270,7 +309,7 @@ func (c *Core) denyUntil(ks *keyState, until, reset int64, cost bucket.Tokens) {
 // another key, so that keys in use from many goroutines do not pass its
 // cache line between cores.
 func (c *Core) promote(ks *keyState) {
-	if slot := c.slot(c.hash(ks.key)); slot.Load() != ks {
+	if slot := c.slot(ks.h); slot.Load() != ks {
 		slot.Store(ks)
 		// Tick marks a dropped key gone before it clears its slot: one of
 		// the two sees the other's write, so no dropped key stays cached.
@@ -317,7 +356,7 @@ func (c *Core) Tick(ctx context.Context, now time.Time) {
 			for _, k := range idle {
 				if ks := s.keys[k]; ks != nil && ks.held() == 0 && ks.arrived.Load() == 0 {
 					ks.gone.Store(true)
-					c.slot(c.hash(k)).CompareAndSwap(ks, nil)
+					c.slot(ks.h).CompareAndSwap(ks, nil)
 					delete(s.keys, k)
 					c.stats.keys.Add(-1)
 					c.dropped.Add(1)
