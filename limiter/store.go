@@ -177,8 +177,8 @@ func (l *StoreLimiter) Allow(ctx context.Context, req Request) (Decision, error)
 	if l.cfg.OnDecision != nil {
 		start = l.cfg.Clock.Now()
 	}
-	d, err := l.allow(ctx, req)
-	if err != nil {
+	var d Decision
+	if err := l.allow(ctx, req, &d); err != nil {
 		return d, err
 	}
 	l.stats.decisions.Add(1)
@@ -191,29 +191,31 @@ func (l *StoreLimiter) Allow(ctx context.Context, req Request) (Decision, error)
 	return d, nil
 }
 
-func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error) {
+// allow decides req into d, which the caller passes zero: the decision is
+// some 300 bytes, and filling it in place saves copying it at each return.
+func (l *StoreLimiter) allow(ctx context.Context, req Request, d *Decision) error {
 	if req.Cost < 0 {
-		return Decision{}, fmt.Errorf("%w: cost=%d must be ≥ 0", ErrInvalidRequest, req.Cost)
+		return fmt.Errorf("%w: cost=%d must be ≥ 0", ErrInvalidRequest, req.Cost)
 	}
 	if err := l.cfg.Bounds.Check(req); err != nil {
-		return Decision{}, err
+		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return Decision{}, fmt.Errorf("limiter: %w", err)
+		return fmt.Errorf("limiter: %w", err)
 	}
 	rs := l.cfg.Rules.Current()
-	d := Decision{RulesVersion: rs.Version()}
+	d.RulesVersion = rs.Version()
 	var r *rules.Rule
 	if req.Rule != "" {
 		var ok bool
 		if r, ok = rs.Rule(req.Rule); !ok {
-			return d, fmt.Errorf("%w: %q is not in rules version %s", ErrUnknownRule, req.Rule, rs.Version())
+			return fmt.Errorf("%w: %q is not in rules version %s", ErrUnknownRule, req.Rule, rs.Version())
 		}
 	} else {
 		var ok bool
 		if r, ok = rs.Match(req.Descriptor); !ok {
 			d.Allowed, d.Reason = true, ReasonNoRule
-			return d, nil
+			return nil
 		}
 	}
 	d.Rule, d.Shadow = r.Name, r.Shadow
@@ -233,7 +235,8 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error)
 		l.stats.noIdentity.Add(1)
 		if ni.Action == rules.DenyNoIdentity {
 			d.Reason, d.Status = ReasonNoIdentity, ni.Status
-			return l.deny(d), nil
+			l.deny(d)
+			return nil
 		}
 		subject, plan = rules.AnonymousSubject, ""
 	}
@@ -250,10 +253,11 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error)
 		switch res.Action {
 		case rules.UnknownPlanAllow:
 			d.Allowed, d.Reason, d.Limit, d.Quota = true, ReasonUnknownPlan, bucket.Limit{}, bucket.Limit{}
-			return d, nil
+			return nil
 		case rules.UnknownPlanDeny:
 			d.Reason, d.Limit, d.Quota = ReasonUnknownPlan, bucket.Limit{}, bucket.Limit{}
-			return l.deny(d), nil
+			l.deny(d)
+			return nil
 		default:
 			// The default plan's quota, in a bucket of its own.
 			d.Policy = rs.DefaultPlan().Name
@@ -264,9 +268,10 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error)
 
 	if err := bucket.Check(d.Limit, d.Cost); err != nil {
 		if errors.Is(err, bucket.ErrNeverFits) {
-			return l.neverFits(d), nil
+			l.neverFits(d)
+			return nil
 		}
-		return d, fmt.Errorf("%w: rule %q: %w", ErrInvalidRequest, r.Name, err)
+		return fmt.Errorf("%w: rule %q: %w", ErrInvalidRequest, r.Name, err)
 	}
 
 	store := l.cfg.Store
@@ -276,16 +281,18 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error)
 	bd, err := store.Decide(ctx, d.Key, d.Limit, d.Cost, req.AttemptID)
 	switch {
 	case err == nil:
-		return l.fromBucket(d, bd), nil
+		l.fromBucket(d, &bd)
+		return nil
 	case errors.Is(err, bucket.ErrNeverFits):
 		// A store may judge by a smaller limit than the rule's (an agent's
 		// share of it).
-		return l.neverFits(d), nil
+		l.neverFits(d)
+		return nil
 	case errors.Is(err, bucket.ErrInvalidLimit) || errors.Is(err, bucket.ErrInvalidCost):
-		return d, fmt.Errorf("%w: rule %q: %w", ErrInvalidRequest, r.Name, err)
+		return fmt.Errorf("%w: rule %q: %w", ErrInvalidRequest, r.Name, err)
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, bucket.ErrUnavailable) {
-		return d, fmt.Errorf("limiter: rule %q: %w", r.Name, err)
+		return fmt.Errorf("limiter: rule %q: %w", r.Name, err)
 	}
 	// Anything else the store could not answer is an outage: the failure
 	// policy decides, never an error to the caller.
@@ -295,14 +302,14 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request) (Decision, error)
 }
 
 // fallback applies r's failure policy to a decision the store could not make.
-func (l *StoreLimiter) fallback(ctx context.Context, r *rules.Rule, d Decision, req Request) (Decision, error) {
+func (l *StoreLimiter) fallback(ctx context.Context, r *rules.Rule, d *Decision, req Request) error {
 	d.Fallback = r.Failure.Policy
 	switch r.Failure.Policy {
 	case rules.FailOpen:
 		l.stats.failOpen.Add(1)
 		l.event(Event{Kind: EventFailOpen, Rule: r.Name, Plan: d.Plan, Subject: d.Key.Subject, Reason: ReasonUnavailable, RulesVersion: d.RulesVersion})
 		d.Allowed, d.Reason = true, ReasonUnavailable
-		return d, nil
+		return nil
 	case rules.Emergency:
 		el := l.cfg.EmergencyLimit(r, d.Key, d.Limit)
 		l.stats.emergency.Add(1)
@@ -311,46 +318,48 @@ func (l *StoreLimiter) fallback(ctx context.Context, r *rules.Rule, d Decision, 
 		bd, err := l.local.Decide(ctx, d.Key, el, d.Cost, req.AttemptID)
 		switch {
 		case err == nil:
-			return l.fromBucket(d, bd), nil
+			l.fromBucket(d, &bd)
+			return nil
 		case errors.Is(err, bucket.ErrNeverFits):
-			return l.neverFits(d), nil
+			l.neverFits(d)
+			return nil
 		}
 		// An unusable emergency limit (a zero share) fails closed.
 		l.event(Event{Kind: EventStoreError, Rule: r.Name, Plan: d.Plan, Subject: d.Key.Subject, Err: err, RulesVersion: d.RulesVersion})
 	}
 	d.Reason = ReasonUnavailable
 	d.RetryAfter = time.Second
-	return l.deny(d), nil
+	l.deny(d)
+	return nil
 }
 
 // fromBucket fills d from the store's decision, whose Limit is the limit
 // in force: the rule's, or the share of it the store enforces.
-func (l *StoreLimiter) fromBucket(d Decision, bd bucket.Decision) Decision {
+func (l *StoreLimiter) fromBucket(d *Decision, bd *bucket.Decision) {
 	d.Remaining, d.RetryAfter, d.ResetAfter, d.Limit = bd.Remaining, bd.RetryAfter, bd.ResetAfter, bd.Limit
 	if bd.Allowed {
 		d.Allowed, d.Reason = true, ReasonOK
-		return d
+		return
 	}
 	d.Reason = ReasonOverLimit
-	return l.deny(d)
+	l.deny(d)
 }
 
-func (l *StoreLimiter) neverFits(d Decision) Decision {
+func (l *StoreLimiter) neverFits(d *Decision) {
 	l.stats.neverFits.Add(1)
 	l.event(Event{Kind: EventNeverFits, Rule: d.Rule, Plan: d.Plan, Subject: d.Key.Subject, RulesVersion: d.RulesVersion})
 	d.Reason, d.RetryAfter = ReasonNeverFits, 0
-	return l.deny(d)
+	l.deny(d)
 }
 
-// deny returns d denied, or admitted by a shadow rule.
-func (l *StoreLimiter) deny(d Decision) Decision {
+// deny makes d a denial, or an admission by a shadow rule.
+func (l *StoreLimiter) deny(d *Decision) {
 	d.Allowed = false
 	if d.Shadow {
 		l.stats.shadowDenied.Add(1)
 		l.event(Event{Kind: EventShadowDeny, Rule: d.Rule, Plan: d.Plan, Subject: d.Key.Subject, Reason: d.Reason, RulesVersion: d.RulesVersion})
 		d.Allowed = true
 	}
-	return d
 }
 
 // event sends e to the hook and, at most once per LogEvery per kind, to the

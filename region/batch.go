@@ -65,7 +65,7 @@ func (ks *keyState) takeCount() int64 {
 // refill takes a batch for ks from the store and decides the request from
 // it. One refill per key runs at a time; a request that finds the batch
 // empty while another refills is decided exactly.
-func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string, res Result) (Result, error) {
+func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string, res *Result) error {
 	lim := ac.limit
 	c.sample(ks, now)
 	ks.mu.Lock()
@@ -77,7 +77,8 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allo
 		ks.mu.Unlock()
 		res.Path = PathBatch
 		res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
-		return c.done(ks, res), nil
+		c.done(ks, res)
+		return nil
 	}
 	if !c.breaker.Allow(now) {
 		ks.mu.Unlock()
@@ -105,7 +106,7 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allo
 		ks.arrived.Add(int64(cost))
 		if isInputErr(err) || ctx.Err() != nil {
 			c.breaker.Cancel()
-			return res, err
+			return err
 		}
 		c.storeFailed(now, err)
 		return c.fallback(now, ks, ac, cost, res)
@@ -115,7 +116,8 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allo
 	res.Path = PathStore
 	if left, ok := ks.take(cost, false); ok {
 		res.Decision.Allowed, res.Decision.Remaining = true, bucket.Tokens(left)
-		return c.done(ks, res), nil
+		c.done(ks, res)
+		return nil
 	}
 	// The regional bucket held fewer than cost tokens: it is empty now.
 	// Nothing is asked of it again until a batch's worth has refilled (the
@@ -129,9 +131,10 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allo
 	// The refill took every token the bucket held: it is full again a
 	// burst's worth of intervals from now.
 	reset := time.Duration(lim.Burst()) * lim.Interval()
-	ks.denyUntil(now.Add(max(retry, quiet)).UnixMicro(), now.Add(reset).UnixMicro(), 1)
+	c.denyUntil(ks, now.Add(max(retry, quiet)).UnixMicro(), now.Add(reset).UnixMicro(), 1)
 	res.Decision.RetryAfter, res.Decision.ResetAfter = retry, reset
-	return c.done(ks, res), nil
+	c.done(ks, res)
+	return nil
 }
 
 // batchSize is the next batch for a key: its demand over BatchWindow, at

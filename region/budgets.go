@@ -1,6 +1,8 @@
 package region
 
 import (
+	"slices"
+
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/rules"
@@ -28,24 +30,33 @@ func Budgets(set *rules.Set, split lease.Split, policy lease.AllocationPolicy) [
 // bucket is charged under its plan's budget, which the limit identifies. It
 // is immutable and safe for concurrent use.
 type Namer struct {
-	byLimit map[ruleLimit]string
+	// byRule lists, per rule, the limits of its plans' budgets with their
+	// names: a rule has a few plans, and a scan comparing limits costs less
+	// than hashing a limit.
+	byRule map[string][]namedLimit
 }
 
-type ruleLimit struct {
-	rule  string
+type namedLimit struct {
 	limit bucket.Limit
+	name  string
 }
 
 // NewNamer returns the Namer of a rules set; nil set means keys map to
 // themselves.
 func NewNamer(set *rules.Set) *Namer {
-	n := &Namer{byLimit: map[ruleLimit]string{}}
+	n := &Namer{byRule: map[string][]namedLimit{}}
 	if set == nil {
 		return n
 	}
 	for _, b := range set.Budgets() {
-		if len(b.Plans) > 0 {
-			n.byLimit[ruleLimit{b.Rule, b.Limit}] = b.Name
+		if len(b.Plans) == 0 {
+			continue
+		}
+		nls := n.byRule[b.Rule]
+		if i := slices.IndexFunc(nls, func(nl namedLimit) bool { return nl.limit == b.Limit }); i >= 0 {
+			nls[i].name = b.Name // as the map this replaces kept the last
+		} else {
+			n.byRule[b.Rule] = append(nls, namedLimit{b.Limit, b.Name})
 		}
 	}
 	return n
@@ -53,11 +64,14 @@ func NewNamer(set *rules.Set) *Namer {
 
 // Budget returns the budget key of key charged under global.
 func (n *Namer) Budget(key bucket.Key, global bucket.Limit) bucket.Key {
-	if n == nil || len(n.byLimit) == 0 {
+	if n == nil || len(n.byRule) == 0 {
 		return key
 	}
-	if name, ok := n.byLimit[ruleLimit{key.Rule, global}]; ok {
-		key.Rule = name
+	for _, nl := range n.byRule[key.Rule] {
+		if nl.limit == global {
+			key.Rule = nl.name
+			break
+		}
 	}
 	return key
 }

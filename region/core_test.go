@@ -201,6 +201,63 @@ func TestHotEntryLeaseExpiryAndLentFloor(t *testing.T) {
 	}
 }
 
+// TestRenewalKeepsEpoch checks that a table that only renews the lease
+// leaves the view's epoch (and so every key's cached allocation) in place,
+// while any table that may change an answer moves it: other entries, a
+// shorter or released lease, or a renewal after a reader found the lease
+// over. Each decision must still see the allocation of the current table.
+func TestRenewalKeepsEpoch(t *testing.T) {
+	f := newFixture(t, nil)
+	entries := func(hot bucket.Tokens) []lease.Entry {
+		return []lease.Entry{{Key: key("hot"), Count: hot, Burst: hot}, {Key: key("lent"), Count: 40, Burst: 40}}
+	}
+	pub := uint64(0)
+	table := func(end, hold time.Duration, released bool, es []lease.Entry) *Table {
+		pub++
+		return &Table{Region: "a", Pub: pub, Term: 1, Version: pub, LeaseEnd: t0.Add(end), HoldUntil: t0.Add(hold),
+			Released: released, Entries: es}
+	}
+	steps := []struct {
+		name  string
+		at    time.Duration
+		tab   *Table
+		moves bool
+		// hot and lent are the allocations (per second) a decision sees after the step.
+		hot, lent bucket.Tokens
+	}{
+		{"first table", 0, table(10*time.Second, 20*time.Second, false, entries(250)), true, 250, 40},
+		{"renewal", time.Second, table(11*time.Second, 21*time.Second, false, entries(250)), false, 250, 40},
+		{"renewal, hold unchanged", 2 * time.Second, table(12*time.Second, 21*time.Second, false, entries(250)), false, 250, 40},
+		{"same lease end", 3 * time.Second, table(12*time.Second, 22*time.Second, false, entries(250)), false, 250, 40},
+		{"other entries", 4 * time.Second, table(14*time.Second, 24*time.Second, false, entries(200)), true, 200, 40},
+		{"shorter lease", 5 * time.Second, table(13*time.Second, 24*time.Second, false, entries(200)), true, 200, 40},
+		{"released", 6 * time.Second, table(16*time.Second, 26*time.Second, true, entries(200)), true, 100, 40},
+		{"renewed after release", 7 * time.Second, table(17*time.Second, 27*time.Second, false, entries(200)), true, 200, 40},
+		// At +18 s the lease is over: hot is at its floor, lent still lent.
+		{"lapsed, no table", 18 * time.Second, nil, false, 100, 40},
+		{"renewal after a lapse", 18 * time.Second, table(30*time.Second, 40*time.Second, false, entries(200)), true, 200, 40},
+		{"renewal after it", 19 * time.Second, table(31*time.Second, 41*time.Second, false, entries(200)), false, 200, 40},
+	}
+	for _, st := range steps {
+		f.clk.Set(t0.Add(st.at))
+		ep := f.view.Epoch()
+		if st.tab != nil && !f.view.Set(st.tab) {
+			t.Fatalf("%s: table not installed", st.name)
+		}
+		if moved := f.view.Epoch() != ep; moved != st.moves {
+			t.Errorf("%s: epoch moved %v, want %v", st.name, moved, st.moves)
+		}
+		for _, k := range []struct {
+			name string
+			want bucket.Tokens
+		}{{"hot", st.hot}, {"lent", st.lent}} {
+			if r := f.decide(t, key(k.name), 1); r.Decision.Limit != bucket.PerSecond(k.want) {
+				t.Errorf("%s: key %s decided under %v, want %v", st.name, k.name, r.Decision.Limit, bucket.PerSecond(k.want))
+			}
+		}
+	}
+}
+
 // TestTableViewMatchesHolder checks that every agent's view of the table
 // answers as the speaking agent's lease.Holder does.
 func TestTableViewMatchesHolder(t *testing.T) {

@@ -117,9 +117,45 @@ func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global
 			}
 		}
 	}
-	res, err := c.slow(ctx, now, nowUS, ks, ac, cost, attemptID)
+	var res Result
+	err := c.slow(ctx, now, nowUS, ks, ac, cost, attemptID, &res)
 	*d = res.Decision
 	return res.Path, ac, err
+}
+
+// fromBatch decides cost tokens of key from the key's batch at nowUS, a
+// reading that may lag the true time (a clock.Coarse), when that is what
+// decide would do at any instant from nowUS to nowUS+slackUS: the key's
+// cached allocation is current and holds past nowUS+slackUS, no cached
+// denial covers the request at nowUS (nor so later), and the batch holds
+// cost tokens. It returns the key's cached allocation when it decided, and
+// nil, having changed nothing, otherwise; the
+// caller then decides with decide on a true reading. So a reading stale by
+// less than slackUS gives the answer decide gives on a true one: the only
+// input that could turn that answer the other way with a later time is a
+// lease ending, and the cached allocation outlives the slack.
+func (c *Core) fromBatch(nowUS, slackUS int64, key bucket.Key, global *bucket.Limit, cost bucket.Tokens, d *bucket.Decision) *allocCache {
+	if bucket.Check(*global, cost) != nil {
+		return nil
+	}
+	ks := c.lookup(key)
+	if ks == nil || (ks.held() == 0 && !ks.batched.Load()) {
+		return nil
+	}
+	ac := ks.alloc.Load()
+	if ac == nil || ac.epoch != c.alloc.Epoch()+c.scaleEpoch.Load() || nowUS+slackUS >= ac.until || !sameLimit(ac.global, *global) {
+		return nil
+	}
+	if cost > ac.limit.Burst() || (nowUS < ks.deniedUntil.Load() && int64(cost) >= ks.deniedCost.Load()) {
+		return nil
+	}
+	left, ok := ks.take(cost, true)
+	if !ok {
+		return nil
+	}
+	d.Allowed, d.Remaining, d.Limit = true, bucket.Tokens(left), ac.limit
+	d.RetryAfter, d.ResetAfter = 0, 0
+	return ac
 }
 
 // coldSample: every coldSample-th decision of a key without state gives
@@ -175,7 +211,8 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 		ks := c.state(key, now.UnixMicro())
 		ac := c.allocation(ks, now, *global)
 		ks.arrived.Add(int64(cost))
-		res, err := c.fallback(now, ks, ac, cost, Result{Alloc: ac.full, Decision: bucket.Decision{Limit: ac.limit}})
+		res := Result{Alloc: ac.full, Decision: bucket.Decision{Limit: ac.limit}}
+		err := c.fallback(now, ks, ac, cost, &res)
 		*d = res.Decision
 		return res.Path, true, err
 	}
@@ -192,7 +229,7 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 		ks := c.state(key, now.UnixMicro())
 		ks.arrived.Add(int64(cost))
 		if !dd.Allowed && dd.RetryAfter > 0 {
-			ks.denyUntil(now.Add(dd.RetryAfter).UnixMicro(), now.Add(dd.ResetAfter).UnixMicro(), cost)
+			c.denyUntil(ks, now.Add(dd.RetryAfter).UnixMicro(), now.Add(dd.ResetAfter).UnixMicro(), cost)
 		}
 	}
 	return PathStore, true, nil
@@ -221,7 +258,7 @@ func (c *Core) decideAttempt(ctx context.Context, now time.Time, nowUS int64, ks
 	}
 	var err error
 	if res.Path != PathBatch {
-		res, err = c.slow(ctx, now, nowUS, ks, ac, cost, attemptID)
+		err = c.slow(ctx, now, nowUS, ks, ac, cost, attemptID, &res)
 	}
 	if err == nil {
 		ks.mu.Lock()
@@ -236,15 +273,16 @@ func (c *Core) decideAttempt(ctx context.Context, now time.Time, nowUS int64, ks
 }
 
 // slow is every decision but one from a held batch.
-func (c *Core) slow(ctx context.Context, now time.Time, nowUS int64, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string) (Result, error) {
+func (c *Core) slow(ctx context.Context, now time.Time, nowUS int64, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string, res *Result) error {
 	lim := ac.limit
-	res := Result{Hot: ac.hot, Alloc: ac.full, Decision: bucket.Decision{Limit: lim}}
+	*res = Result{Hot: ac.hot, Alloc: ac.full, Decision: bucket.Decision{Limit: lim}}
 	// Arrivals are counted for demand on every path but the batch's, whose
 	// spending sampleLocked reads off the batch itself.
 	if cost > lim.Burst() { // a zero allocation has burst 0
 		ks.arrived.Add(int64(cost))
 		res.Path, res.Decision.RetryAfter = PathNoAllocation, c.cfg.DenyRetry
-		return c.done(ks, res), nil
+		c.done(ks, res)
+		return nil
 	}
 	if du := ks.deniedUntil.Load(); nowUS < du && int64(cost) >= ks.deniedCost.Load() {
 		ks.arrived.Add(int64(cost))
@@ -254,7 +292,8 @@ func (c *Core) slow(ctx context.Context, now time.Time, nowUS int64, ks *keyStat
 		// repeats: it is full again when that denial said (later if other
 		// agents spent from it meanwhile).
 		res.Decision.ResetAfter = max(time.Duration(ks.deniedReset.Load()-nowUS)*time.Microsecond, res.Decision.RetryAfter)
-		return c.done(ks, res), nil
+		c.done(ks, res)
+		return nil
 	}
 	if ks.batched.Load() {
 		return c.refill(ctx, now, ks, ac, cost, attemptID, res)
@@ -263,13 +302,12 @@ func (c *Core) slow(ctx context.Context, now time.Time, nowUS int64, ks *keyStat
 }
 
 // done counts res.
-func (c *Core) done(ks *keyState, res Result) Result {
+func (c *Core) done(ks *keyState, res *Result) {
 	if res.Decision.Allowed {
 		ks.rs.Load().admitted[res.Path].Add(1)
 	} else {
 		ks.rs.Load().denied[res.Path].Add(1)
 	}
-	return res
 }
 
 // isInputErr reports whether err is about the request, not the store.
@@ -278,7 +316,7 @@ func isInputErr(err error) bool {
 }
 
 // exact decides one request in the store.
-func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string, res Result) (Result, error) {
+func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, ac *allocCache, cost bucket.Tokens, attemptID string, res *Result) error {
 	lim := ac.limit
 	ks.arrived.Add(int64(cost))
 	c.sample(ks, now)
@@ -293,15 +331,16 @@ func (c *Core) exact(ctx context.Context, now time.Time, ks *keyState, ac *alloc
 			// About the request, or the caller gave up: no verdict on the
 			// store.
 			c.breaker.Cancel()
-			return res, err
+			return err
 		}
 		c.storeFailed(now, err)
 		return c.fallback(now, ks, ac, cost, res)
 	}
 	c.breaker.Success(now)
 	if !d.Allowed && d.RetryAfter > 0 {
-		ks.denyUntil(now.Add(d.RetryAfter).UnixMicro(), now.Add(d.ResetAfter).UnixMicro(), cost)
+		c.denyUntil(ks, now.Add(d.RetryAfter).UnixMicro(), now.Add(d.ResetAfter).UnixMicro(), cost)
 	}
 	res.Decision, res.Path = d, PathStore
-	return c.done(ks, res), nil
+	c.done(ks, res)
+	return nil
 }

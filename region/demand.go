@@ -118,6 +118,9 @@ const demandWindow = 100 * time.Millisecond
 // increase arrives spent.
 func (c *Core) sample(ks *keyState, now time.Time) {
 	nowUS := now.UnixMicro()
+	if nowUS-ks.lastSample.Load() < sampleEvery.Microseconds() {
+		return // as sampleLocked would, without the lock
+	}
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	c.sampleLocked(ks, nowUS)
@@ -150,7 +153,7 @@ func average(est, inst float64, dt, hl int64) float64 {
 
 // sampleLocked requires that ks.mu is held.
 func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
-	dt := nowUS - ks.lastSample
+	dt := nowUS - ks.lastSample.Load()
 	if dt < sampleEvery.Microseconds() {
 		return
 	}
@@ -162,7 +165,7 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 	a := ks.arrived.Swap(0) + max(spent-ks.lastSpent, 0)
 	ks.lastSpent = spent
 	ks.rate = ewma(ks.rate, float64(a)/(float64(dt)/1e6), dt, hl)
-	ks.lastSample = nowUS
+	ks.lastSample.Store(nowUS)
 	ks.winTokens += a
 	if w := nowUS - ks.winStart; w >= demandWindow.Microseconds() {
 		ks.demand = average(ks.demand, float64(ks.winTokens)/(float64(w)/1e6), w, hl)
@@ -176,7 +179,7 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 		batch = float64(ac.limit.Burst())*c.cfg.BatchMaxFraction >= c.batchMinus
 	}
 	if batch && !ks.batched.Load() {
-		c.hot[hotSlot(ks.key)].Store(ks)
+		c.promote(ks)
 	}
 	ks.batched.Store(batch)
 }

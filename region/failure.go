@@ -84,21 +84,23 @@ func (c *Core) LastError() error {
 // agent's share. While the breaker is closed the emergency bucket holds
 // nothing: a store call that fails then (a straggler on a healthy store)
 // is denied from it, as from an empty bucket.
-func (c *Core) fallback(now time.Time, ks *keyState, ac *allocCache, cost bucket.Tokens, res Result) (Result, error) {
+func (c *Core) fallback(now time.Time, ks *keyState, ac *allocCache, cost bucket.Tokens, res *Result) error {
 	lim := ac.limit
 	rc := &ks.rs.Load().cfg
 	switch rc.OnUnavailable {
 	case rules.FailOpen:
 		res.Path = PathFailOpen
 		res.Decision = bucket.Decision{Allowed: true, Limit: lim}
-		return c.done(ks, res), nil
+		c.done(ks, res)
+		return nil
 	case rules.Emergency:
 		since, open := c.breaker.OpenSince()
 		el := emergencyLimit(ac.full, rc, c.Live())
 		res.Path = PathEmergency
 		if !open || el.IsZero() || cost > el.Burst() {
 			res.Decision = bucket.Decision{Limit: el, RetryAfter: c.cfg.DenyRetry}
-			return c.done(ks, res), nil
+			c.done(ks, res)
+			return nil
 		}
 		ks.mu.Lock()
 		if at := since.UnixMicro(); ks.emergencyFrom != at {
@@ -115,12 +117,13 @@ func (c *Core) fallback(now time.Time, ks *keyState, ac *allocCache, cost bucket
 			d = bucket.Decision{Limit: el, RetryAfter: c.cfg.DenyRetry}
 		}
 		res.Decision = d
-		return c.done(ks, res), nil
+		c.done(ks, res)
+		return nil
 	}
 	res.Path = PathFailClosed
 	res.Decision = bucket.Decision{Limit: lim, RetryAfter: c.cfg.BreakerBackoff}
 	c.done(ks, res)
-	return res, ErrFailClosed
+	return ErrFailClosed
 }
 
 // drain empties ks's bucket once per detected failover, for rules with

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"hash/maphash"
-	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -17,20 +16,63 @@ import (
 
 // coreShard holds the state of the keys that hash to it. keys, under mu,
 // is every key; read is an immutable copy that lookups use without a lock,
-// republished (as sync.Map does) once the misses have cost about as much as
-// a copy.
+// republished (as sync.Map does) once the lookups that took the lock have
+// cost about as much as a copy. amended is set while keys holds a key that
+// read lacks (sync.Map's amended), so a key in neither, the common case of
+// a cold key, is found missing without the lock.
 type coreShard struct {
-	read   atomic.Pointer[map[bucket.Key]*keyState]
-	mu     sync.RWMutex
-	keys   map[bucket.Key]*keyState
-	misses int
-	_      [24]byte // keep shards on separate cache lines
+	read    atomic.Pointer[readTable]
+	amended atomic.Bool
+	mu      sync.RWMutex
+	keys    map[bucket.Key]*keyState
+	misses  int
+	_       [20]byte // keep shards on separate cache lines
+}
+
+// readTable is a shard's keys in an open-addressed table indexed by the
+// hash the core already took of the key (Core.hash), so a lookup hashes
+// the key once, not again as a map would. It is never written once
+// published.
+type readTable struct {
+	mask  uint64
+	slots []readSlot
+}
+
+type readSlot struct {
+	h  uint64
+	ks *keyState
+}
+
+// find returns the state of key, whose hash is h; nil when the table does
+// not hold it.
+func (t *readTable) find(h uint64, key bucket.Key) *keyState {
+	for i := h & t.mask; ; i = (i + 1) & t.mask {
+		sl := &t.slots[i]
+		if sl.ks == nil {
+			return nil
+		}
+		if sl.h == h && sl.ks.key == key {
+			return sl.ks
+		}
+	}
 }
 
 // publishLocked makes read a copy of keys. Requires that s.mu is held.
 func (s *coreShard) publishLocked() {
-	m := maps.Clone(s.keys)
-	s.read.Store(&m)
+	n := 8
+	for n < 2*len(s.keys) { // at most half full: a miss ends within a probe or two
+		n <<= 1
+	}
+	t := &readTable{mask: uint64(n - 1), slots: make([]readSlot, n)} // #nosec G115 -- n >= 8
+	for _, ks := range s.keys {
+		i := ks.h & t.mask
+		for t.slots[i].ks != nil {
+			i = (i + 1) & t.mask
+		}
+		t.slots[i] = readSlot{h: ks.h, ks: ks}
+	}
+	s.read.Store(t)
+	s.amended.Store(false)
 	s.misses = 0
 }
 
@@ -51,6 +93,7 @@ type keyState struct {
 	batched     atomic.Bool // local demand is large enough to batch
 
 	key bucket.Key
+	h   uint64 // Core.hash of key
 	// gone is set when the state is dropped from its shard, for the demand
 	// order, which may still list it until it is rebuilt.
 	gone atomic.Bool
@@ -64,11 +107,13 @@ type keyState struct {
 	batchLimit bucket.Limit // the allocation the held tokens were taken under
 	takenAt    int64        // µs of the last refill
 	rate       float64      // short-term demand, tokens per second: sizes batches
-	lastSample int64        // µs
-	demand     float64      // moving average over windows of at least demandWindow, tokens per second: reported
-	winStart   int64        // µs: start of the current demand window
-	winTokens  int64        // tokens asked in the current demand window
-	lastActive int64        // µs of the last sample with arrivals
+	// lastSample (µs) is written under mu and read without it too, so
+	// that a decision within sampleEvery of the last sample skips the lock.
+	lastSample atomic.Int64
+	demand     float64 // moving average over windows of at least demandWindow, tokens per second: reported
+	winStart   int64   // µs: start of the current demand window
+	winTokens  int64   // tokens asked in the current demand window
+	lastActive int64   // µs of the last sample with arrivals
 	emergency  bucket.State
 	// emergencyFrom is the µs instant the outage the emergency bucket
 	// serves began (the breaker's opening): a later outage starts it empty
@@ -93,49 +138,50 @@ type allocCache struct {
 	until int64 // µs
 }
 
-const hotSlots = 256
+// hotSlots is the size of the hot-key cache: room for the keys in heavy
+// use of a busy agent (a key in none of them is found in its shard's map).
+const hotSlots = 1024
 
-// hotSlot is a cheap hash of a key for the hot-key cache: a collision only
-// sends a lookup on to the shard's map.
-func hotSlot(k bucket.Key) int {
-	h := uint(len(k.Subject))*0x9E37 + uint(len(k.Rule))*0x85EB
-	if n := len(k.Subject); n > 0 {
-		h += uint(k.Subject[0])*31 + uint(k.Subject[n-1])*131 + uint(k.Subject[n/2])*7
-	}
-	if n := len(k.Rule); n > 0 {
-		h += uint(k.Rule[n-1]) * 17
-	}
-	return int(h % hotSlots)
+// hash is the key's hash, for its shard and its slot in the hot-key cache.
+// Rules are told apart by their names' lengths only, which costs nothing;
+// keys that collide in a slot are found in their shards' maps.
+func (c *Core) hash(k bucket.Key) uint64 {
+	return maphash.String(c.seed, k.Subject) + uint64(len(k.Rule))*0x9E3779B97F4A7C15
 }
 
-func (c *Core) shard(k bucket.Key) *coreShard {
-	h := maphash.String(c.seed, k.Subject) + uint64(len(k.Rule))*0x9E3779B97F4A7C15
-	return &c.shards[(h>>7)&c.mask]
-}
+// slot is the key of hash h's place in the hot-key cache.
+func (c *Core) slot(h uint64) *atomic.Pointer[keyState] { return &c.hot[h%hotSlots] }
+
+func (c *Core) shard(h uint64) *coreShard { return &c.shards[(h>>10)&c.mask] }
 
 // lookup returns key's state, nil when the key has none.
 func (c *Core) lookup(key bucket.Key) *keyState {
-	if ks := c.hot[hotSlot(key)].Load(); ks != nil && ks.key == key {
+	h := c.hash(key)
+	if ks := c.slot(h).Load(); ks != nil && ks.key == key {
 		return ks
 	}
-	s := c.shard(key)
-	if m := s.read.Load(); m != nil {
-		if ks := (*m)[key]; ks != nil {
+	s := c.shard(h)
+	if t := s.read.Load(); t != nil {
+		if ks := t.find(h, key); ks != nil {
 			return ks
 		}
 	}
+	// A key added after the load of amended is one this lookup may miss,
+	// as it would had it come a moment earlier.
+	if !s.amended.Load() {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ks := s.keys[key]
-	if ks != nil {
-		s.missLocked()
-	}
-	return ks
+	// Found or not, the lookup took the lock because read lags keys: count
+	// it toward republishing read.
+	s.missLocked()
+	return s.keys[key]
 }
 
-// missLocked counts a lookup that found a key in keys but not in read, and
-// republishes read once that has cost about as much as a copy. Requires
-// that s.mu is held.
+// missLocked counts a lookup that took the lock while read lagged keys,
+// and republishes read once that has cost about as much as a copy.
+// Requires that s.mu is held.
 func (s *coreShard) missLocked() {
 	s.misses++
 	if s.misses > len(s.keys)/2+8 {
@@ -148,15 +194,18 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 	if ks := c.lookup(key); ks != nil {
 		return ks
 	}
-	s := c.shard(key)
+	h := c.hash(key)
+	s := c.shard(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ks := s.keys[key]; ks != nil {
 		return ks
 	}
-	ks := &keyState{key: key, lastSample: now, lastActive: now, winStart: now}
+	ks := &keyState{key: key, h: h, lastActive: now, winStart: now}
+	ks.lastSample.Store(now)
 	ks.rs.Store(c.rule(key.Rule))
 	s.keys[key] = ks
+	s.amended.Store(true)
 	s.missLocked()
 	c.stats.keys.Add(1)
 	c.newMu.Lock()
@@ -244,13 +293,30 @@ func (l *attemptLog) remember(id string, r attemptRec) {
 	l.byID[id] = r
 }
 
-// denyUntil caches a denial: requests of at least cost are denied locally
-// until the instant until (µs), and told that the bucket is full again at
-// reset (µs).
-func (ks *keyState) denyUntil(until, reset int64, cost bucket.Tokens) {
+// denyUntil caches a denial of ks: requests of at least cost are denied
+// locally until the instant until (µs), and told that the bucket is full
+// again at reset (µs). A key denied is in heavy demand, as a batched one
+// is, so it takes its place in the hot-key cache: the denials that follow
+// skip the shard's map.
+func (c *Core) denyUntil(ks *keyState, until, reset int64, cost bucket.Tokens) {
 	ks.deniedReset.Store(reset)
 	ks.deniedCost.Store(int64(cost))
 	ks.deniedUntil.Store(until)
+	c.promote(ks)
+}
+
+// promote puts ks in the hot-key cache, writing the slot only when it holds
+// another key, so that keys in use from many goroutines do not pass its
+// cache line between cores.
+func (c *Core) promote(ks *keyState) {
+	if slot := c.slot(ks.h); slot.Load() != ks {
+		slot.Store(ks)
+		// Tick marks a dropped key gone before it clears its slot: one of
+		// the two sees the other's write, so no dropped key stays cached.
+		if ks.gone.Load() {
+			slot.CompareAndSwap(ks, nil)
+		}
+	}
 }
 
 // Tick does the core's periodic work at now: it probes the store while
@@ -289,9 +355,9 @@ func (c *Core) Tick(ctx context.Context, now time.Time) {
 			s.mu.Lock()
 			for _, k := range idle {
 				if ks := s.keys[k]; ks != nil && ks.held() == 0 && ks.arrived.Load() == 0 {
-					c.hot[hotSlot(k)].CompareAndSwap(ks, nil)
-					delete(s.keys, k)
 					ks.gone.Store(true)
+					c.slot(ks.h).CompareAndSwap(ks, nil)
+					delete(s.keys, k)
 					c.stats.keys.Add(-1)
 					c.dropped.Add(1)
 				}

@@ -26,7 +26,19 @@ type Store struct {
 	real    bool // clock is clock.Real: read time.Now directly, no interface call
 	namer   atomic.Pointer[Namer]
 	observe func(Result, time.Duration)
+	// coarse, when set, is read instead of clock for decisions from a
+	// batch (Core.fromBatch, with coarseSlack); every other decision reads
+	// clock.
+	coarse atomic.Pointer[clock.Coarse]
 }
+
+// coarseSlack is how long past a coarse reading a key's allocation must
+// hold for a decision from its batch on that reading: a reading staler
+// than this, which takes a refresher starved of the CPU for a second,
+// could use a lease past its end. Leases are renewed every refresh and
+// last several, so a live lease is nearly always seconds from its end, and
+// a floor has no end.
+const coarseSlack = time.Second
 
 var _ bucket.Store = (*Store)(nil)
 
@@ -43,6 +55,11 @@ func NewStore(core *Core, clk clock.Clock, namer *Namer, observe func(Result, ti
 	return s
 }
 
+// UseCoarse makes decisions from a batch read c (nil: clock again): one
+// atomic load instead of a clock read, with the same answers as long as c
+// lags the clock by less than a second. The driver runs c.
+func (s *Store) UseCoarse(c *clock.Coarse) { s.coarse.Store(c) }
+
 // SetNamer replaces the key namer (after a rules change).
 func (s *Store) SetNamer(n *Namer) { s.namer.Store(n) }
 
@@ -51,6 +68,17 @@ func (s *Store) Core() *Core { return s.core }
 
 // Decide implements bucket.Store.
 func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (d bucket.Decision, err error) {
+	bk := s.namer.Load().Budget(key, l)
+	if co := s.coarse.Load(); co != nil && attemptID == "" {
+		if ac := s.core.fromBatch(co.NowMicro(), coarseSlack.Microseconds(), bk, &l, cost, &d); ac != nil {
+			if s.observe != nil {
+				// Timed by no clock: a decision from a batch takes tens of
+				// nanoseconds, within the latency histogram's first bucket.
+				s.observe(Result{Decision: d, Path: PathBatch, Hot: ac.hot, Alloc: ac.full}, 0)
+			}
+			return d, nil
+		}
+	}
 	var now time.Time
 	if s.real {
 		now = time.Now()
@@ -58,14 +86,14 @@ func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost
 		now = s.clock.Now()
 	}
 	if s.observe == nil {
-		path, _, err := s.core.decide(ctx, now, s.namer.Load().Budget(key, l), &l, cost, attemptID, &d, nil)
+		path, _, err := s.core.decide(ctx, now, bk, &l, cost, attemptID, &d, nil)
 		if err == nil && path == PathFailOpen {
 			err = ErrFailOpen
 		}
 		return d, err
 	}
 	var alloc bucket.Limit
-	path, ac, err := s.core.decide(ctx, now, s.namer.Load().Budget(key, l), &l, cost, attemptID, &d, &alloc)
+	path, ac, err := s.core.decide(ctx, now, bk, &l, cost, attemptID, &d, &alloc)
 	s.observe(Result{Decision: d, Path: path, Hot: ac != nil && ac.hot, Alloc: alloc}, s.clock.Now().Sub(now))
 	if err == nil && path == PathFailOpen {
 		err = ErrFailOpen

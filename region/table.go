@@ -23,7 +23,7 @@ type Allocations interface {
 	// changes first. A zero Limit means the region may admit nothing.
 	Allocation(now time.Time, key bucket.Key, global bucket.Limit) (l bucket.Limit, hot bool, validUntil time.Time)
 	// Epoch changes whenever an answer may have changed before its
-	// validUntil (a new table).
+	// validUntil (a new table that gives some key another answer).
 	Epoch() uint64
 }
 
@@ -53,6 +53,13 @@ type Table struct {
 	Written time.Time
 
 	index map[bucket.Key]int
+	// lapsed is set once a reader has found the lease over (Released, or
+	// read at or after LeaseEnd) for a key with an entry: its answer then
+	// came from the hold or the floor, which a renewal changes, so the
+	// TableView moves its epoch when this table is replaced. build
+	// allocates it; a copy of a built table shares it, which only ever
+	// moves the epoch more often.
+	lapsed *atomic.Bool
 }
 
 // TableOf returns the table of a Holder snapshot, publication pub.
@@ -113,6 +120,9 @@ func (t *Table) build() {
 	t.index = make(map[bucket.Key]int, len(t.Entries))
 	for i, e := range t.Entries {
 		t.index[e.Key] = i
+	}
+	if t.lapsed == nil {
+		t.lapsed = new(atomic.Bool)
 	}
 }
 
@@ -197,7 +207,8 @@ func NewTableView(region string, split lease.Split) *TableView {
 }
 
 // Set installs t if it supersedes the current table and reports whether it
-// did.
+// did. The epoch moves unless t only renews old (extends): a renewal, the
+// common case, then leaves every cached allocation in place.
 func (v *TableView) Set(t *Table) bool {
 	for {
 		old := v.cur.Load()
@@ -208,10 +219,26 @@ func (v *TableView) Set(t *Table) bool {
 			t.build()
 		}
 		if v.cur.CompareAndSwap(old, t) {
-			v.epoch.Add(1)
+			// The swap comes before the read of old.lapsed: a reader that
+			// sets lapsed after this read finds t installed when it looks
+			// again (Allocation), so no answer from old's lapse outlives old.
+			if !t.extends(old) {
+				v.epoch.Add(1)
+			}
 			return true
 		}
 	}
+}
+
+// extends reports whether every answer old gave, at any instant before its
+// validUntil, is also t's answer at that instant: the same entries, neither
+// released, a lease that ends no earlier, and no reader of old having found
+// its lease over (those answers, from the hold or the floor, a renewal
+// changes). Keys without an entry get their floor from either; a key with
+// an entry got it until old's LeaseEnd, and t gives it at least as long.
+func (t *Table) extends(old *Table) bool {
+	return old != nil && !old.Released && !t.Released && !t.LeaseEnd.Before(old.LeaseEnd) &&
+		!old.lapsed.Load() && slices.Equal(t.Entries, old.Entries)
 }
 
 // Table returns the current table, nil if none.
@@ -228,22 +255,33 @@ func (v *TableView) Floor(global bucket.Limit) bucket.Limit { return v.floors.of
 // until the hold ends; the floor otherwise.
 func (v *TableView) Allocation(now time.Time, key bucket.Key, global bucket.Limit) (bucket.Limit, bool, time.Time) {
 	fl := v.floors.of(global)
-	t := v.cur.Load()
-	if t == nil {
+	for {
+		t := v.cur.Load()
+		if t == nil {
+			return fl.Limit, false, farFuture
+		}
+		i, ok := t.index[key]
+		if !ok {
+			return fl.Limit, false, farFuture
+		}
+		e := t.Entries[i]
+		if !t.Released && now.Before(t.LeaseEnd) {
+			return entryLimit(global, e.Count, e.Burst), true, t.LeaseEnd
+		}
+		// The lease is over for this reader: mark t lapsed, so that Set
+		// moves the epoch when a renewal replaces it, and look again in
+		// case one already has (Set reads lapsed after its swap).
+		if !t.lapsed.Load() {
+			t.lapsed.Store(true)
+		}
+		if v.cur.Load() != t {
+			continue
+		}
+		if e.Count < fl.Count && now.Before(t.HoldUntil) {
+			return entryLimit(global, e.Count, min(e.Burst, fl.Burst)), true, t.HoldUntil
+		}
 		return fl.Limit, false, farFuture
 	}
-	i, ok := t.index[key]
-	if !ok {
-		return fl.Limit, false, farFuture
-	}
-	e := t.Entries[i]
-	if !t.Released && now.Before(t.LeaseEnd) {
-		return entryLimit(global, e.Count, e.Burst), true, t.LeaseEnd
-	}
-	if e.Count < fl.Count && now.Before(t.HoldUntil) {
-		return entryLimit(global, e.Count, min(e.Burst, fl.Burst)), true, t.HoldUntil
-	}
-	return fl.Limit, false, farFuture
 }
 
 func entryLimit(global bucket.Limit, count, burst bucket.Tokens) bucket.Limit {

@@ -160,6 +160,7 @@ func newWorld(sc *Scenario, seed uint64, opts Options) (*world, error) {
 	for _, ts := range sc.Traffic {
 		w.sources = append(w.sources, newSource(sc, ts, w.trng, base))
 	}
+	shareZipfs(w.sources)
 	w.sources = append(w.sources, replaySources(sc, w.trng, base, w.end)...)
 	return w, nil
 }

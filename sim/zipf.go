@@ -3,6 +3,7 @@ package sim
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 )
 
@@ -190,4 +191,24 @@ func (z *zipf) exact(ur float64) (uint64, bool) {
 		return uint64(k), true
 	}
 	return 0, false
+}
+
+// shareZipfs gives sources that draw from the same Zipf distribution with
+// the same random source one table between them: a table holds no state
+// but its random source, so the draws are unchanged, and one table instead
+// of one per region keeps the arrival loop in cache.
+func shareZipfs(srcs []*source) {
+	var seen []*zipf
+	for _, s := range srcs {
+		z, ok := s.zipf.(*zipf)
+		if !ok {
+			continue
+		}
+		i := slices.IndexFunc(seen, func(o *zipf) bool { return o.r == z.r && o.q == z.q && o.v == z.v && o.imax == z.imax })
+		if i >= 0 {
+			s.zipf = seen[i]
+		} else {
+			seen = append(seen, z)
+		}
+	}
 }

@@ -1,0 +1,142 @@
+package region
+
+import (
+	"context"
+	"math/rand/v2"
+	"reflect"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/lease"
+)
+
+// readCounter is a Clock that counts its reads, to show which decisions
+// read no clock.
+type readCounter struct {
+	clock.Clock
+	reads atomic.Int64
+}
+
+func (r *readCounter) Now() time.Time { r.reads.Add(1); return r.Clock.Now() }
+
+// global6000 gives each of the fixture's three regions a floor of 2,000/s.
+var global6000 = bucket.PerSecond(6000)
+
+// TestCoarseBatchDecidesAsTheClock drives two agents with the same
+// allocations and the same requests at the same instants: one reads its
+// clock for every decision, the other decides from batches on a coarse
+// reading that lags the clock by up to 0.9 s (less than coarseSlack). Every
+// answer must be the same, through batching, denials, ticks and the end of
+// the lease (at +10 s, after which the hot key is back at its floor), and
+// most of the coarse agent's batch decisions must have read no clock.
+func TestCoarseBatchDecidesAsTheClock(t *testing.T) {
+	for seed := range uint64(8) {
+		coarseTwins(t, seed)
+	}
+}
+
+func coarseTwins(t *testing.T, seed uint64) {
+	ctx := context.Background()
+	tab := func() *Table {
+		return &Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: t0.Add(10 * time.Second), HoldUntil: t0.Add(20 * time.Second),
+			Entries: []lease.Entry{{Key: key("hot"), Count: 2500, Burst: 2500}, {Key: key("lent"), Count: 400, Burst: 400}}}
+	}
+	exact := newFixture(t, nil)
+	exact.view.Set(tab())
+	exactSt := NewStore(exact.core, exact.clk, nil, nil)
+	fast := newFixture(t, nil)
+	fast.view.Set(tab())
+	rc := &readCounter{Clock: fast.clk}
+	fastSt := NewStore(fast.core, rc, nil, nil)
+	co, err := clock.NewCoarse(fast.clk, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fastSt.UseCoarse(co)
+
+	rng := rand.New(rand.NewPCG(seed, 2))
+	keys := []string{"hot", "hot", "hot", "lent", "warm", "cold"}
+	var decisions, fastReads int64
+	var refreshed time.Time
+	for now := t0; now.Before(t0.Add(14 * time.Second)); {
+		now = now.Add(time.Duration(rng.IntN(2000)) * time.Microsecond)
+		exact.clk.Set(now)
+		fast.clk.Set(now)
+		// The coarse reading lags by up to 0.9 s: refreshed at random.
+		if now.Sub(refreshed) > 900*time.Millisecond || rng.IntN(500) == 0 {
+			co.Refresh()
+			refreshed = now
+		}
+		if rng.IntN(200) == 0 {
+			exact.core.Tick(ctx, now)
+			fast.core.Tick(ctx, now)
+		}
+		k, cost := key(keys[rng.IntN(len(keys))]), bucket.Tokens(1+rng.IntN(3))
+		want, werr := exactSt.Decide(ctx, k, global6000, cost, "")
+		before := rc.reads.Load()
+		got, gerr := fastSt.Decide(ctx, k, global6000, cost, "")
+		if rc.reads.Load() == before {
+			fastReads++
+		}
+		decisions++
+		if got != want || (gerr == nil) != (werr == nil) {
+			t.Fatalf("seed %d at +%s key %s cost %d: coarse agent %+v (%v), clock agent %+v (%v)", seed, now.Sub(t0), k.Subject, cost, got, gerr, want, werr)
+		}
+	}
+	if a, b := exact.core.Stats(), fast.core.Stats(); !reflect.DeepEqual(a, b) {
+		t.Errorf("seed %d: stats differ: clock agent %+v, coarse agent %+v", seed, a, b)
+	}
+	// Most decisions of the hot key come from its batch while the lease
+	// lives: a good share of all decisions read no clock.
+	if fastReads < decisions/4 {
+		t.Errorf("seed %d: %d of %d decisions read no clock, want at least a quarter", seed, fastReads, decisions)
+	}
+}
+
+// TestCoarseBatchStopsBeforeTheLeaseEnds: a reading within coarseSlack of
+// the lease's end never decides from the batch, however stale it is, so a
+// lagging reading cannot use the lease past its end.
+func TestCoarseBatchStopsBeforeTheLeaseEnds(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, nil)
+	end := t0.Add(10 * time.Second)
+	f.view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: end, HoldUntil: end,
+		Entries: []lease.Entry{{Key: key("hot"), Count: 2500, Burst: 2500}}})
+	rc := &readCounter{Clock: f.clk}
+	st := NewStore(f.core, rc, nil, nil)
+	co, err := clock.NewCoarse(f.clk, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.UseCoarse(co)
+	// Batch the key: a burst of demand within one sample.
+	for i := 0; i < 200; i++ {
+		f.clk.Advance(100 * time.Microsecond)
+		co.Refresh()
+		if _, err := st.Decide(ctx, key("hot"), global6000, 1, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ks := f.core.lookup(key("hot"))
+	if ks.held() < 4 {
+		t.Fatalf("%d batch tokens held after 200 decisions in 20 ms, want at least 4", ks.held())
+	}
+	for _, c := range []struct {
+		reading time.Duration // before the lease's end
+		coarse  bool
+	}{{2 * time.Second, true}, {coarseSlack + time.Millisecond, true}, {coarseSlack, false}, {time.Millisecond, false}} {
+		f.clk.Set(end.Add(-c.reading))
+		co.Refresh()
+		before := rc.reads.Load()
+		d, err := st.Decide(ctx, key("hot"), global6000, 1, "")
+		if err != nil || !d.Allowed {
+			t.Fatalf("%s before the end: %+v, %v", c.reading, d, err)
+		}
+		if coarse := rc.reads.Load() == before; coarse != c.coarse {
+			t.Errorf("%s before the lease's end: decided on the coarse reading %v, want %v", c.reading, coarse, c.coarse)
+		}
+	}
+}
