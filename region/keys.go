@@ -65,7 +65,6 @@ type keyState struct {
 	takenAt    int64        // µs of the last refill
 	rate       float64      // short-term demand, tokens per second: sizes batches
 	lastSample int64        // µs
-	demand     float64      // moving average over windows of at least demandWindow, tokens per second: reported
 	winStart   int64        // µs: start of the current demand window
 	winTokens  int64        // tokens asked in the current demand window
 	lastActive int64        // µs of the last sample with arrivals
@@ -79,6 +78,9 @@ type keyState struct {
 	given         int64       // tokens ever added to the batch
 	back          int64       // tokens ever taken out of the batch unspent (returned or lost)
 	lastSpent     int64       // given − back − held at the last sample
+
+	// demand is the reported demand, over windows from winStart.
+	demand demandEstimate
 }
 
 type allocCache struct {
