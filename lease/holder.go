@@ -102,8 +102,18 @@ type holderDemand struct {
 }
 
 // urgentEvery is the fraction of the refresh interval that must pass
-// between two urgent reports of one key.
-const urgentEvery = 4
+// between two urgent reports of one key, and urgentSoon the fraction for a
+// key whose demand doubled while pressing or halved while cooling since it
+// was last reported: a region's demand estimate takes a level its use has
+// held for a moment at once, so a change that large is a new level another
+// region waits on (the region that heated, for what this one gives back;
+// or this one, for what it asks), not noise, and a quarter of a refresh
+// interval between such reports was most of a move's time in
+// rotating-hot.
+const (
+	urgentEvery = 4
+	urgentSoon  = 16
+)
 
 // Demand changes that are reported at once, between refreshes: a key
 // pressing on its allocation whose demand grew by a quarter since it was
@@ -111,8 +121,8 @@ const urgentEvery = 4
 // leave it granted what its first urgent report said), and a key holding
 // an allocation above its floor whose demand fell below it and by half
 // since it was last reported (it is cooling: what it no longer uses is
-// another region's to take, and its estimate, a moving average, takes
-// several halvings to reach its new use).
+// another region's to take, and its estimate may reach its new use in more
+// than one step).
 const (
 	rampNum, rampDen = 5, 4
 	dropNum, dropDen = 1, 2
@@ -266,9 +276,10 @@ func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 	since := now.Sub(d.reported)
 	switch {
 	case want > c && (d.reported.IsZero() || d.sent <= c && since >= h.refresh ||
-		since >= h.refresh/urgentEvery && want*rampDen >= d.sent*rampNum):
+		since >= h.refresh/urgentEvery && want*rampDen >= d.sent*rampNum ||
+		since >= h.refresh/urgentSoon && want >= 2*d.sent):
 	case c > hb.floor && want < c && want*dropDen <= d.sent*dropNum &&
-		(d.reported.IsZero() || since >= h.refresh/urgentEvery):
+		(d.reported.IsZero() || since >= h.refresh/urgentSoon):
 	default:
 		return
 	}
