@@ -115,8 +115,8 @@ func TestSmallIncreaseFromFreeCapacity(t *testing.T) {
 // demand falls below an allocation above its floor and by half since it
 // was last reported (it is cooling); reports of one key are a quarter of a
 // refresh interval apart, or a sixteenth when the demand doubled or
-// halved; a key that keeps pressing with a steady demand waits for the
-// periodic report.
+// halved; a key that keeps pressing with a steady demand, or presses again
+// by less than a quarter of its allocation, waits for the periodic report.
 func TestHolderUrgentReports(t *testing.T) {
 	h := newTestHolder(t) // refresh 3 s; floor 133
 	hello := h.Ready()[0]
@@ -144,6 +144,9 @@ func TestHolderUrgentReports(t *testing.T) {
 		{3800 * time.Millisecond, 140, true},   // 3⁄16 s on
 		{3900 * time.Millisecond, 60, false},   // within 3⁄16 s
 		{4500 * time.Millisecond, 100, false},  // not half of the 140 reported
+		{6800 * time.Millisecond, 100, true},   // the periodic report, a refresh interval after the last
+		{7000 * time.Millisecond, 330, false},  // presses again, by less than a quarter: noise the next report carries
+		{7100 * time.Millisecond, 380, true},   // presses by a quarter of its allocation
 	}
 	for _, s := range steps {
 		now := t0.Add(s.at)
