@@ -77,9 +77,10 @@ type Config struct {
 
 	// DemandHalfLife is the half-life of the demand estimate per key.
 	DemandHalfLife time.Duration
-	// DemandSustain is how long a key's use must hold a new level (at
-	// least twice, or at most half, its demand estimate) before the
-	// estimate takes that level at once rather than as an average.
+	// DemandSustain is how long a key's use must hold a rise to at least
+	// twice its demand estimate before the estimate takes that level at
+	// once rather than as an average. A fall to at most half is taken after
+	// one demand window (see demandEstimate).
 	DemandSustain time.Duration
 	// IdleAfter drops a key's local state after this long without requests.
 	IdleAfter time.Duration
@@ -108,7 +109,7 @@ func DefaultConfig() Config {
 		Timeout:           bc.Timeout,
 		MaxTimeout:        bc.MaxTimeout,
 		DemandHalfLife:    500 * time.Millisecond, // follows demand within a refresh interval
-		DemandSustain:     200 * time.Millisecond, // two windows: a bunch within one is not a new level
+		DemandSustain:     200 * time.Millisecond, // two windows: a bunch within one is not a rise
 		IdleAfter:         10 * time.Second,       // keep state for keys in recent use only (~600 B each)
 		DenyRetry:         time.Second,            // about one lease refresh
 		Shards:            64,                     // spread 2–64 cores' worth of callers

@@ -126,11 +126,12 @@ func TestReportedDemandIsAnAverage(t *testing.T) {
 }
 
 // TestReportedDemandFollowsASustainedLevel: a key's reported demand takes a
-// new level its use has held for DemandSustain at once, falling or rising,
-// where the moving average alone would still be far from it (after 300 ms
-// of a fall from 1,000 to 50 tokens a second it reads about 680; after
-// 300 ms of the rise back, about 420); and a light key, whose quiet windows
-// are chance, keeps the moving average.
+// fall beyond chance within a window or two, and a rise its use has held
+// for DemandSustain, where the moving average alone would still be far from
+// either (200 ms into a fall from 1,000 to 50 tokens a second it reads
+// about 770; 300 ms into the rise back, about 420); a rise shorter than
+// DemandSustain moves it only as an average; and a light key, whose quiet
+// windows are chance, keeps the moving average.
 func TestReportedDemandFollowsASustainedLevel(t *testing.T) {
 	f := newFixture(t, nil)
 	ctx := context.Background()
@@ -167,14 +168,18 @@ func TestReportedDemandFollowsASustainedLevel(t *testing.T) {
 	if w := want(light); w < 15 || w > 25 {
 		t.Fatalf("light want %d after 3 s at 20/s, want 15..25", w)
 	}
-	run(300, 20, true) // 50 a second; light stops
+	run(200, 20, true) // 50 a second; light stops
 	if w := want(hot); w > 100 {
-		t.Fatalf("want %d 300 ms into a fall to 50/s, want ≤ 100 (the level, not the average's ~680)", w)
+		t.Fatalf("want %d 200 ms into a fall to 50/s, want ≤ 100 (the level, not the average's ~770)", w)
 	}
-	if w := want(light); w < 5 {
-		t.Fatalf("light want %d 300 ms after it stopped, want ≥ 5 (the average's ~13: 6 tokens missed are chance)", w)
+	if w := want(light); w < 7 {
+		t.Fatalf("light want %d 200 ms after it stopped, want ≥ 7 (the average's ~15: 4 tokens missed are chance)", w)
 	}
-	run(300, 1, true) // 1,000 a second again
+	run(120, 1, true) // 1,000 a second again, for about one window
+	if w := want(hot); w > 400 {
+		t.Fatalf("want %d 120 ms into a rise to 1000/s, want < 400 (an average: the rise has not lasted DemandSustain)", w)
+	}
+	run(180, 1, true)
 	if w := want(hot); w < 800 {
 		t.Fatalf("want %d 300 ms into a rise to 1000/s, want ≥ 800 (the level, not the average's ~420)", w)
 	}
