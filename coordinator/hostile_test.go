@@ -208,7 +208,7 @@ func TestHostileRegion(t *testing.T) {
 		}
 		step(i)
 	}
-	// b wants 450 + 10%, c 200 + 10%, a's clamped garbage at most the
+	// b wants 450 + 5%, c 200 + 5%, a's clamped garbage at most the
 	// budget: b gets at least its max-min share of the 600, 200.
 	if l, _ := h.honest["b"].Allocation(h.clk.Now(), keyB); l.Count() < 200 {
 		t.Fatalf("after 20 s of garbage from a, b holds %d of the key it uses; want ≥ 200", l.Count())

@@ -249,7 +249,7 @@ func TestStatusAndMetrics(t *testing.T) {
 		{"/readyz", "ok"},
 		{"/status", "api/t1"},
 		{"/status.json", `"Leading":true`},
-		{"/metrics", `allot_coordinator_allocation{budget="api",region="a"} 550`},
+		{"/metrics", `allot_coordinator_allocation{budget="api",region="a"} 525`},
 		{"/metrics", "allot_coordinator_leader 1"},
 	} {
 		code, body := get(tc.path)

@@ -48,6 +48,12 @@ type Allocator struct {
 	// capacity was not yet provably free; an ack may free it.
 	starved, starvedSpare []*hotKey
 	recheck               bool // an ack arrived while keys were starved
+	// heldUntil is the earliest end (Unix ns, 0 none) of a hold that keeps
+	// a floor in a region that no longer wants it (its peak over the fill
+	// time), in a key where another region waits for capacity: the keys
+	// waiting are rebalanced then, not at the next report or round, which
+	// may be a refresh interval later.
+	heldUntil int64
 
 	// Scratch space for allocate, sized to the largest budget.
 	tgt, lb, want, base []int64
@@ -548,6 +554,10 @@ func (a *Allocator) Tick(now time.Time) {
 			a.recheck = len(a.starved) > 0
 		}
 	}
+	if a.heldUntil != 0 && now.UnixNano() >= a.heldUntil {
+		a.heldUntil = 0
+		a.recheck = len(a.starved) > 0
+	}
 	if now.Sub(a.lastRound) < a.cfg.Refresh && !a.roundNow {
 		if a.recheck {
 			a.feed(now)
@@ -721,6 +731,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	end := now.Add(a.cfg.TTL + a.cfg.Drift)
 	learning := now.Before(a.learnUntil)
 	tgt, lb, want, base := a.tgt[:n], a.lb[:n], a.want[:n], a.base[:n]
+	var heldUntil int64 // the earliest end of a peak's hold on a floor
 
 	// Fixed claims of regions we cannot send to; lower bounds and wants of
 	// the others.
@@ -758,7 +769,12 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 				// stopped (no demand reported) lends it at once, and what
 				// it borrowed above its floor goes back at once either way.
 				p := s.peak + int64(math.Ceil(float64(s.peak)*a.cfg.Headroom))
-				w = max(w, min(p, bud.floors[i]))
+				if h := min(p, bud.floors[i]); h > w {
+					w = h
+					if u := s.peakAt + bud.fill; heldUntil == 0 || u < heldUntil {
+						heldUntil = u
+					}
+				}
 			}
 		}
 		want[i] = max(w, lb[i])
@@ -852,6 +868,21 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 				a.starved = append(a.starved, k)
 			}
 		}
+	}
+	for i := range k.slots {
+		if heldUntil == 0 || want[i] <= tgt[i] {
+			continue
+		}
+		// Another region would take what the hold keeps: rebalance the key
+		// when the hold ends.
+		if a.heldUntil == 0 || heldUntil < a.heldUntil {
+			a.heldUntil = heldUntil
+		}
+		if !k.starved {
+			k.starved = true
+			a.starved = append(a.starved, k)
+		}
+		break
 	}
 	k.sum = sum
 	// Renewing a region that may still use more than it is now granted

@@ -264,8 +264,13 @@ type Config struct {
 	// DemandTTL is how long a demand report counts; a key a region stops
 	// reporting decays toward its floor after it.
 	DemandTTL time.Duration
-	// Headroom is added to reported demand (0.1 = 10% more), so a region
-	// whose demand grows does not press on its allocation at once.
+	// Headroom is added to reported demand (0.05 = 5% more), so a region
+	// whose demand grows does not press on its allocation at once. In a
+	// contested budget the headroom of the regions whose demand is met is
+	// capacity the region still pressing cannot use: with 10%, the worst
+	// contested budget of steady-skewed reached 0.902 of the ideal, with 5%
+	// 0.925, and the steady lease messages rose only from 11.2 to 12.8 a
+	// second.
 	Headroom float64
 	// Hysteresis is the smallest change worth sending, as a fraction of the
 	// budget's Count; smaller moves are skipped so allocations do not flap,
@@ -290,7 +295,7 @@ func DefaultConfig() Config {
 		Drift:      500 * time.Millisecond, // 5% of TTL: NTP-synced clocks do far better
 		Hold:       20 * time.Second,       // 2×TTL: less its margin (1 s), > TTL+Drift+Refresh
 		DemandTTL:  7 * time.Second,        // two missed reports
-		Headroom:   0.1,                    // grow 10% before pressing again
+		Headroom:   0.05,                   // grow 5% before pressing again; in a contested budget more is waste
 		Hysteresis: 0.03,                   // 3% of the budget: smaller moves cost more than they gain
 	}
 }

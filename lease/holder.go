@@ -102,17 +102,31 @@ type holderDemand struct {
 }
 
 // urgentEvery is the fraction of the refresh interval that must pass
-// between two urgent reports of one key.
-const urgentEvery = 4
+// between two urgent reports of one key, and urgentSoon the fraction for a
+// key whose demand doubled while pressing or halved while cooling since it
+// was last reported: a region's demand estimate takes a level its use has
+// held for a moment at once, so a change that large is a new level another
+// region waits on (the region that heated, for what this one gives back;
+// or this one, for what it asks), not noise, and a quarter of a refresh
+// interval between such reports was most of a move's time in
+// rotating-hot.
+const (
+	urgentEvery = 4
+	urgentSoon  = 16
+)
 
 // Demand changes that are reported at once, between refreshes: a key
-// pressing on its allocation whose demand grew by a quarter since it was
-// last reported (it is still ramping up: waiting a refresh interval would
-// leave it granted what its first urgent report said), and a key holding
+// pressing on its allocation whose demand grew by a quarter beyond both
+// its allocation and what it last reported (it is still ramping up:
+// waiting a refresh interval would leave it granted what its first urgent
+// report said; a key whose demand crosses its allocation by less is within
+// the noise its headroom allows for, and the periodic report carries it —
+// reporting each such crossing at once took steady-skewed's lease messages
+// from 14.5 to 33 a second), and a key holding
 // an allocation above its floor whose demand fell below it and by half
 // since it was last reported (it is cooling: what it no longer uses is
-// another region's to take, and its estimate, a moving average, takes
-// several halvings to reach its new use).
+// another region's to take, and its estimate may reach its new use in more
+// than one step).
 const (
 	rampNum, rampDen = 5, 4
 	dropNum, dropDen = 1, 2
@@ -264,11 +278,16 @@ func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 	}
 	c, _ := h.allocation(now, key, hb)
 	since := now.Sub(d.reported)
+	// base is what the demand must grow beyond to be worth a report of its
+	// own: the allocation, which the region already has, and what the
+	// coordinator was last told.
+	base := max(c, d.sent)
 	switch {
-	case want > c && (d.reported.IsZero() || d.sent <= c && since >= h.refresh ||
-		since >= h.refresh/urgentEvery && want*rampDen >= d.sent*rampNum):
+	case want > c && (d.reported.IsZero() ||
+		since >= h.refresh/urgentEvery && want*rampDen >= base*rampNum ||
+		since >= h.refresh/urgentSoon && want >= 2*base):
 	case c > hb.floor && want < c && want*dropDen <= d.sent*dropNum &&
-		(d.reported.IsZero() || since >= h.refresh/urgentEvery):
+		(d.reported.IsZero() || since >= h.refresh/urgentSoon):
 	default:
 		return
 	}

@@ -27,8 +27,8 @@ func TestHotRegionGetsBudget(t *testing.T) {
 		}
 	}
 	l, _ := c.holders["a"].Allocation(c.now, k)
-	if l.Count() != 550 || l.Burst() != 55 {
-		t.Fatalf("a holds %v, want 550 per minute (demand 500 + 10%% headroom), burst 55\n%s", l, c.show())
+	if l.Count() != 525 || l.Burst() != 52 {
+		t.Fatalf("a holds %v, want 525 per minute (demand 500 + 5%% headroom), burst 52\n%s", l, c.show())
 	}
 	if !c.holders["b"].Status(c.now).Live {
 		t.Fatalf("b's lease is not live\n%s", c.show())

@@ -97,15 +97,15 @@ func TestSmallIncreaseFromFreeCapacity(t *testing.T) {
 	if before != 700 {
 		t.Fatalf("a holds %d, want its floor, 700\n%s", before, c.show())
 	}
-	// a presses on its allocation (701 > 700): its target, 772 with
-	// headroom, is 72 above it, under the hysteresis of 90; the budget has
+	// a presses on its allocation (701 > 700): its target, 737 with
+	// headroom, is 37 above it, under the hysteresis of 90; the budget has
 	// 3000 − 3×700 of reserve free.
 	c.demand["a"][k] = 701
 	for range 30 {
 		c.step(100 * time.Millisecond)
 	}
-	if l, _ := c.holders["a"].Allocation(c.now, k); l.Count() != 772 {
-		t.Fatalf("a holds %d after pressing on it, want 772: a small increase from free capacity is worth making\n%s", l.Count(), c.show())
+	if l, _ := c.holders["a"].Allocation(c.now, k); l.Count() != 737 {
+		t.Fatalf("a holds %d after pressing on it, want 737: a small increase from free capacity is worth making\n%s", l.Count(), c.show())
 	}
 }
 
@@ -113,8 +113,10 @@ func TestSmallIncreaseFromFreeCapacity(t *testing.T) {
 // once when it first presses on its allocation, again when its demand
 // grows by a quarter while pressing (it is ramping up), and when its
 // demand falls below an allocation above its floor and by half since it
-// was last reported (it is cooling); a key that keeps pressing with a
-// steady demand waits for the periodic report.
+// was last reported (it is cooling); reports of one key are a quarter of a
+// refresh interval apart, or a sixteenth when the demand doubled or
+// halved; a key that keeps pressing with a steady demand, or presses again
+// by less than a quarter of its allocation, waits for the periodic report.
 func TestHolderUrgentReports(t *testing.T) {
 	h := newTestHolder(t) // refresh 3 s; floor 133
 	hello := h.Ready()[0]
@@ -127,18 +129,24 @@ func TestHolderUrgentReports(t *testing.T) {
 		want   bucket.Tokens
 		report bool
 	}{
-		{1000 * time.Millisecond, 250, false}, // within its allocation
-		{1100 * time.Millisecond, 400, true},  // presses: at once
-		{1200 * time.Millisecond, 410, false}, // steady
-		{1900 * time.Millisecond, 480, false}, // grew, by less than a quarter
-		{2000 * time.Millisecond, 500, true},  // grew by a quarter, ¾ s on
-		{2100 * time.Millisecond, 700, false}, // ramping, but within ¾ s of the last
-		{2750 * time.Millisecond, 700, true},  // ramping, ¾ s on
-		{3600 * time.Millisecond, 290, true},  // cooling: below 300 and under half of 700
-		{3700 * time.Millisecond, 140, false}, // halved again, within ¾ s
-		{4400 * time.Millisecond, 140, true},  // ¾ s on
-		{4500 * time.Millisecond, 60, false},  // within ¾ s
-		{5100 * time.Millisecond, 100, false}, // not half of the 140 reported
+		{1000 * time.Millisecond, 250, false},  // within its allocation
+		{1100 * time.Millisecond, 400, true},   // presses: at once
+		{1200 * time.Millisecond, 410, false},  // steady
+		{1900 * time.Millisecond, 480, false},  // grew, by less than a quarter
+		{2000 * time.Millisecond, 500, true},   // grew by a quarter, ¾ s on
+		{2100 * time.Millisecond, 700, false},  // ramping, but within ¾ s of the last
+		{2150 * time.Millisecond, 1000, false}, // doubled, but within 3⁄16 s of the last
+		{2200 * time.Millisecond, 1000, true},  // doubled, 3⁄16 s on
+		{2300 * time.Millisecond, 1200, false}, // ramping, within ¾ s
+		{2950 * time.Millisecond, 1250, true},  // grew by a quarter, ¾ s on
+		{3600 * time.Millisecond, 290, true},   // cooling: below 300 and under half of 1250
+		{3700 * time.Millisecond, 140, false},  // halved again, within 3⁄16 s
+		{3800 * time.Millisecond, 140, true},   // 3⁄16 s on
+		{3900 * time.Millisecond, 60, false},   // within 3⁄16 s
+		{4500 * time.Millisecond, 100, false},  // not half of the 140 reported
+		{6800 * time.Millisecond, 100, true},   // the periodic report, a refresh interval after the last
+		{7000 * time.Millisecond, 330, false},  // presses again, by less than a quarter: noise the next report carries
+		{7100 * time.Millisecond, 380, true},   // presses by a quarter of its allocation
 	}
 	for _, s := range steps {
 		now := t0.Add(s.at)
@@ -156,5 +164,53 @@ func TestHolderUrgentReports(t *testing.T) {
 		if got != nil && (len(got.Demand) != 1 || got.Demand[0].Want != s.want) {
 			t.Fatalf("at %s: report %v, want demand %d", s.at, got.Demand, s.want)
 		}
+	}
+}
+
+// TestHeldFloorFreedWhenHoldEnds: a region whose use fell keeps its floor
+// for the budget's fill time (its peak's hold); when that hold ends while
+// another region waits for the capacity, the key is rebalanced then, not at
+// the next report or round, which may be most of a refresh interval later.
+func TestHeldFloorFreedWhenHoldEnds(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.TTL, cfg.Refresh, cfg.Drift = 10*time.Second, 2*time.Second, 500*time.Millisecond
+	cfg.Hold = cfg.TTL + 2*cfg.Drift + cfg.Refresh + cfg.Refresh/2
+	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
+	// Burst one second of rate: the fill time, and so the hold, is 1 s.
+	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(3000), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
+	c := newCluster(t, cfg)
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 6000}
+	c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 300}
+	c.demand["c"] = map[bucket.Key]bucket.Tokens{k: 300}
+	for range 100 {
+		c.step(100 * time.Millisecond)
+	}
+	// Move the demand from a to b just after a round, so the next round is
+	// a whole refresh interval away.
+	rounds := c.alloc.Stats(c.now).Rounds
+	for c.alloc.Stats(c.now).Rounds == rounds {
+		c.step(100 * time.Millisecond)
+	}
+	c.demand["a"][k] = 300
+	c.demand["b"][k] = 6000
+	held := func() bucket.Tokens {
+		l, _ := c.holders["b"].Allocation(c.now, k)
+		return l.Count()
+	}
+	for range 6 { // 600 ms: the fall is reported; a keeps its floor, 700
+		c.step(100 * time.Millisecond)
+	}
+	if got := held(); got > 3000-700-315 {
+		t.Fatalf("b holds %d 600 ms after the move, want at most 3000 − a's held floor 700 − c's 315: the hold is not shown\n%s", got, c.show())
+	}
+	for range 9 { // 1.5 s: the hold ended about 1.1 s after the move; the next round is at 2 s
+		c.step(100 * time.Millisecond)
+	}
+	if got, want := held(), bucket.Tokens(3000-2*315); got < want {
+		t.Fatalf("b holds %d 1.5 s after the move, want %d: a's floor is still held after its hold ended\n%s", got, want, c.show())
+	}
+	if err := c.checkI1(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -77,6 +77,11 @@ type Config struct {
 
 	// DemandHalfLife is the half-life of the demand estimate per key.
 	DemandHalfLife time.Duration
+	// DemandSustain is how long a key's use must hold a rise to at least
+	// twice its demand estimate before the estimate takes that level at
+	// once rather than as an average. A fall to at most half is taken after
+	// one demand window (see demandEstimate).
+	DemandSustain time.Duration
 	// IdleAfter drops a key's local state after this long without requests.
 	IdleAfter time.Duration
 	// DenyRetry is the Retry-After of a request denied because the region
@@ -104,6 +109,7 @@ func DefaultConfig() Config {
 		Timeout:           bc.Timeout,
 		MaxTimeout:        bc.MaxTimeout,
 		DemandHalfLife:    500 * time.Millisecond, // follows demand within a refresh interval
+		DemandSustain:     200 * time.Millisecond, // two windows: a bunch within one is not a rise
 		IdleAfter:         10 * time.Second,       // keep state for keys in recent use only (~600 B each)
 		DenyRetry:         time.Second,            // about one lease refresh
 		Shards:            64,                     // spread 2–64 cores' worth of callers
@@ -125,6 +131,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: min_batch=%d must be ≥ 1", ErrInvalidConfig, c.MinBatch)
 	case c.DemandHalfLife <= 0:
 		return fmt.Errorf("%w: demand_half_life=%s must be > 0", ErrInvalidConfig, c.DemandHalfLife)
+	case c.DemandSustain < demandWindow:
+		return fmt.Errorf("%w: demand_sustain=%s must be ≥ the demand window %s", ErrInvalidConfig, c.DemandSustain, demandWindow)
 	case c.IdleAfter <= c.BatchTTL:
 		return fmt.Errorf("%w: idle_after=%s must exceed batch_ttl=%s", ErrInvalidConfig, c.IdleAfter, c.BatchTTL)
 	case c.DenyRetry <= 0:

@@ -821,6 +821,7 @@ func TestConfigValidateNamesField(t *testing.T) {
 		"batch_max_fraction":   func(c *Config) { c.BatchMaxFraction = 2 },
 		"failures=0":           func(c *Config) { c.BreakerFailures = 0 },
 		"max_timeout=50ms":     func(c *Config) { c.MaxTimeout = 50 * time.Millisecond },
+		"demand_sustain=50ms":  func(c *Config) { c.DemandSustain = 50 * time.Millisecond },
 		"do not include":       func(c *Config) { c.Floors.Regions = []string{"x"} },
 		"on_unavailable=\"x\"": func(c *Config) { c.Rules = map[string]RuleConfig{"r": {OnUnavailable: "x"}} },
 	}

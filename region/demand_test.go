@@ -124,3 +124,63 @@ func TestReportedDemandIsAnAverage(t *testing.T) {
 		t.Fatalf("want %d 3 s after the bunch, want back near 50", w)
 	}
 }
+
+// TestReportedDemandFollowsASustainedLevel: a key's reported demand takes a
+// fall beyond chance within a window or two, and a rise its use has held
+// for DemandSustain, where the moving average alone would still be far from
+// either (200 ms into a fall from 1,000 to 50 tokens a second it reads
+// about 770; 300 ms into the rise back, about 420); a rise shorter than
+// DemandSustain moves it only as an average; and a light key, whose quiet
+// windows are chance, keeps the moving average.
+func TestReportedDemandFollowsASustainedLevel(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	hot, light := key("hot"), key("light")
+	want := func(k bucket.Key) bucket.Tokens {
+		for _, d := range f.core.Demand(f.clk.Now()) {
+			if d.Key == k {
+				return d.Want
+			}
+		}
+		return 0
+	}
+	// run sends hot one token every hotEvery ms and light one every 50 ms
+	// (20 a second) until stopLight, for ms milliseconds, ticking the core
+	// every 100 ms as a driver does.
+	run := func(ms, hotEvery int, stopLight bool) {
+		for i := 0; i < ms; i++ {
+			if i%hotEvery == 0 {
+				_, _ = f.core.Decide(ctx, f.clk.Now(), hot, global300, 1, "h"+f.clk.Now().String())
+			}
+			if !stopLight && i%50 == 0 {
+				_, _ = f.core.Decide(ctx, f.clk.Now(), light, global300, 1, "l"+f.clk.Now().String())
+			}
+			f.clk.Advance(time.Millisecond)
+			if i%100 == 99 {
+				f.core.Tick(ctx, f.clk.Now())
+			}
+		}
+	}
+	run(3000, 1, false) // 1,000 a second
+	if w := want(hot); w < 900 || w > 1100 {
+		t.Fatalf("want %d after 3 s at 1000/s, want 900..1100", w)
+	}
+	if w := want(light); w < 15 || w > 25 {
+		t.Fatalf("light want %d after 3 s at 20/s, want 15..25", w)
+	}
+	run(200, 20, true) // 50 a second; light stops
+	if w := want(hot); w > 100 {
+		t.Fatalf("want %d 200 ms into a fall to 50/s, want ≤ 100 (the level, not the average's ~770)", w)
+	}
+	if w := want(light); w < 7 {
+		t.Fatalf("light want %d 200 ms after it stopped, want ≥ 7 (the average's ~15: 4 tokens missed are chance)", w)
+	}
+	run(120, 1, true) // 1,000 a second again, for about one window
+	if w := want(hot); w > 400 {
+		t.Fatalf("want %d 120 ms into a rise to 1000/s, want < 400 (an average: the rise has not lasted DemandSustain)", w)
+	}
+	run(180, 1, true)
+	if w := want(hot); w < 800 {
+		t.Fatalf("want %d 300 ms into a rise to 1000/s, want ≥ 800 (the level, not the average's ~420)", w)
+	}
+}

@@ -110,10 +110,9 @@ type keyState struct {
 	// lastSample (µs) is written under mu and read without it too, so
 	// that a decision within sampleEvery of the last sample skips the lock.
 	lastSample atomic.Int64
-	demand     float64 // moving average over windows of at least demandWindow, tokens per second: reported
-	winStart   int64   // µs: start of the current demand window
-	winTokens  int64   // tokens asked in the current demand window
-	lastActive int64   // µs of the last sample with arrivals
+	winStart   int64 // µs: start of the current demand window
+	winTokens  int64 // tokens asked in the current demand window
+	lastActive int64 // µs of the last sample with arrivals
 	emergency  bucket.State
 	// emergencyFrom is the µs instant the outage the emergency bucket
 	// serves began (the breaker's opening): a later outage starts it empty
@@ -124,6 +123,9 @@ type keyState struct {
 	given         int64       // tokens ever added to the batch
 	back          int64       // tokens ever taken out of the batch unspent (returned or lost)
 	lastSpent     int64       // given − back − held at the last sample
+
+	// demand is the reported demand, over windows from winStart.
+	demand demandEstimate
 }
 
 type allocCache struct {

@@ -18,35 +18,53 @@ type target struct {
 	contested, all float64
 	// vsStatic is the least difference to the static split on one budget.
 	vsStatic float64
+	// converge is the most refresh intervals a demand shift may take to
+	// reach 95% of the ideal (0: the scenario's convergence is not
+	// checked).
+	converge float64
 	// miss names the design target the entry falls short of, if any.
 	miss string
 }
 
-// targets are checked at targetScale, seed 1; the floors of the entries
-// that miss their design target are the figures reached less 0.03.
+// targets are checked at targetScale, seed 1. The floors of the entries
+// that miss their design target are the figures reached less 0.03, and a
+// missed convergence the figure reached plus half a refresh interval; the
+// figures below are this scale's (docs/design.md gives full scale's).
 var targets = []target{
 	// Steady demand exceeding the budget in every region for the Zipf head:
-	// worst contested budget 0.870 (tight 0.842), 0.026 below the static
-	// split on the budget a static split serves best.
-	{file: "01-steady-skewed.yaml", contested: 0.81, all: 0.81, vsStatic: -0.06,
+	// worst contested budget 0.883 (tight 0.851), 0.025 (0.008) below the
+	// static split on the budget a static split serves best.
+	{file: "01-steady-skewed.yaml", contested: 0.82, all: 0.82, vsStatic: -0.06,
 		miss: "≥ 0.95 of the ideal on contested budgets, never below the static split"},
-	// One shift: 0.918 (tight 0.929), 0.46 above the static split.
-	{file: "02-demand-shift.yaml", contested: 0.88, all: 0.88, vsStatic: 0,
+	// One shift: 0.929 (tight 0.948), 0.47 above the static split;
+	// converges in 1.00 (0.62) refresh intervals.
+	{file: "02-demand-shift.yaml", contested: 0.89, all: 0.89, vsStatic: 0, converge: 3,
 		miss: "≥ 0.95 of the ideal"},
-	// One shift to a new hot key: worst 0.902 (tight 0.893), 0.014 (0.023)
-	// below the static split.
-	{file: "03-flash-crowd.yaml", contested: 0.86, all: 0.86, vsStatic: -0.06,
+	// One shift to a new hot key: worst 0.927 (tight 0.908), 0.015 (0.030)
+	// below the static split; converges in 0.38 (0.12) refresh intervals.
+	{file: "03-flash-crowd.yaml", contested: 0.87, all: 0.87, vsStatic: -0.06, converge: 3,
 		miss: "≥ 0.95 of the ideal on contested budgets, never below the static split"},
-	// The hot region changes every 2 refresh intervals: 0.659 (tight
-	// 0.642), above the static split.
-	{file: "26-rotating-hot.yaml", contested: 0.61, all: 0.61, vsStatic: 0,
+	// The region holding the budget cut from the coordinator while the
+	// demand stays: 0.945 (tight 0.941), 0.17 above the static split.
+	{file: "04-coordinator-cut.yaml", contested: 0.91, all: 0.91, vsStatic: 0,
+		miss: "≥ 0.95 of the ideal"},
+	// An agent of the busy region crashes: 0.950 (tight 0.953) here, 0.947
+	// at full scale, so not claimed; 0.25 above the static split.
+	{file: "14-agent-crash.yaml", contested: 0.92, all: 0.92, vsStatic: 0,
+		miss: "≥ 0.95 of the ideal (at full scale)"},
+	// The hot region changes every 2 refresh intervals: 0.837 (tight
+	// 0.818), above the static split; each move reaches 95% of the ideal
+	// within 2.50 (2.62) refresh intervals.
+	{file: "26-rotating-hot.yaml", contested: 0.78, all: 0.78, vsStatic: 0, converge: 3,
 		miss: "≥ 0.90 of the ideal"},
 	// Every 1.5 refresh intervals, lease messages duplicated and reordered:
-	// 0.542 (tight 0.516), 0.094 (0.030) below the static split.
-	{file: "27-rotating-hot-dup-reorder.yaml", contested: 0.48, all: 0.48, vsStatic: -0.13,
-		miss: "never below the static split"},
-	// Diurnal demand 8 h apart: worst 0.906 and never below the static
-	// split; tight, 0.835 and 0.106 below it on one budget.
+	// 0.719 (tight 0.666), 0.083 (0.120) above the static split (the floor
+	// on utilization guards, no design target sets it); moves converge in
+	// 2.75 (tight 4.25) refresh intervals.
+	{file: "27-rotating-hot-dup-reorder.yaml", contested: 0.63, all: 0.63, vsStatic: 0, converge: 4.75,
+		miss: "convergence ≤ 3 refresh intervals in the tight form"},
+	// Diurnal demand 8 h apart: worst 0.913 and never below the static
+	// split; tight, 0.837 and 0.114 below it on one budget.
 	{file: "28-follow-the-sun.yaml", contested: 0.80, all: 0.80, vsStatic: -0.14,
 		miss: "never below the static split in the tight form"},
 }
@@ -105,6 +123,38 @@ func TestUtilizationTargets(t *testing.T) {
 					t.Errorf("%s %s key %d: %.3f below the static split, want at most %.2f", form.Name, ro.Rule, ro.VsStaticKey, -*ro.VsStatic, -tg.vsStatic)
 				}
 			}
+			if tg.converge > 0 && (al.ConvergenceRefreshes == nil || *al.ConvergenceRefreshes > tg.converge) {
+				t.Errorf("%s: converges in %s, want within %.2f refresh intervals", form.Name, convCell(al), tg.converge)
+			}
 		}
+	}
+}
+
+// TestSteadyLeaseMessages: in steady-skewed, at full scale, lease messages
+// in steady state stay within the design's target of 10 per region per
+// refresh interval (15 a second for three regions at refresh 2 s). It runs
+// at full scale because the band in which allocations stay put is a share
+// of each budget: at a quarter of the load every budget is four times
+// smaller against a demand noise only twice smaller, and the same run sends
+// about 41 a second.
+func TestSteadyLeaseMessages(t *testing.T) {
+	if raceEnabled {
+		t.Skip("figures, not races: TestLibraryWithinBounds races the same code paths")
+	}
+	sc, err := LoadScenario("scenarios/01-steady-skewed.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(sc, 1, Options{Systems: []string{"allot"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	al := res.Systems[0]
+	if al.SteadyMsgsPerS == nil {
+		t.Fatal("no steady bins: the run measures no steady message rate")
+	}
+	t.Logf("steady lease messages %.1f a second", *al.SteadyMsgsPerS)
+	if *al.SteadyMsgsPerS > 15 {
+		t.Errorf("steady lease messages %.1f a second, want ≤ 15", *al.SteadyMsgsPerS)
 	}
 }
