@@ -63,7 +63,11 @@ type Settler struct {
 	region  string
 	floors  map[string]bucket.Limit
 	applied map[bucket.Key]bucket.Limit
-	keys    []bucket.Key // Changes' buffer
+	// again holds keys whose bucket may not be at the applied limit any
+	// more (Lapsed, Unsettle): Changes lists them even when the allocation
+	// equals the applied one.
+	again map[bucket.Key]struct{}
+	keys  []bucket.Key // Changes' buffer
 }
 
 // NewSettler returns a Settler for region serving budgets, with nothing
@@ -73,6 +77,7 @@ func NewSettler(region string, budgets []lease.Budget) *Settler {
 		region:  region,
 		floors:  floorsOf(region, budgets),
 		applied: map[bucket.Key]bucket.Limit{},
+		again:   map[bucket.Key]struct{}{},
 	}
 }
 
@@ -86,6 +91,7 @@ func (s *Settler) SetBudgets(budgets []lease.Budget) {
 // speaker), replacing whatever the Settler remembered.
 func (s *Settler) Resume(now time.Time, h *lease.Holder) {
 	s.applied = map[bucket.Key]bucket.Limit{}
+	clear(s.again)
 	for _, e := range h.Table() {
 		floor, ok := s.floors[e.Key.Rule]
 		if !ok {
@@ -108,6 +114,9 @@ func (s *Settler) Changes(now time.Time, h *lease.Holder) []Change {
 	for k := range s.applied {
 		keys = append(keys, k)
 	}
+	for k := range s.again {
+		keys = append(keys, k)
+	}
 	slices.SortFunc(keys, cmpKey)
 	keys = slices.Compact(keys)
 	var out []Change
@@ -124,14 +133,29 @@ func (s *Settler) Changes(now time.Time, h *lease.Holder) []Change {
 		if !seen {
 			prev = floor
 		}
-		if l == prev {
+		if _, unsure := s.again[k]; l == prev && !unsure {
 			continue
 		}
 		out = append(out, Change{Key: k, From: prev, To: l})
 		s.record(k, l, floor)
 	}
+	clear(s.again)
 	s.keys = keys[:0]
 	return out
+}
+
+// Lapsed tells the Settler that the region's agents may have decided with
+// table t past the end of its lease or of its hold since the last Changes:
+// an agent deciding under t then moved a key's bucket to what t gives
+// after that end (GCRA carries a bucket to the limit of each call), and a
+// grant taken since may give back the allocation applied before, which
+// Changes would skip as unchanged while the bucket refills at the other
+// limit. So the next Changes lists every key of t (a rebase re-expresses a
+// bucket from whatever limit it was written under).
+func (s *Settler) Lapsed(t *Table) {
+	for _, e := range t.Entries {
+		s.again[e.Key] = struct{}{}
+	}
 }
 
 // Unsettle reports that c could not be applied: its bucket still has the
@@ -142,6 +166,7 @@ func (s *Settler) Unsettle(c Change) {
 		return
 	}
 	s.record(c.Key, c.From, floor)
+	s.again[c.Key] = struct{}{}
 }
 
 func (s *Settler) record(k bucket.Key, l, floor bucket.Limit) {

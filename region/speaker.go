@@ -267,6 +267,12 @@ func (s *Speaker) Ready() Ready {
 	var rd Ready
 	st := s.holder.Status(s.now)
 	m := markOf(st)
+	if t := s.last; t != nil && (passed(s.markAt, s.now, t.LeaseEnd) || passed(s.markAt, s.now, t.HoldUntil)) {
+		// The agents decided with the last table past its lease's or
+		// hold's end; a grant since may have renewed it.
+		s.settler.Lapsed(t)
+		s.dirty = true
+	}
 	if s.dirty || m != s.mark || passed(s.markAt, s.now, st.LeaseEnd) || passed(s.markAt, s.now, st.HoldUntil) {
 		rd.Settle = s.settler.Changes(s.now, s.holder)
 		t := TableOf(s.cfg.Region, s.cfg.Agent, s.pubBase+1, s.holder.Snapshot(), s.now)
