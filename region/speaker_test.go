@@ -354,3 +354,59 @@ func TestSpeakerSettlesTheLeaseEnd(t *testing.T) {
 		t.Fatalf("after the lease ended, settle again %+v", rd.Settle)
 	}
 }
+
+// TestSpeakerResettlesAfterALapse: the lease ends with no Ready between its
+// end and a renewal, so the agents decided past the end under the floor and
+// carried the key's bucket to it, while the Settler still has the renewed
+// allocation as applied. The Ready after the renewal settles the key again,
+// so the bucket stops refilling at the floor's rate.
+func TestSpeakerResettlesAfterALapse(t *testing.T) {
+	s, budgets := speakerFixture(t)
+	clk := clock.NewManual(t0)
+	st := bucket.NewMemory(bucket.MemoryOptions{Clock: clk})
+	ctx := context.Background()
+	floor, alloc := budgets[0].Floor("a").Limit, budgets[0].LimitOf(200)
+	h := hello(t, s, t0)
+	if err := s.Step(t0, grant(h, 1, 200)); err != nil {
+		t.Fatal(err)
+	}
+	rd := s.Ready()
+	for _, c := range rd.Settle {
+		if err := c.Apply(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Advance(Outcome{})
+	end := s.Status(t0).LeaseEnd
+	// The last report before the end: the renewal answers it.
+	s.Tick(end.Add(-time.Millisecond), nil, []string{"a-0"})
+	rd = s.Ready()
+	s.Advance(Outcome{})
+	var report lease.Message
+	for _, m := range rd.Send {
+		if m.Type == lease.MsgReport {
+			report = m
+		}
+	}
+	if report.Type != lease.MsgReport {
+		t.Fatalf("no report before the lease's end: %+v", rd.Send)
+	}
+	// Past the end an agent decides under the floor: the bucket moves to it.
+	clk.Set(end.Add(5 * time.Millisecond))
+	if _, err := st.TakeUpTo(ctx, spkKey, floor, 1); err != nil {
+		t.Fatal(err)
+	}
+	renew := grant(h, 2, 200)
+	renew.Seq = report.Seq
+	if err := s.Step(clk.Now(), renew); err != nil {
+		t.Fatal(err)
+	}
+	rd = s.Ready()
+	if !s.Status(clk.Now()).LeaseEnd.After(clk.Now()) {
+		t.Fatal("the renewal did not renew the lease")
+	}
+	i := slices.IndexFunc(rd.Settle, func(c Change) bool { return c.Key == spkKey })
+	if i < 0 || rd.Settle[i].To != alloc {
+		t.Fatalf("after the lapse and the renewal settle %+v, want %s/%s back to %s", rd.Settle, spkKey.Rule, spkKey.Subject, alloc)
+	}
+}
