@@ -149,6 +149,22 @@ type HolderState struct {
 	HoldUntil time.Time
 	Released  bool
 	Entries   []Entry
+	// Floors are the region's floors of the Holder's budgets, by rule: the
+	// coordinator's once a full grant brought its budgets (Snapshot fills
+	// them; RestoreHolder takes its floors from the config instead).
+	Floors []BudgetFloor
+}
+
+// BudgetFloor is a budget's floor in a region, with the global limit it
+// was computed from: Floor tokens per Period with a burst of Burst, of a
+// budget of Count per Period with a burst of GlobalBurst.
+type BudgetFloor struct {
+	Rule        string        `json:"rule"`
+	Count       bucket.Tokens `json:"count"`
+	Period      time.Duration `json:"period"`
+	GlobalBurst bucket.Tokens `json:"global_burst"`
+	Floor       bucket.Tokens `json:"floor"`
+	Burst       bucket.Tokens `json:"burst"`
 }
 
 // NewHolder returns a Holder with no lease: every key is at its floor, and
@@ -593,7 +609,19 @@ func (h *Holder) Snapshot() HolderState {
 	return HolderState{
 		Session: h.cfg.Session, Term: h.term, Version: h.version, Seq: h.seq,
 		LeaseEnd: h.leaseEnd, HoldUntil: h.holdUntil, Released: h.released, Entries: h.Table(),
+		Floors: h.floors(),
 	}
+}
+
+// floors returns the region's floor of each budget, sorted by rule.
+func (h *Holder) floors() []BudgetFloor {
+	out := make([]BudgetFloor, 0, len(h.budgets))
+	for rule, hb := range h.budgets {
+		out = append(out, BudgetFloor{Rule: rule, Count: hb.b.Limit.Count(), Period: hb.period,
+			GlobalBurst: hb.b.Limit.Burst(), Floor: hb.floor, Burst: hb.burst})
+	}
+	slices.SortFunc(out, func(a, b BudgetFloor) int { return cmp.Compare(a.Rule, b.Rule) })
+	return out
 }
 
 func cmpKey(a, b bucket.Key) int {

@@ -51,8 +51,13 @@ type Table struct {
 	Entries []lease.Entry
 	// Written is when the speaker wrote the table (its clock).
 	Written time.Time
+	// Floors are the region's floors as the speaker's Holder counts them
+	// (the coordinator's, once a full grant brought its budgets): an agent
+	// decides a key at its floor, the smaller of its own and this one.
+	Floors []lease.BudgetFloor
 
-	index map[bucket.Key]int
+	index    map[bucket.Key]int
+	floorIdx map[string]int
 	// lapsed is set once a reader has found the lease over (Released, or
 	// read at or after LeaseEnd) for a key with an entry: its answer then
 	// came from the hold or the floor, which a renewal changes, so the
@@ -66,29 +71,31 @@ type Table struct {
 func TableOf(region, speaker string, pub uint64, st lease.HolderState, now time.Time) *Table {
 	t := &Table{Region: region, Speaker: speaker, Pub: pub, Term: st.Term, Version: st.Version,
 		LeaseEnd: st.LeaseEnd, HoldUntil: st.HoldUntil, Released: st.Released,
-		Entries: slices.Clone(st.Entries), Written: now}
+		Entries: slices.Clone(st.Entries), Written: now, Floors: slices.Clone(st.Floors)}
 	t.build()
 	return t
 }
 
 // tableJSON is a Table as the agents store it in the regional Redis.
 type tableJSON struct {
-	Region    string        `json:"region"`
-	Speaker   string        `json:"speaker"`
-	Pub       uint64        `json:"pub"`
-	Term      uint64        `json:"term"`
-	Version   uint64        `json:"version"`
-	LeaseEnd  time.Time     `json:"lease_end"`
-	HoldUntil time.Time     `json:"hold_until"`
-	Released  bool          `json:"released"`
-	Written   time.Time     `json:"written"`
-	Entries   []lease.Entry `json:"entries"`
+	Region    string              `json:"region"`
+	Speaker   string              `json:"speaker"`
+	Pub       uint64              `json:"pub"`
+	Term      uint64              `json:"term"`
+	Version   uint64              `json:"version"`
+	LeaseEnd  time.Time           `json:"lease_end"`
+	HoldUntil time.Time           `json:"hold_until"`
+	Released  bool                `json:"released"`
+	Written   time.Time           `json:"written"`
+	Entries   []lease.Entry       `json:"entries"`
+	Floors    []lease.BudgetFloor `json:"floors,omitempty"`
 }
 
 // MarshalJSON encodes t as the agents store it.
 func (t *Table) MarshalJSON() ([]byte, error) {
 	return json.Marshal(tableJSON{Region: t.Region, Speaker: t.Speaker, Pub: t.Pub, Term: t.Term, Version: t.Version,
-		LeaseEnd: t.LeaseEnd, HoldUntil: t.HoldUntil, Released: t.Released, Written: t.Written, Entries: t.Entries})
+		LeaseEnd: t.LeaseEnd, HoldUntil: t.HoldUntil, Released: t.Released, Written: t.Written, Entries: t.Entries,
+		Floors: t.Floors})
 }
 
 // UnmarshalJSON decodes a table MarshalJSON wrote.
@@ -98,7 +105,8 @@ func (t *Table) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("region: decode table: %w", err)
 	}
 	*t = Table{Region: j.Region, Speaker: j.Speaker, Pub: j.Pub, Term: j.Term, Version: j.Version,
-		LeaseEnd: j.LeaseEnd, HoldUntil: j.HoldUntil, Released: j.Released, Written: j.Written, Entries: j.Entries}
+		LeaseEnd: j.LeaseEnd, HoldUntil: j.HoldUntil, Released: j.Released, Written: j.Written, Entries: j.Entries,
+		Floors: j.Floors}
 	t.build()
 	return nil
 }
@@ -107,7 +115,7 @@ func (t *Table) UnmarshalJSON(b []byte) error {
 // new speaking agent can resume the region's lease (lease.RestoreHolder).
 func (t *Table) HolderState(session uint64) lease.HolderState {
 	return lease.HolderState{Session: session, Term: t.Term, Version: t.Version, LeaseEnd: t.LeaseEnd,
-		HoldUntil: t.HoldUntil, Released: t.Released, Entries: slices.Clone(t.Entries)}
+		HoldUntil: t.HoldUntil, Released: t.Released, Entries: slices.Clone(t.Entries), Floors: slices.Clone(t.Floors)}
 }
 
 func (t *Table) build() {
@@ -121,6 +129,11 @@ func (t *Table) build() {
 	for i, e := range t.Entries {
 		t.index[e.Key] = i
 	}
+	slices.SortFunc(t.Floors, func(a, b lease.BudgetFloor) int { return cmp.Compare(a.Rule, b.Rule) })
+	t.floorIdx = make(map[string]int, len(t.Floors))
+	for i, f := range t.Floors {
+		t.floorIdx[f.Rule] = i
+	}
 	if t.lapsed == nil {
 		t.lapsed = new(atomic.Bool)
 	}
@@ -133,7 +146,29 @@ func (t *Table) Newer(u *Table) bool { return u == nil || t.Pub > u.Pub }
 // hold and entries (Pub, Speaker and Written aside).
 func (t *Table) Same(u *Table) bool {
 	return u != nil && t.Term == u.Term && t.Version == u.Version && t.LeaseEnd.Equal(u.LeaseEnd) &&
-		t.HoldUntil.Equal(u.HoldUntil) && t.Released == u.Released && slices.Equal(t.Entries, u.Entries)
+		t.HoldUntil.Equal(u.HoldUntil) && t.Released == u.Released && slices.Equal(t.Entries, u.Entries) &&
+		slices.Equal(t.Floors, u.Floors)
+}
+
+// floorOf returns the region's floor of global for rule: fl, the agents'
+// own, unless the table's Holder counts a smaller one for the same global
+// limit. The coordinator counts the region at its own floors, which the
+// Holder adopts with a full grant; an agent configured with another split
+// (a -reserve below a budget's) must not use more than that. A table with
+// no floor for rule, or one for another global limit (rules changing),
+// leaves fl.
+func (t *Table) floorOf(rule string, global bucket.Limit, fl lease.Floor) lease.Floor {
+	i, ok := t.floorIdx[rule]
+	if !ok {
+		return fl
+	}
+	f := &t.Floors[i]
+	if f.Count != global.Count() || f.Period != global.Period() || f.GlobalBurst != global.Burst() ||
+		f.Floor >= fl.Count && f.Burst >= fl.Burst {
+		return fl
+	}
+	c, b := min(f.Floor, fl.Count), min(f.Burst, fl.Burst)
+	return lease.Floor{Count: c, Burst: b, Limit: entryLimit(global, c, b)}
 }
 
 // Live reports whether the table's lease lives at now.
@@ -238,7 +273,7 @@ func (v *TableView) Set(t *Table) bool {
 // an entry got it until old's LeaseEnd, and t gives it at least as long.
 func (t *Table) extends(old *Table) bool {
 	return old != nil && !old.Released && !t.Released && !t.LeaseEnd.Before(old.LeaseEnd) &&
-		!old.lapsed.Load() && slices.Equal(t.Entries, old.Entries)
+		!old.lapsed.Load() && slices.Equal(t.Entries, old.Entries) && slices.Equal(t.Floors, old.Floors)
 }
 
 // Table returns the current table, nil if none.
@@ -252,14 +287,16 @@ func (v *TableView) Floor(global bucket.Limit) bucket.Limit { return v.floors.of
 
 // Allocation implements Allocations with the Holder's rule: a key's entry
 // while the lease lives; after it, an entry below the floor (a lent floor)
-// until the hold ends; the floor otherwise.
+// until the hold ends; the floor otherwise. The floor is the view's own,
+// or the table's where that is smaller (Table.floorOf).
 func (v *TableView) Allocation(now time.Time, key bucket.Key, global bucket.Limit) (bucket.Limit, bool, time.Time) {
-	fl := v.floors.of(global)
+	own := v.floors.of(global)
 	for {
 		t := v.cur.Load()
 		if t == nil {
-			return fl.Limit, false, farFuture
+			return own.Limit, false, farFuture
 		}
+		fl := t.floorOf(key.Rule, global, own)
 		i, ok := t.index[key]
 		if !ok {
 			return fl.Limit, false, farFuture
