@@ -14,10 +14,7 @@ import (
 // refresh intervals after warming up.
 func steadyChanges(t *testing.T, hysteresis float64) (changes int, msgs int) {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.TTL, cfg.Refresh, cfg.Drift = 10*time.Second, 2*time.Second, 500*time.Millisecond
-	cfg.Hold = cfg.TTL + 2*cfg.Drift + cfg.Refresh + cfg.Refresh/2
-	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
+	cfg := scenarioConfig()
 	cfg.Hysteresis = hysteresis
 	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(3000), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
 	c := newCluster(t, cfg)
@@ -79,10 +76,7 @@ func TestSteadyDemandSteadyAllocation(t *testing.T) {
 // by less than the hysteresis still gets the increase when free capacity
 // covers it: nobody is decreased for it.
 func TestSmallIncreaseFromFreeCapacity(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.TTL, cfg.Refresh, cfg.Drift = 10*time.Second, 2*time.Second, 500*time.Millisecond
-	cfg.Hold = cfg.TTL + 2*cfg.Drift + cfg.Refresh + cfg.Refresh/2
-	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
+	cfg := scenarioConfig()
 	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(3000), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
 	c := newCluster(t, cfg)
 	k := bucket.Key{Rule: "api", Subject: "t1"}
@@ -172,10 +166,7 @@ func TestHolderUrgentReports(t *testing.T) {
 // another region waits for the capacity, the key is rebalanced then, not at
 // the next report or round, which may be most of a refresh interval later.
 func TestHeldFloorFreedWhenHoldEnds(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.TTL, cfg.Refresh, cfg.Drift = 10*time.Second, 2*time.Second, 500*time.Millisecond
-	cfg.Hold = cfg.TTL + 2*cfg.Drift + cfg.Refresh + cfg.Refresh/2
-	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
+	cfg := scenarioConfig()
 	// Burst one second of rate: the fill time, and so the hold, is 1 s.
 	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(3000), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
 	c := newCluster(t, cfg)

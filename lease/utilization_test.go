@@ -114,10 +114,7 @@ func TestLearningEndsWhenEveryRegionHasTheTerm(t *testing.T) {
 // floors are not returned and lent again every refresh, which would cost
 // the borrowing region burst each time.
 func TestLentFloorsStayLent(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.TTL, cfg.Refresh, cfg.Drift = 10*time.Second, 2*time.Second, 500*time.Millisecond
-	cfg.Hold = cfg.TTL + 2*cfg.Drift + cfg.Refresh + cfg.Refresh/2
-	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
+	cfg := scenarioConfig()
 	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(3000), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
 	c := newCluster(t, cfg)
 	k := bucket.Key{Rule: "api", Subject: "t1"}
@@ -153,10 +150,7 @@ func TestLentFloorsStayLent(t *testing.T) {
 // once the lease it already has runs out (counted from its last request),
 // not a full TTL after the coordinator last heard from it plus renewals.
 func TestUnreachableRegionReturnsCapacity(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.TTL, cfg.Refresh, cfg.Drift = 10*time.Second, 2*time.Second, 500*time.Millisecond
-	cfg.Hold = cfg.TTL + 2*cfg.Drift + cfg.Refresh + cfg.Refresh/2
-	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
+	cfg := scenarioConfig()
 	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(2000), Regions: []string{"e", "u"}, Reserve: 0.5}}
 	c := newCluster(t, cfg)
 	k := bucket.Key{Rule: "api", Subject: "t1"}
