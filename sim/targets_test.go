@@ -58,11 +58,13 @@ var targets = []target{
 	{file: "26-rotating-hot.yaml", contested: 0.78, all: 0.78, vsStatic: 0, converge: 3,
 		miss: "≥ 0.90 of the ideal"},
 	// Every 1.5 refresh intervals, lease messages duplicated and reordered:
-	// 0.719 (tight 0.666), 0.083 (0.120) above the static split (the floor
+	// 0.714 (tight 0.672), 0.078 (0.126) above the static split (the floor
 	// on utilization guards, no design target sets it); moves converge in
-	// 2.75 (tight 4.25) refresh intervals.
-	{file: "27-rotating-hot-dup-reorder.yaml", contested: 0.63, all: 0.63, vsStatic: 0, converge: 4.75,
-		miss: "convergence ≤ 3 refresh intervals in the tight form"},
+	// 2.38 (tight 5.62) refresh intervals at this scale. (Since the Redis
+	// model stores a denied call's carried state, as the script does; 2.75
+	// and 4.25 before. At full scale 2.50 and 2.38: within the target.)
+	{file: "27-rotating-hot-dup-reorder.yaml", contested: 0.63, all: 0.63, vsStatic: 0, converge: 6.12,
+		miss: "convergence ≤ 3 refresh intervals in the tight form, at this scale"},
 	// Diurnal demand 8 h apart: worst 0.913 and never below the static
 	// split; tight, 0.837 and 0.114 below it on one budget.
 	{file: "28-follow-the-sun.yaml", contested: 0.80, all: 0.80, vsStatic: -0.14,
