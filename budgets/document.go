@@ -580,38 +580,38 @@ func (p *docParser) str(n *yaml.Node, field string) (string, bool) {
 }
 
 func (p *docParser) stringList(n *yaml.Node, field string) []string {
+	return list(p, n, field, p.str)
+}
+
+func (p *docParser) intList(n *yaml.Node, field string) []int64 {
+	return list(p, n, field, p.int)
+}
+
+// list reads a sequence whose elements elem reads, recording each
+// element's line; an element elem refuses (it said why) is left out.
+func list[T any](p *docParser, n *yaml.Node, field string, elem func(*yaml.Node, string) (T, bool)) []T {
 	if n.Kind != yaml.SequenceNode {
 		p.add(n.Line, field, "want a list, got %s", rules.DescribeNode(n))
 		return nil
 	}
-	out := []string{}
+	out := []T{}
 	for i, en := range n.Content {
 		f := fmt.Sprintf("%s[%d]", field, i)
 		p.d.lines[f] = en.Line
-		if s, ok := p.str(en, f); ok {
-			out = append(out, s)
+		if v, ok := elem(en, f); ok {
+			out = append(out, v)
 		}
 	}
 	return out
 }
 
-func (p *docParser) intList(n *yaml.Node, field string) []int64 {
-	if n.Kind != yaml.SequenceNode {
-		p.add(n.Line, field, "want a list, got %s", rules.DescribeNode(n))
-		return nil
+func (p *docParser) int(n *yaml.Node, field string) (int64, bool) {
+	v, err := strconv.ParseInt(n.Value, 10, 64)
+	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" || err != nil {
+		p.add(n.Line, field, "want a whole number, got %s", rules.DescribeNode(n))
+		return 0, false
 	}
-	out := []int64{}
-	for i, en := range n.Content {
-		f := fmt.Sprintf("%s[%d]", field, i)
-		p.d.lines[f] = en.Line
-		v, err := strconv.ParseInt(en.Value, 10, 64)
-		if en.Kind != yaml.ScalarNode || en.Tag == "!!null" || err != nil {
-			p.add(en.Line, f, "want a whole number, got %s", rules.DescribeNode(en))
-			continue
-		}
-		out = append(out, v)
-	}
-	return out
+	return v, true
 }
 
 func (p *docParser) float(n *yaml.Node, field string) *float64 {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"time"
@@ -54,19 +55,7 @@ func tableKeys(a, b *region.Table) []bucket.Key {
 		}
 	}
 	slices.SortFunc(ks, func(x, y bucket.Key) int {
-		if x.Rule != y.Rule {
-			if x.Rule < y.Rule {
-				return -1
-			}
-			return 1
-		}
-		switch {
-		case x.Subject < y.Subject:
-			return -1
-		case x.Subject > y.Subject:
-			return 1
-		}
-		return 0
+		return cmp.Or(cmp.Compare(x.Rule, y.Rule), cmp.Compare(x.Subject, y.Subject))
 	})
 	return slices.Compact(ks)
 }

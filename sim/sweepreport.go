@@ -24,17 +24,7 @@ func WriteSweepTable(w io.Writer, r *SweepResult) error {
 			fmt.Fprintf(tw, "-\t-\t-\t-\t-\t-\t-\t-\t-\tskipped: %s\t\n", p.Skipped)
 			continue
 		}
-		bound := "∞"
-		if p.WorstBound != nil {
-			bound = fmt.Sprintf("%.1f", *p.WorstBound)
-		}
-		conv := "n/a"
-		if p.ConvergenceS != nil {
-			conv = fmt.Sprintf("%.2f", *p.ConvergenceS)
-			if *p.ConvergenceS < 0 {
-				conv = "never"
-			}
-		}
+		bound, conv := p.cells()
 		mark := ""
 		switch {
 		case p.Best:
@@ -226,14 +216,7 @@ tr.best{background:#fff8dc}section{border-top:2px solid #eee;margin-top:24px;pad
 			fmt.Fprintf(&b, `<td class="l" colspan="9">skipped: %s</td></tr>`, html.EscapeString(p.Skipped))
 			continue
 		}
-		bound := "∞"
-		if p.WorstBound != nil {
-			bound = fmt.Sprintf("%.1f", *p.WorstBound)
-		}
-		conv := "n/a"
-		if p.ConvergenceS != nil {
-			conv = fmt.Sprintf("%.2f", *p.ConvergenceS)
-		}
+		bound, conv := p.cells()
 		fmt.Fprintf(&b, `<td class="%s">%s</td><td class="l">%s</td><td>%.1f</td><td>%s</td><td>%.3f</td><td>%.3f</td><td>%.3f</td><td>%.1f</td><td>%s</td></tr>`,
 			p.Verdict, p.Verdict, html.EscapeString(p.WorstRule), p.WorstOvershoot, bound, p.Utilization, p.Static, p.Central, p.LeaseMsgsPerS, conv)
 	}
@@ -254,4 +237,21 @@ tr.best{background:#fff8dc}section{border-top:2px solid #eee;margin-top:24px;pad
 		return fmt.Errorf("sim: write sweep html: %w", err)
 	}
 	return nil
+}
+
+// cells returns a point's worst bound and convergence as both reports
+// print them: ∞ for no bound (fail open), n/a when no shift was measured,
+// never when a shift did not converge.
+func (p *SweepPoint) cells() (bound, conv string) {
+	bound, conv = "∞", "n/a"
+	if p.WorstBound != nil {
+		bound = fmt.Sprintf("%.1f", *p.WorstBound)
+	}
+	if c := p.ConvergenceS; c != nil {
+		conv = fmt.Sprintf("%.2f", *c)
+		if *c < 0 {
+			conv = "never"
+		}
+	}
+	return bound, conv
 }
