@@ -136,6 +136,13 @@ func Parse(data []byte, name string) (*Set, error) {
 	if s.version == "" {
 		s.version = "sha256:" + s.digest[:12]
 	}
+	s.defaultP = s.plans[s.defaultPlan]
+	for _, p := range s.planOrder {
+		p.res = Resolution{Limit: p.Limit, Plan: p.Name}
+	}
+	for _, r := range s.rules {
+		r.compile()
+	}
 	return s, nil
 }
 

@@ -140,6 +140,10 @@ type Plan struct {
 	// Quota is the quota as written in the file, for logs and docs.
 	Quota string
 	Line  int
+
+	// res is the Resolution of a plan rule under this plan, set when the
+	// plan's Set is parsed.
+	res Resolution
 }
 
 // NoIdentity is the handling of requests without identity.
@@ -164,6 +168,51 @@ func (c Condition) Holds(d Descriptor) bool {
 		return false
 	}
 	return matchPattern(c.Pattern, v)
+}
+
+// matcher is a Condition compiled when its set is parsed: what
+// matchPattern works out from the pattern on every call (any value, a
+// prefix, an exact value) is worked out once.
+type matcher struct {
+	key  string
+	kind matchKind
+	// lit is the exact value, or the prefix without its "*".
+	lit string
+}
+
+type matchKind uint8
+
+const (
+	matchAny matchKind = iota
+	matchPrefix
+	matchExact
+)
+
+// compile returns c's matcher.
+func (c Condition) compile() matcher {
+	switch {
+	case c.Pattern == "" || c.Pattern == "*":
+		return matcher{key: c.Key, kind: matchAny}
+	case strings.HasSuffix(c.Pattern, "*"):
+		return matcher{key: c.Key, kind: matchPrefix, lit: c.Pattern[:len(c.Pattern)-1]}
+	default:
+		return matcher{key: c.Key, kind: matchExact, lit: c.Pattern}
+	}
+}
+
+// holds is Condition.Holds on the compiled condition.
+func (m *matcher) holds(d Descriptor) bool {
+	v, ok := d.Get(m.key)
+	switch {
+	case !ok:
+		return false
+	case m.kind == matchAny:
+		return true
+	case m.kind == matchPrefix:
+		return len(v) >= len(m.lit) && v[:len(m.lit)] == m.lit
+	default:
+		return v == m.lit
+	}
 }
 
 func matchPattern(pattern, v string) bool {
@@ -233,10 +282,38 @@ type Rule struct {
 	// Shadow rules decide, count and log as usual, and never reject.
 	Shadow bool
 	Line   int
+
+	// compiled is set when the rule's Set is parsed, with Match compiled
+	// into matchers: a Rule made otherwise (a literal) matches by Match.
+	compiled bool
+	matchers []matcher
+	// fixed is a fixed rule's Resolution, set with compiled.
+	fixed Resolution
+}
+
+// compile compiles r's conditions into matchers and resolves its limit
+// when it is fixed.
+func (r *Rule) compile() {
+	r.matchers = make([]matcher, len(r.Match))
+	for i, c := range r.Match {
+		r.matchers[i] = c.compile()
+	}
+	if r.Source == Fixed {
+		r.fixed = Resolution{Limit: r.Limit}
+	}
+	r.compiled = true
 }
 
 // Matches reports whether every condition of r holds for d.
 func (r *Rule) Matches(d Descriptor) bool {
+	if r.compiled {
+		for i := range r.matchers {
+			if !r.matchers[i].holds(d) {
+				return false
+			}
+		}
+		return true
+	}
 	for _, c := range r.Match {
 		if !c.Holds(d) {
 			return false
@@ -248,6 +325,9 @@ func (r *Rule) Matches(d Descriptor) bool {
 // CostOf returns the cost of a request described by d: the first cost table
 // entry whose method and path match, else the rule's default cost.
 func (r *Rule) CostOf(d Descriptor) bucket.Tokens {
+	if len(r.Costs) == 0 {
+		return r.DefaultCost
+	}
 	method, _ := d.Get(KeyMethod)
 	path, _ := d.Get(KeyPath)
 	for _, c := range r.Costs {
@@ -321,8 +401,11 @@ type Set struct {
 	unknownPlan UnknownPlanAction
 	plans       map[string]*Plan
 	planOrder   []*Plan
-	rules       []*Rule
-	byName      map[string]*Rule
+	// defaultP is the default plan, found once the set is parsed; nil
+	// when it has none.
+	defaultP *Plan
+	rules    []*Rule
+	byName   map[string]*Rule
 }
 
 // Version names this set in logs and metrics: the file's version label when
@@ -456,12 +539,46 @@ func (s *Set) LimitFor(r *Rule, plan string) Resolution {
 	if r.Source == Fixed {
 		return Resolution{Limit: r.Limit}
 	}
+	return *s.Resolve(r, plan)
+}
+
+// Resolve is LimitFor without copying the Resolution, which a decision
+// reads a few fields of: for a rule of the set and a plan in it (or the
+// default), the Resolution belongs to the set and must not be modified; for
+// a plan not in the set it is new.
+func (s *Set) Resolve(r *Rule, plan string) *Resolution {
+	if r.Source == Fixed {
+		if r.compiled {
+			return &r.fixed
+		}
+		return &Resolution{Limit: r.Limit}
+	}
 	if plan == "" {
+		if s.defaultP != nil {
+			return &s.defaultP.res
+		}
 		plan = s.defaultPlan
 	}
-	if p, ok := s.plans[plan]; ok {
-		return Resolution{Limit: p.Limit, Plan: p.Name}
+	if len(s.planOrder) <= maxScannedPlans {
+		// A few names compared cost less than hashing one.
+		for _, p := range s.planOrder {
+			if p.Name == plan {
+				return &p.res
+			}
+		}
+	} else if p, ok := s.plans[plan]; ok {
+		return &p.res
 	}
+	res := s.unknown(plan)
+	return &res
+}
+
+// maxScannedPlans is the most plans LimitFor finds by comparing names in
+// turn rather than by the plans' map.
+const maxScannedPlans = 8
+
+// unknown is the Resolution of a plan rule for a plan not in s.
+func (s *Set) unknown(plan string) Resolution {
 	res := Resolution{Unknown: true, Action: s.unknownPlan, Plan: plan}
 	if s.unknownPlan == UnknownPlanDefault {
 		if d := s.DefaultPlan(); d != nil {

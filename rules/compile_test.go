@@ -1,0 +1,80 @@
+package rules
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+// FuzzCompiledCondition: a condition compiled when its set is parsed holds
+// for exactly the descriptors the condition as written holds for.
+func FuzzCompiledCondition(f *testing.F) {
+	for _, c := range [][3]string{
+		{"path", "/api/*", "/api/x"}, {"path", "/api/*", "/ap"}, {"path", "*", ""},
+		{"path", "", "x"}, {"m", "GET", "GET"}, {"m", "GET", "get"}, {"m", "a*", "a"},
+		{"m", "**", "*"}, {"m", "*x", "*x"}, {"m", "x", ""},
+	} {
+		f.Add(c[0], c[1], c[2], true)
+		f.Add(c[0], c[1], c[2], false)
+	}
+	f.Fuzz(func(t *testing.T, key, pattern, value string, present bool) {
+		c := Condition{Key: key, Pattern: pattern}
+		d := Descriptor{{Key: "other", Value: value}}
+		if present {
+			d = append(d, Entry{Key: key, Value: value})
+		}
+		m := c.compile()
+		if got, want := m.holds(d), c.Holds(d); got != want {
+			t.Fatalf("condition %q=%q on %s: compiled %v, written %v", key, pattern, d, got, want)
+		}
+		written := &Rule{Match: []Condition{c}}
+		compiled := &Rule{Match: []Condition{c}}
+		compiled.compile()
+		if got, want := compiled.Matches(d), written.Matches(d); got != want {
+			t.Fatalf("rule on %q=%q, %s: compiled %v, written %v", key, pattern, d, got, want)
+		}
+	})
+}
+
+// TestResolveAsTheMap: Resolve finds a plan by comparing names in turn in
+// a set of few plans and by the plans' map in a set of many, and either
+// way gives what the plans' map gives: the plan's limit, the default plan's
+// for no plan, and the unknown-plan handling for a plan not in the set.
+func TestResolveAsTheMap(t *testing.T) {
+	for _, n := range []int{1, maxScannedPlans, maxScannedPlans + 1, 3 * maxScannedPlans} {
+		var plans []string
+		for i := range n {
+			plans = append(plans, fmt.Sprintf("p%d: \"%d per second\"", i, i+1))
+		}
+		src := fmt.Sprintf("default_plan: p%d\nunknown_plan: deny\nplans: {%s}\nrules:\n  - {name: fixed, match: {path: /f}, limit: \"7 per minute\"}\n  - {name: api, limit: plan}\n",
+			n-1, strings.Join(plans, ", "))
+		s, err := Parse([]byte(src), "t.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		api, _ := s.Rule("api")
+		for i := range n {
+			name := fmt.Sprintf("p%d", i)
+			want := Resolution{Limit: s.plans[name].Limit, Plan: name}
+			if got := *s.Resolve(api, name); got != want {
+				t.Errorf("%d plans: Resolve(%s) = %+v, want %+v", n, name, got, want)
+			}
+			if got := s.LimitFor(api, name); got != want {
+				t.Errorf("%d plans: LimitFor(%s) = %+v, want %+v", n, name, got, want)
+			}
+		}
+		def := fmt.Sprintf("p%d", n-1)
+		if got, want := *s.Resolve(api, ""), (Resolution{Limit: bucket.PerSecond(bucket.Tokens(n)), Plan: def}); got != want {
+			t.Errorf("%d plans: Resolve(\"\") = %+v, want the default plan's %+v", n, got, want)
+		}
+		if got, want := *s.Resolve(api, "gold"), (Resolution{Plan: "gold", Unknown: true, Action: UnknownPlanDeny}); got != want {
+			t.Errorf("%d plans: Resolve(gold) = %+v, want %+v", n, got, want)
+		}
+		fixed, _ := s.Rule("fixed")
+		if got, want := *s.Resolve(fixed, "p0"), (Resolution{Limit: bucket.PerMinute(7)}); got != want {
+			t.Errorf("%d plans: Resolve(fixed) = %+v, want %+v", n, got, want)
+		}
+	}
+}
