@@ -102,6 +102,11 @@ func (e *BoundError) Unwrap() []error { return []error{ErrTooLarge, ErrInvalidRe
 // nothing when req is within its bounds.
 func (b Bounds) Check(req Request) error {
 	b = b.OrDefault()
+	return b.check(&req)
+}
+
+// check is Check on bounds already defaulted, reading req in place.
+func (b *Bounds) check(req *Request) error {
 	switch {
 	case len(req.Subject) > b.MaxSubject:
 		return &BoundError{Field: "subject", Size: len(req.Subject), Max: b.MaxSubject}

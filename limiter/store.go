@@ -178,7 +178,7 @@ func (l *StoreLimiter) Allow(ctx context.Context, req Request) (Decision, error)
 		start = l.cfg.Clock.Now()
 	}
 	var d Decision
-	if err := l.allow(ctx, req, &d); err != nil {
+	if err := l.allow(ctx, &req, &d); err != nil {
 		return d, err
 	}
 	l.stats.decisions.Add(1)
@@ -192,12 +192,13 @@ func (l *StoreLimiter) Allow(ctx context.Context, req Request) (Decision, error)
 }
 
 // allow decides req into d, which the caller passes zero: the decision is
-// some 300 bytes, and filling it in place saves copying it at each return.
-func (l *StoreLimiter) allow(ctx context.Context, req Request, d *Decision) error {
+// some 300 bytes, and filling it in place saves copying it at each return,
+// as reading the request in place saves copying its 100.
+func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) error {
 	if req.Cost < 0 {
 		return fmt.Errorf("%w: cost=%d must be ≥ 0", ErrInvalidRequest, req.Cost)
 	}
-	if err := l.cfg.Bounds.Check(req); err != nil {
+	if err := l.cfg.Bounds.check(req); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -224,8 +225,10 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request, d *Decision) erro
 		d.Cost = r.CostOf(req.Descriptor)
 	}
 
+	// A fixed rule's limit is the same on every plan: its plan is not
+	// looked up.
 	plan := req.Plan
-	if plan == "" {
+	if plan == "" && r.Source == rules.FromPlan {
 		plan, _ = req.Descriptor.Get(rs.PlanKey())
 	}
 	subject, ok := r.SubjectOf(req.Descriptor, req.Subject)
@@ -241,7 +244,7 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request, d *Decision) erro
 		subject, plan = rules.AnonymousSubject, ""
 	}
 
-	res := rs.LimitFor(r, plan)
+	res := rs.Resolve(r, plan)
 	d.Plan, d.Quota, d.Limit = res.Plan, res.Limit, res.Limit
 	d.Policy = r.Name
 	if r.Source == rules.FromPlan {
@@ -302,7 +305,7 @@ func (l *StoreLimiter) allow(ctx context.Context, req Request, d *Decision) erro
 }
 
 // fallback applies r's failure policy to a decision the store could not make.
-func (l *StoreLimiter) fallback(ctx context.Context, r *rules.Rule, d *Decision, req Request) error {
+func (l *StoreLimiter) fallback(ctx context.Context, r *rules.Rule, d *Decision, req *Request) error {
 	d.Fallback = r.Failure.Policy
 	switch r.Failure.Policy {
 	case rules.FailOpen:
