@@ -34,7 +34,20 @@ type Namer struct {
 	// names: a rule has a few plans, and a scan comparing limits costs less
 	// than hashing a limit.
 	byRule map[string][]namedLimit
+	// few is byRule as a list when it has at most maxScannedRules rules:
+	// the edge names a rule by the rules set's own string, so comparing a
+	// few names (lengths first, then pointers) costs less than hashing one.
+	few []ruleLimits
 }
+
+type ruleLimits struct {
+	rule   string
+	limits []namedLimit
+}
+
+// maxScannedRules is the most plan rules Budget finds by comparing names
+// in turn rather than by the map.
+const maxScannedRules = 8
 
 type namedLimit struct {
 	limit bucket.Limit
@@ -59,6 +72,13 @@ func NewNamer(set *rules.Set) *Namer {
 			n.byRule[b.Rule] = append(nls, namedLimit{b.Limit, b.Name})
 		}
 	}
+	if len(n.byRule) <= maxScannedRules {
+		for _, b := range set.Budgets() {
+			if nls, ok := n.byRule[b.Rule]; ok && !slices.ContainsFunc(n.few, func(rl ruleLimits) bool { return rl.rule == b.Rule }) {
+				n.few = append(n.few, ruleLimits{b.Rule, nls})
+			}
+		}
+	}
 	return n
 }
 
@@ -67,7 +87,18 @@ func (n *Namer) Budget(key bucket.Key, global bucket.Limit) bucket.Key {
 	if n == nil || len(n.byRule) == 0 {
 		return key
 	}
-	for _, nl := range n.byRule[key.Rule] {
+	var nls []namedLimit
+	if n.few != nil {
+		for i := range n.few {
+			if n.few[i].rule == key.Rule {
+				nls = n.few[i].limits
+				break
+			}
+		}
+	} else {
+		nls = n.byRule[key.Rule]
+	}
+	for _, nl := range nls {
 		if nl.limit == global {
 			key.Rule = nl.name
 			break
