@@ -151,6 +151,13 @@ func Check(l Limit, cost Tokens) error {
 	if l.tau > 0 && cost > 0 && cost <= l.burst {
 		return nil
 	}
+	// The rest is out of line, so that Check inlines and a request that
+	// passes copies no limit into a call.
+	return checkFailed(l, cost)
+}
+
+// checkFailed is Check's answer for a request its first test did not pass.
+func checkFailed(l Limit, cost Tokens) error {
 	if err := l.Validate(); err != nil {
 		return err
 	}
