@@ -98,9 +98,11 @@ func (n *Namer) Budget(key bucket.Key, global bucket.Limit) bucket.Key {
 	} else {
 		nls = n.byRule[key.Rule]
 	}
-	for _, nl := range nls {
-		if nl.limit == global {
-			key.Rule = nl.name
+	for i := range nls {
+		// Limits are equal when what defines them is: a few comparisons,
+		// where == compares the whole struct in a call.
+		if sameLimit(nls[i].limit, global) {
+			key.Rule = nls[i].name
 			break
 		}
 	}

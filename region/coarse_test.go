@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"reflect"
 	"sync/atomic"
@@ -138,5 +139,61 @@ func TestCoarseBatchStopsBeforeTheLeaseEnds(t *testing.T) {
 		if coarse := rc.reads.Load() == before; coarse != c.coarse {
 			t.Errorf("%s before the lease's end: decided on the coarse reading %v, want %v", c.reading, coarse, c.coarse)
 		}
+	}
+}
+
+// TestCoarseBatchRejectsWhatDecideRejects: a request that bucket.Check
+// would reject (no cost, a cost over the burst, a zero or invalid limit)
+// is never decided from a batch on the coarse reading, even for a key
+// holding batch tokens: it gets the answer and the error decide gives.
+func TestCoarseBatchRejectsWhatDecideRejects(t *testing.T) {
+	ctx := context.Background()
+	batched := func(coarse bool) (*Store, *clock.Coarse) {
+		f := newFixture(t, nil)
+		f.view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: t0.Add(time.Hour), HoldUntil: t0.Add(time.Hour),
+			Entries: []lease.Entry{{Key: key("hot"), Count: 2500, Burst: 2500}}})
+		st := NewStore(f.core, f.clk, nil, nil)
+		co, err := clock.NewCoarse(f.clk, time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if coarse {
+			st.UseCoarse(co)
+		}
+		for i := 0; i < 200; i++ {
+			f.clk.Advance(100 * time.Microsecond)
+			co.Refresh()
+			if _, err := st.Decide(ctx, key("hot"), global6000, 1, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if held := f.core.lookup(key("hot")).held(); held < 4 {
+			t.Fatalf("%d batch tokens held after 200 decisions in 20 ms, want at least 4", held)
+		}
+		return st, co
+	}
+	exact, _ := batched(false)
+	fast, co := batched(true)
+	co.Refresh()
+	for _, c := range []struct {
+		name  string
+		limit bucket.Limit
+		cost  bucket.Tokens
+		want  error
+	}{
+		{"no cost", global6000, 0, bucket.ErrInvalidCost},
+		{"a negative cost", global6000, -1, bucket.ErrInvalidCost},
+		{"a cost over the burst", global6000, 6001, bucket.ErrNeverFits},
+		{"a zero limit", bucket.Limit{}, 1, bucket.ErrInvalidLimit},
+		{"a limit without a period", bucket.Per(6000, 0), 1, bucket.ErrInvalidLimit},
+	} {
+		want, werr := exact.Decide(ctx, key("hot"), c.limit, c.cost, "")
+		got, gerr := fast.Decide(ctx, key("hot"), c.limit, c.cost, "")
+		if !errors.Is(gerr, c.want) || !errors.Is(werr, c.want) || got != want {
+			t.Errorf("%s: coarse agent %+v (%v), clock agent %+v (%v), want %v", c.name, got, gerr, want, werr, c.want)
+		}
+	}
+	if d, err := fast.Decide(ctx, key("hot"), global6000, 1, ""); err != nil || !d.Allowed {
+		t.Fatalf("a valid request after them: %+v, %v", d, err)
 	}
 }
