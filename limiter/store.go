@@ -170,14 +170,13 @@ func (l *StoreLimiter) Stats() Stats {
 }
 
 // Allow implements Limiter.
-func (l *StoreLimiter) Allow(ctx context.Context, req Request) (Decision, error) {
+func (l *StoreLimiter) Allow(ctx context.Context, req Request) (d Decision, err error) {
 	// The clock is read only for a decision hook: on some machines a read
 	// costs as much as an in-process decision.
 	var start time.Time
 	if l.cfg.OnDecision != nil {
 		start = l.cfg.Clock.Now()
 	}
-	var d Decision
 	if err := l.allow(ctx, &req, &d); err != nil {
 		return d, err
 	}
