@@ -84,8 +84,15 @@ func NewNamer(set *rules.Set) *Namer {
 
 // Budget returns the budget key of key charged under global.
 func (n *Namer) Budget(key bucket.Key, global bucket.Limit) bucket.Key {
+	n.rename(&key, &global)
+	return key
+}
+
+// rename is Budget on key in place, which the decision path uses to copy
+// neither the key nor the limit.
+func (n *Namer) rename(key *bucket.Key, global *bucket.Limit) {
 	if n == nil || len(n.byRule) == 0 {
-		return key
+		return
 	}
 	var nls []namedLimit
 	if n.few != nil {
@@ -101,10 +108,9 @@ func (n *Namer) Budget(key bucket.Key, global bucket.Limit) bucket.Key {
 	for i := range nls {
 		// Limits are equal when what defines them is: a few comparisons,
 		// where == compares the whole struct in a call.
-		if sameLimit(nls[i].limit, global) {
+		if sameLimit(nls[i].limit, *global) {
 			key.Rule = nls[i].name
-			break
+			return
 		}
 	}
-	return key
 }

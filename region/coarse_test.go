@@ -121,7 +121,8 @@ func TestCoarseBatchStopsBeforeTheLeaseEnds(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ks := f.core.lookup(key("hot"))
+	hot := key("hot")
+	ks := f.core.lookup(&hot)
 	if ks.held() < 4 {
 		t.Fatalf("%d batch tokens held after 200 decisions in 20 ms, want at least 4", ks.held())
 	}
@@ -167,7 +168,8 @@ func TestCoarseBatchRejectsWhatDecideRejects(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if held := f.core.lookup(key("hot")).held(); held < 4 {
+		hot := key("hot")
+		if held := f.core.lookup(&hot).held(); held < 4 {
 			t.Fatalf("%d batch tokens held after 200 decisions in 20 ms, want at least 4", held)
 		}
 		return st, co

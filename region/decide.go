@@ -92,7 +92,7 @@ func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global
 		return PathNoAllocation, nil, err
 	}
 	nowUS := now.UnixMicro()
-	ks := c.lookup(key)
+	ks := c.lookup(&key)
 	if ks == nil {
 		path, done, err := c.cold(ctx, now, key, global, cost, attemptID, d, alloc)
 		if done {
@@ -134,7 +134,7 @@ func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global
 // less than slackUS gives the answer decide gives on a true one: the only
 // input that could turn that answer the other way with a later time is a
 // lease ending, and the cached allocation outlives the slack.
-func (c *Core) fromBatch(nowUS, slackUS int64, key bucket.Key, global *bucket.Limit, cost bucket.Tokens, d *bucket.Decision) *allocCache {
+func (c *Core) fromBatch(nowUS, slackUS int64, key *bucket.Key, global *bucket.Limit, cost bucket.Tokens, d *bucket.Decision) *allocCache {
 	if bucket.Check(*global, cost) != nil {
 		return nil
 	}

@@ -45,13 +45,13 @@ type readSlot struct {
 
 // find returns the state of key, whose hash is h; nil when the table does
 // not hold it.
-func (t *readTable) find(h uint64, key bucket.Key) *keyState {
+func (t *readTable) find(h uint64, key *bucket.Key) *keyState {
 	for i := h & t.mask; ; i = (i + 1) & t.mask {
 		sl := &t.slots[i]
 		if sl.ks == nil {
 			return nil
 		}
-		if sl.h == h && sl.ks.key == key {
+		if sl.h == h && sl.ks.key == *key {
 			return sl.ks
 		}
 	}
@@ -147,7 +147,7 @@ const hotSlots = 1024
 // hash is the key's hash, for its shard and its slot in the hot-key cache.
 // Rules are told apart by their names' lengths only, which costs nothing;
 // keys that collide in a slot are found in their shards' maps.
-func (c *Core) hash(k bucket.Key) uint64 {
+func (c *Core) hash(k *bucket.Key) uint64 {
 	return maphash.String(c.seed, k.Subject) + uint64(len(k.Rule))*0x9E3779B97F4A7C15
 }
 
@@ -156,10 +156,11 @@ func (c *Core) slot(h uint64) *atomic.Pointer[keyState] { return &c.hot[h%hotSlo
 
 func (c *Core) shard(h uint64) *coreShard { return &c.shards[(h>>10)&c.mask] }
 
-// lookup returns key's state, nil when the key has none.
-func (c *Core) lookup(key bucket.Key) *keyState {
+// lookup returns key's state, nil when the key has none. It reads key in
+// place: the decision path passes the key by pointer to copy it once.
+func (c *Core) lookup(key *bucket.Key) *keyState {
 	h := c.hash(key)
-	if ks := c.slot(h).Load(); ks != nil && ks.key == key {
+	if ks := c.slot(h).Load(); ks != nil && ks.key == *key {
 		return ks
 	}
 	s := c.shard(h)
@@ -178,7 +179,7 @@ func (c *Core) lookup(key bucket.Key) *keyState {
 	// Found or not, the lookup took the lock because read lags keys: count
 	// it toward republishing read.
 	s.missLocked()
-	return s.keys[key]
+	return s.keys[*key]
 }
 
 // missLocked counts a lookup that took the lock while read lagged keys,
@@ -193,10 +194,10 @@ func (s *coreShard) missLocked() {
 
 // state returns key's state, creating it on first use.
 func (c *Core) state(key bucket.Key, now int64) *keyState {
-	if ks := c.lookup(key); ks != nil {
+	if ks := c.lookup(&key); ks != nil {
 		return ks
 	}
-	h := c.hash(key)
+	h := c.hash(&key)
 	s := c.shard(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -68,7 +68,8 @@ func (s *Store) Core() *Core { return s.core }
 
 // Decide implements bucket.Store.
 func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (d bucket.Decision, err error) {
-	bk := s.namer.Load().Budget(key, l)
+	s.namer.Load().rename(&key, &l)
+	bk := &key // the budget's key now
 	if co := s.coarse.Load(); co != nil && attemptID == "" {
 		if ac := s.core.fromBatch(co.NowMicro(), coarseSlack.Microseconds(), bk, &l, cost, &d); ac != nil {
 			if s.observe != nil {
@@ -86,14 +87,14 @@ func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost
 		now = s.clock.Now()
 	}
 	if s.observe == nil {
-		path, _, err := s.core.decide(ctx, now, bk, &l, cost, attemptID, &d, nil)
+		path, _, err := s.core.decide(ctx, now, *bk, &l, cost, attemptID, &d, nil)
 		if err == nil && path == PathFailOpen {
 			err = ErrFailOpen
 		}
 		return d, err
 	}
 	var alloc bucket.Limit
-	path, ac, err := s.core.decide(ctx, now, bk, &l, cost, attemptID, &d, &alloc)
+	path, ac, err := s.core.decide(ctx, now, *bk, &l, cost, attemptID, &d, &alloc)
 	s.observe(Result{Decision: d, Path: path, Hot: ac != nil && ac.hot, Alloc: alloc}, s.clock.Now().Sub(now))
 	if err == nil && path == PathFailOpen {
 		err = ErrFailOpen
