@@ -397,10 +397,24 @@ const (
 )
 
 func setQuotaHeaders(h http.Header, d limiter.Decision, policy string) {
-	r := strconv.FormatInt(int64(max(d.Remaining, 0)), 10)
-	t := strconv.FormatInt(d.ResetSeconds(), 10)
+	// The RateLimit item and the limit are written into one buffer and
+	// made one string, which the remaining and reset values are cut from
+	// too: two allocations a response (that string and the values' slice)
+	// instead of one per value.
+	var buf [96]byte
+	b := appendSFString(buf[:0], d.Policy)
+	b = append(b, ";r="...)
+	r0 := len(b)
+	b = strconv.AppendInt(b, int64(max(d.Remaining, 0)), 10)
+	r1 := len(b)
+	b = append(b, ";t="...)
+	t0 := len(b)
+	b = strconv.AppendInt(b, d.ResetSeconds(), 10)
+	t1 := len(b)
+	b = strconv.AppendInt(b, int64(d.Limit.Burst()), 10)
+	all := string(b)
 	v := make([]string, 5) // one allocation for the five values
-	v[0], v[1], v[2], v[3], v[4] = policy, sfString(d.Policy)+";r="+r+";t="+t, strconv.FormatInt(int64(d.Limit.Burst()), 10), r, t
+	v[0], v[1], v[2], v[3], v[4] = policy, all[:t1], all[t1:], all[r0:r1], all[t0:t1]
 	h[hdrPolicy], h[hdrRateLimit], h[hdrLimit], h[hdrRemaining], h[hdrReset] = v[0:1:1], v[1:2:2], v[2:3:3], v[3:4:4], v[4:5:5]
 }
 
