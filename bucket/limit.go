@@ -71,6 +71,18 @@ func PerHour(n Tokens) Limit { return Per(n, time.Hour) }
 // WithBurst returns l with its burst set to b.
 func (l Limit) WithBurst(b Tokens) Limit { l.burst = b; return l.finish() }
 
+// Same reports whether l and o are one limit: the same count, period and
+// burst, which determine the rest. It reads both in place, since a Limit
+// is six words and == or an accessor called on one behind a pointer
+// copies all of them first.
+func (l *Limit) Same(o *Limit) bool {
+	return l.count == o.count && l.period == o.period && l.burst == o.burst
+}
+
+// Fits reports whether Check(l, cost) is nil, reading l in place: l is
+// valid and cost is positive and within its burst.
+func (l *Limit) Fits(cost Tokens) bool { return l.tau > 0 && cost > 0 && cost <= l.burst }
+
 // Count is the number of tokens the limit refills per Period.
 func (l Limit) Count() Tokens { return l.count }
 
@@ -148,7 +160,7 @@ func (l Limit) validate() error {
 // touched: an invalid limit or cost is an error naming the value, and a cost
 // above the burst is ErrNeverFits, since no amount of waiting admits it.
 func Check(l Limit, cost Tokens) error {
-	if l.tau > 0 && cost > 0 && cost <= l.burst {
+	if l.Fits(cost) {
 		return nil
 	}
 	// The rest is out of line, so that Check inlines and a request that
