@@ -268,7 +268,10 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 	}
 	d.Key = bucket.Key{Rule: r.Name, Subject: subject}
 
-	if err := bucket.Check(d.Limit, d.Cost); err != nil {
+	if !d.Limit.Fits(d.Cost) {
+		// Check says why, and Fits spares the limit's copy into it when
+		// there is nothing to say.
+		err := bucket.Check(d.Limit, d.Cost)
 		if errors.Is(err, bucket.ErrNeverFits) {
 			l.neverFits(d)
 			return nil

@@ -106,9 +106,7 @@ func (n *Namer) rename(key *bucket.Key, global *bucket.Limit) {
 		nls = n.byRule[key.Rule]
 	}
 	for i := range nls {
-		// Limits are equal when what defines them is: a few comparisons,
-		// where == compares the whole struct in a call.
-		if sameLimit(nls[i].limit, *global) {
+		if nls[i].limit.Same(global) {
 			key.Rule = nls[i].name
 			return
 		}

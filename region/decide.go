@@ -135,7 +135,7 @@ func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global
 // input that could turn that answer the other way with a later time is a
 // lease ending, and the cached allocation outlives the slack.
 func (c *Core) fromBatch(nowUS, slackUS int64, key *bucket.Key, global *bucket.Limit, cost bucket.Tokens, d *bucket.Decision) *allocCache {
-	if bucket.Check(*global, cost) != nil {
+	if !global.Fits(cost) {
 		return nil
 	}
 	ks := c.lookup(key)
@@ -143,10 +143,12 @@ func (c *Core) fromBatch(nowUS, slackUS int64, key *bucket.Key, global *bucket.L
 		return nil
 	}
 	ac := ks.alloc.Load()
-	if ac == nil || ac.epoch != c.alloc.Epoch()+c.scaleEpoch.Load() || nowUS+slackUS >= ac.until || !sameLimit(ac.global, *global) {
+	if ac == nil || ac.epoch != c.alloc.Epoch()+c.scaleEpoch.Load() || nowUS+slackUS >= ac.until || !ac.global.Same(global) {
 		return nil
 	}
-	if cost > ac.limit.Burst() || (nowUS < ks.deniedUntil.Load() && int64(cost) >= ks.deniedCost.Load()) {
+	// A limit that does not fit the cost (a burst below it, or a zero
+	// allocation) is left to decide.
+	if !ac.limit.Fits(cost) || (nowUS < ks.deniedUntil.Load() && int64(cost) >= ks.deniedCost.Load()) {
 		return nil
 	}
 	left, ok := ks.take(cost, true)

@@ -223,7 +223,7 @@ func (c *Core) allocation(ks *keyState, now time.Time, global bucket.Limit) *all
 	// Both epochs only grow, so their sum changes whenever either does.
 	ep := c.alloc.Epoch() + c.scaleEpoch.Load()
 	nowUS := now.UnixMicro()
-	if ac := ks.alloc.Load(); ac != nil && ac.epoch == ep && nowUS < ac.until && sameLimit(ac.global, global) {
+	if ac := ks.alloc.Load(); ac != nil && ac.epoch == ep && nowUS < ac.until && ac.global.Same(&global) {
 		return ac
 	}
 	ac := &allocCache{epoch: ep, global: global, full: global, until: math.MaxInt64}
@@ -239,12 +239,6 @@ func (c *Core) allocation(ks *keyState, now time.Time, global bucket.Limit) *all
 		ks.deniedUntil.Store(0)
 	}
 	return ac
-}
-
-// sameLimit compares limits by what defines them (count, period, burst),
-// cheaper than comparing every cached field.
-func sameLimit(a, b bucket.Limit) bool {
-	return a.Count() == b.Count() && a.Burst() == b.Burst() && a.Period() == b.Period()
 }
 
 // Allocation returns the region's allocation for key under global at now.
