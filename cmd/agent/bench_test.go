@@ -146,7 +146,7 @@ func BenchmarkRLSRedisColdKeys(b *testing.B) {
 	for _, floor := range []int{defaultHeapFloorMiB, 0} {
 		b.Run(fmt.Sprintf("heap-floor-mib=%d", floor), func(b *testing.B) {
 			srv := testenv.StartRedis(b)
-			c := benchAgentWith(b, benchRegionRules, "-redis", srv.Addr, "-redis-timeout", "1s", "-heap-floor-mib", strconv.Itoa(floor))
+			c := benchAgentWith(b, benchRegionRules, "-redis", srv.Addr, "-redis-timeout", "5s", "-heap-floor-mib", strconv.Itoa(floor))
 			rc := srv.Client(b)
 			var seq atomic.Int64
 			b.SetParallelism(16) // 32 callers on two cores
