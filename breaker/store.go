@@ -74,6 +74,7 @@ type deadlineCtx struct {
 	deadline time.Time
 }
 
+// Deadline is the earlier of the caller's deadline and the breaker's.
 func (c *deadlineCtx) Deadline() (time.Time, bool) {
 	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
 		return d, true
