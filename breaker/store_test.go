@@ -184,3 +184,76 @@ func TestInnerDeadlineIsATimeout(t *testing.T) {
 		t.Fatalf("deadline %s after a timeout at 100 ms, want 200ms", d)
 	}
 }
+
+// The Redis store ends its calls at their deadlines itself, so the breaker
+// hands it the deadline without a timer.
+var _ DeadlineKeeper = (*redisstore.Store)(nil)
+
+// TestKeeperEndsCallsAtTheBreakersDeadline: over a DeadlineKeeper (the
+// Redis store, whose own bound here is 5 s) on a blackholed Redis, 16
+// concurrent calls — one sent, the others queued behind it — each end at
+// the breaker's 100 ms deadline as a timeout (counted or, once the first
+// has raised the deadline, outgrown), not at the store's bound: the
+// deadline the context carries is the one the store keeps.
+func TestKeeperEndsCallsAtTheBreakersDeadline(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	c := redisstore.NewUniversalClient([]string{srv.Addr}, "", "")
+	t.Cleanup(func() { c.Close() })
+	b, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := redisstore.New(c, redisstore.Options{Prefix: "allot-test-" + t.Name() + ":", Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Timed(rs, b, nil)
+	if !s.keeper {
+		t.Fatal("the Redis store is not taken as a DeadlineKeeper")
+	}
+	lim := bucket.PerSecond(1000)
+	if _, err := s.Decide(context.Background(), bucket.Key{Rule: "r", Subject: "warm"}, lim, 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	d := b.Deadline()
+	srv.Pause(t)
+	defer srv.Resume(t)
+	type out struct {
+		err  error
+		took time.Duration
+	}
+	outs := make(chan out, 16)
+	for i := range 16 {
+		go func() {
+			start := time.Now()
+			_, err := s.Decide(context.Background(), bucket.Key{Rule: "r", Subject: fmt.Sprint(i)}, lim, 1, "")
+			outs <- out{err, time.Since(start)}
+		}()
+	}
+	for range 16 {
+		o := <-outs
+		if !errors.Is(o.err, ErrTimeout) || !errors.Is(o.err, bucket.ErrUnavailable) {
+			t.Fatalf("call on a blackholed Redis: %v, want a timeout", o.err)
+		}
+		// At the deadline, not before it; well before the store's 5 s
+		// (a loaded host may add some scheduling delay).
+		if o.took < d || o.took > 2*time.Second {
+			t.Fatalf("call ended after %s, want at the breaker's deadline %s", o.took, d)
+		}
+	}
+}
+
+func TestDeadlineCtxReportsTheEarlierDeadline(t *testing.T) {
+	soon, later := t0.Add(time.Second), t0.Add(time.Minute)
+	parent, cancel := context.WithDeadline(context.Background(), soon)
+	defer cancel()
+	if d, ok := (&deadlineCtx{Context: parent, deadline: later}).Deadline(); !ok || !d.Equal(soon) {
+		t.Fatalf("Deadline() = %s, %t under a parent ending sooner, want the parent's %s", d, ok, soon)
+	}
+	if d, ok := (&deadlineCtx{Context: context.Background(), deadline: later}).Deadline(); !ok || !d.Equal(later) {
+		t.Fatalf("Deadline() = %s, %t under a parent without one, want its own %s", d, ok, later)
+	}
+	if (&deadlineCtx{Context: parent, deadline: t0}).Done() != parent.Done() {
+		t.Fatal("Done is not the parent's: the context's own contract (Err non-nil once Done closes) would break")
+	}
+}

@@ -74,9 +74,22 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		return nil, err
 	}
 	rep.Notes = notes
+	if cfg.BaseAgent != "" {
+		if _, err := os.Stat(cfg.BaseAgent); err != nil {
+			return nil, fmt.Errorf("peers: -base-agent=%q: %w", cfg.BaseAgent, err)
+		}
+		var with []string
+		for _, n := range names {
+			with = append(with, n)
+			if strings.HasPrefix(n, "allot-") {
+				with = append(with, n+baseSuffix)
+			}
+		}
+		names = with
+	}
 	var agentBin string
 	for _, n := range names {
-		if strings.HasPrefix(n, "allot-") && agentBin == "" {
+		if strings.HasPrefix(n, "allot-") && !strings.HasSuffix(n, baseSuffix) && agentBin == "" {
 			if agentBin, err = buildAgent(ctx, dir); err != nil {
 				return nil, err
 			}

@@ -39,6 +39,7 @@ func main() {
 	flag.BoolVar(&cfg.Install, "install", false, "go install the peers, pinned, into the cache directory when missing")
 	flag.StringVar(&cfg.BinDir, "bin", cfg.BinDir, "directory holding the peers' binaries")
 	flag.StringVar(&cfg.JSON, "json", "", "also write the results as JSON to this file")
+	flag.StringVar(&cfg.BaseAgent, "base-agent", "", "an agent binary built from another commit: each allot system also runs from it, as <system>-base, in the same rounds")
 	flag.Parse()
 	var err error
 	if cfg.Callers, err = ints(callers); err != nil {
@@ -88,6 +89,11 @@ type Config struct {
 	RequirePeers bool          // a peer that is not installed is an error
 	BinDir       string        // where the peers' binaries are
 	JSON         string        // optional JSON output
+	// BaseAgent, when set, is an agent binary built from another commit
+	// (the baseline of a change): every allot system also runs from it,
+	// named with the suffix -base, interleaved in the same rounds, so a
+	// change is measured against its baseline under the same load.
+	BaseAgent string
 }
 
 // DefaultConfig is the full form that `make bench-peers` runs.

@@ -176,3 +176,29 @@ func TestCheckLimit(t *testing.T) {
 		}
 	}
 }
+
+// A base agent runs from the binary -base-agent names, beside the tree's,
+// under the name <system>-base: here a stand-in that exits with its own
+// words, so its output in the error shows which binary ran.
+func TestBaseAgentRunsTheGivenBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a redis-server")
+	}
+	needRedis(t)
+	dir := t.TempDir()
+	base := filepath.Join(dir, "agent-base")
+	if err := os.WriteFile(base, []byte("#!/bin/sh\necho the base binary ran >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := shortConfig()
+	cfg.BaseAgent = base
+	_, err := startSystem(context.Background(), cfg, dir, "allot-region"+baseSuffix, "/nonexistent/agent", 10)
+	if err == nil || !strings.Contains(err.Error(), "the base binary ran") {
+		t.Fatalf("start of allot-region-base: err = %v, want the base binary's output", err)
+	}
+	cfg.BaseAgent = filepath.Join(dir, "missing")
+	cfg.Systems = []string{"allot-local"}
+	if _, err := Run(context.Background(), cfg, io.Discard); err == nil || !strings.Contains(err.Error(), "-base-agent") {
+		t.Fatalf("run with a missing base agent: err = %v, want one naming -base-agent", err)
+	}
+}

@@ -22,6 +22,9 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
+// baseSuffix names an allot system run from Config.BaseAgent.
+const baseSuffix = "-base"
+
 // allSystems are the systems the comparison knows, in report order.
 var allSystems = []string{"allot-region", "allot-local", "envoyproxy-ratelimit", "gubernator"}
 
@@ -227,6 +230,12 @@ func startSystem(ctx context.Context, cfg Config, dir, name, agentBin string, ma
 	switch name {
 	case "allot-region", "allot-local":
 		return startAllot(ctx, dir, name, agentBin)
+	case "allot-region" + baseSuffix, "allot-local" + baseSuffix:
+		s, err := startAllot(ctx, dir, name, cfg.BaseAgent)
+		if err == nil {
+			s.setup += ", the binary " + cfg.BaseAgent
+		}
+		return s, err
 	case "envoyproxy-ratelimit":
 		return startRatelimit(ctx, dir, filepath.Join(cfg.BinDir, peers[name].bin))
 	case "gubernator":
@@ -261,7 +270,7 @@ rules:
 // coordinator the agent runs on floors alone; for scopes region and local
 // the floor is the rule's own limit, which checkLimit confirms.
 func startAllot(ctx context.Context, dir, name, bin string) (*system, error) {
-	scope := strings.TrimPrefix(name, "allot-")
+	scope := strings.TrimSuffix(strings.TrimPrefix(name, "allot-"), baseSuffix)
 	rulesPath := filepath.Join(dir, name+"-rules.yaml")
 	if err := os.WriteFile(rulesPath, []byte(allotRules(scope)), 0o600); err != nil {
 		return nil, err

@@ -457,3 +457,9 @@ func NewUniversalClient(addrs []string, masterName, password string) redis.Unive
 func errCost(n bucket.Tokens) error {
 	return fmt.Errorf("%w: n=%d must be > 0", bucket.ErrInvalidCost, n)
 }
+
+// KeepsDeadlines marks the store as a breaker.DeadlineKeeper: every
+// operation ends at its context's deadline on the store's own timers (a
+// queued operation's timer, a running call's deadline), whether or not
+// the context's Done channel closes then.
+func (r *Store) KeepsDeadlines() {}

@@ -4,14 +4,21 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/allot-dev/allot/internal/benchcpu"
+	"github.com/allot-dev/allot/internal/testenv"
 )
 
 const benchRules = `version: bench
@@ -23,11 +30,29 @@ rules:
     scope: global
 `
 
+// benchRegionRules decide every cold key in the regional store: a Redis
+// script call per decision, concurrent ones sharing calls.
+const benchRegionRules = `version: bench
+domain: edge
+rules:
+  - name: api
+    match: {path: "/*"}
+    limit: "1000000 per second"
+    scope: region
+`
+
 // benchAgent runs the agent in process (in-process store, floors alone)
 // and returns an RLS client on loopback.
 func benchAgent(b *testing.B) rlsv3.RateLimitServiceClient {
 	b.Helper()
-	grpcAddr := launchAgent(b, benchRules, "-log-level", "error").grpcAddr
+	return benchAgentWith(b, benchRules)
+}
+
+// benchAgentWith runs the agent in process with rules and extra flags and
+// returns an RLS client on loopback.
+func benchAgentWith(b *testing.B, rules string, extra ...string) rlsv3.RateLimitServiceClient {
+	b.Helper()
+	grpcAddr := launchAgent(b, rules, append([]string{"-log-level", "error"}, extra...)...).grpcAddr
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
@@ -106,4 +131,65 @@ func BenchmarkRLSThroughput(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkRLSRedisColdKeys is the agent's Redis path as make bench-peers
+// drives it: 32 closed-loop callers over loopback gRPC on 1,000 keys of a
+// `scope: region` rule, every decision a script call on the agent's own
+// redis-server (concurrent ones sharing calls). It reports the process's
+// CPU per decision (client and agent: the callers are in this process too),
+// the Redis server's, and the allocations per decision (client and agent),
+// which the machine's load does not move. It runs with the agent's heap
+// floor (-heap-floor-mib, which holds for the whole process, callers
+// included) and without it, GOGC alone.
+func BenchmarkRLSRedisColdKeys(b *testing.B) {
+	for _, floor := range []int{defaultHeapFloorMiB, 0} {
+		b.Run(fmt.Sprintf("heap-floor-mib=%d", floor), func(b *testing.B) {
+			srv := testenv.StartRedis(b)
+			c := benchAgentWith(b, benchRegionRules, "-redis", srv.Addr, "-redis-timeout", "5s", "-heap-floor-mib", strconv.Itoa(floor))
+			rc := srv.Client(b)
+			var seq atomic.Int64
+			b.SetParallelism(16) // 32 callers on two cores
+			b.ReportAllocs()
+			red0 := redisCPU(b, rc)
+			stop := benchcpu.Start(b)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					resp, err := c.ShouldRateLimit(context.Background(), rlsRequest("cold-"+strconv.FormatInt(seq.Add(1)%1000, 10)))
+					if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+						b.Error(resp, err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			stop()
+			b.ReportMetric(float64(redisCPU(b, rc)-red0)/float64(b.N), "redis-cpu-ns/op")
+		})
+	}
+}
+
+// redisCPU is a Redis server's CPU time so far (user + system), from INFO
+// cpu.
+func redisCPU(b *testing.B, c interface {
+	Info(context.Context, ...string) *redis.StringCmd
+}) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		for _, f := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(line, f); ok {
+				x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				if err != nil {
+					b.Fatalf("INFO cpu %q: %v", line, err)
+				}
+				total += x
+			}
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }

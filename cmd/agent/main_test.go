@@ -240,6 +240,9 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 	if _, err := parse([]string{"-region", "eu", "-rules", "r", "-coordinators", "c:1"}, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), "-regions") {
 		t.Fatalf("coordinators without regions: %v", err)
 	}
+	if _, err := parse([]string{"-region", "eu", "-rules", "r", "-heap-floor-mib", "-1"}, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), "-heap-floor-mib=-1") {
+		t.Fatalf("negative heap floor: %v", err)
+	}
 	env["ALLOT_RESERVE"] = "lots"
 	if _, err := parse(nil, func(k string) string { return env[k] }, io.Discard); err == nil || !strings.Contains(err.Error(), "ALLOT_RESERVE") {
 		t.Fatalf("bad environment value: %v", err)
