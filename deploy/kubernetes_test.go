@@ -550,6 +550,8 @@ func checkFlags(t *testing.T, m *manifests, what string, c *corev1.Container, bi
 	}
 	for e := range env {
 		switch {
+		case e == "GOMEMLIMIT" || e == "GOGC" || e == "GOMAXPROCS":
+			// The Go runtime of every binary reads these.
 		case strings.HasPrefix(e, "ALLOT_") && name == "agent":
 			f := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(e, "ALLOT_"), "_", "-"))
 			if !flags[f] {
