@@ -184,7 +184,7 @@ func (w *world) addSystem(s system) int {
 func (w *world) admit(si, region, b int, cost int64, t Micros, p path, lat Micros) {
 	m := w.meters[si]
 	m.requests++
-	m.u.requests[b]++
+	m.u.b[b].requests++
 	if w.trace != nil {
 		w.trace(si, region, b, cost, t, p)
 	}
@@ -200,10 +200,11 @@ func (w *world) reject(si, b int, idealOK bool, p path, lat Micros, unavailable 
 	m := w.meters[si]
 	m.requests++
 	m.rejected++
-	m.u.requests[b]++
+	bu := &m.u.b[b]
+	bu.requests++
 	if idealOK {
 		m.falseRej++
-		m.u.rej[b]++
+		bu.rej++
 	}
 	if unavailable {
 		m.unavail++
@@ -287,12 +288,12 @@ func (w *world) arrival(i int32, t Micros) {
 	// The ideal global bucket: one exact bucket per budget at true time.
 	idealOK := w.idealDecide(b, t, cost)
 	w.idealM.requests++
-	w.idealM.u.requests[b]++
+	w.idealM.u.b[b].requests++
 	if idealOK {
 		w.idealM.admit(w, b, s.region, cost, t)
 	} else {
 		w.idealM.rejected++
-		w.idealM.u.rej[b]++
+		w.idealM.u.b[b].rej++
 	}
 	w.decisions++
 	for _, sys := range w.systems {
