@@ -43,9 +43,10 @@ func (p *leasePlane) violate(format string, args ...any) {
 	}
 }
 
-// tableKeys returns the keys of a and b's entries, sorted, once each.
-func tableKeys(a, b *region.Table) []bucket.Key {
-	var ks []bucket.Key
+// tableKeys appends to ks the keys of a and b's entries, sorted, once
+// each. The caller passes the last call's slice emptied, so that a check
+// at every publication does not grow a list from nothing.
+func tableKeys(ks []bucket.Key, a, b *region.Table) []bucket.Key {
 	for _, t := range []*region.Table{a, b} {
 		if t == nil {
 			continue
@@ -77,7 +78,8 @@ func (p *leasePlane) checkSettled(w *world, r int, t Micros, tb *region.Table, u
 	// allocations are read through a view with its budget's split.
 	before := make([]*region.TableView, len(p.budgets))
 	after := make([]*region.TableView, len(p.budgets))
-	for _, k := range tableKeys(rp.last, tb) {
+	p.keyBuf = tableKeys(p.keyBuf[:0], rp.last, tb)
+	for _, k := range p.keyBuf {
 		b, ok := p.budgetOf(w, k)
 		if !ok {
 			continue
