@@ -245,15 +245,15 @@ func (w *world) run() {
 		for at >= w.winEnd {
 			w.closeWindow()
 		}
-		if e := g.top(); e.kind == evArrival {
-			// An arrival stays at the top of the heap while it is decided
+		if g.arrivalFirst() {
+			// An arrival stays at the top of its heap while it is decided
 			// (whatever the systems schedule meanwhile comes later) and is
 			// then moved to the source's next arrival.
-			w.arrival(e.i, e.at)
+			w.arrival(g.topArrival())
 		} else {
 			// The event lives in w.cur so that handing its address to a
 			// system does not move every event to the heap.
-			w.cur = *e
+			w.cur = *g.top()
 			g.drop()
 			e := &w.cur
 			switch e.kind {
@@ -278,9 +278,8 @@ func (w *world) run() {
 	}
 }
 
-// arrival decides source i's arrival at t, the event at the top of the
-// heap, on every system, and moves the event to the source's next arrival
-// or drops it.
+// arrival decides source i's arrival at t, the earliest event, on every
+// system, and moves the event to the source's next arrival or drops it.
 func (w *world) arrival(i int32, t Micros) {
 	s := w.sources[i]
 	b, cost := s.draw(w.trng)
@@ -300,9 +299,9 @@ func (w *world) arrival(i int32, t Micros) {
 		sys.arrive(w, t, s.region, b, cost, idealOK)
 	}
 	if nt := s.next(w.trng, t); nt >= 0 {
-		w.eng.retime(nt)
+		w.eng.retimeArrival(nt)
 	} else {
-		w.eng.drop()
+		w.eng.dropArrival()
 	}
 }
 
