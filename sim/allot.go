@@ -201,12 +201,19 @@ func (a *allot) name() string { return "allot" }
 // balancer spreads requests over its live agents.
 func (a *allot) pick(r int) int {
 	ags := a.agents[r]
-	for i := 0; i < len(ags); i++ {
-		a.rr[r] = (a.rr[r] + 1) % len(ags)
-		if ags[a.rr[r]].alive {
-			return a.rr[r]
+	rr := a.rr[r]
+	for range ags {
+		// rr wraps by a compare, not a modulo: the division was a
+		// measurable part of every arrival.
+		if rr++; rr == len(ags) {
+			rr = 0
+		}
+		if ags[rr].alive {
+			a.rr[r] = rr
+			return rr
 		}
 	}
+	a.rr[r] = rr
 	return -1
 }
 

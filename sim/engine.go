@@ -44,15 +44,21 @@ type event struct {
 	p    any
 }
 
-// engine is the discrete-event core: a min-heap of events ordered by time
-// then by the order they were scheduled in, which makes ties deterministic.
-// The heap holds small pointer-free keys; the events themselves sit in a
-// slab reused through a free list, so moving keys costs no write barriers
-// and steady-state scheduling allocates nothing.
+// engine is the discrete-event core: events ordered by time then by the
+// order they were scheduled in, which makes ties deterministic. Events sit
+// in two min-heaps under one sequence: arrivals, one per traffic source and
+// each moved to its source's next arrival as it fires, in arr; every other
+// event in heap. The earlier of the two tops fires first. Most events are
+// arrivals, and a heap of a few sources takes one or two comparisons to
+// move one, where the shared heap's sift ran past every timer and message
+// in flight. The heaps hold small pointer-free keys; the other events sit
+// in a slab reused through a free list, so moving keys costs no write
+// barriers and steady-state scheduling allocates nothing.
 type engine struct {
 	now  Micros
 	seq  uint64
 	heap []heapKey
+	arr  []arrivalKey
 	slab []event
 	free []int32
 	rng  *rand.Rand
@@ -66,18 +72,32 @@ type heapKey struct {
 	slot int32
 }
 
+// arrivalKey is a traffic source's next arrival: an evArrival event needs
+// nothing but its time and its source.
+type arrivalKey struct {
+	at  Micros
+	seq uint64
+	src int32
+}
+
 func newEngine(seed uint64) *engine {
 	return &engine{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), heap: make([]heapKey, 0, 1024)}
 }
 
 // schedule adds e to fire at e.at; an event scheduled for the past fires
-// now.
+// now. An arrival (kind evArrival, source e.i) keeps only its time and
+// source.
 func (g *engine) schedule(e event) {
 	if e.at < g.now {
 		e.at = g.now
 	}
 	g.seq++
 	e.seq = g.seq
+	if e.kind == evArrival {
+		g.arr = append(g.arr, arrivalKey{at: e.at, seq: e.seq, src: e.i})
+		g.arrivalUp(len(g.arr) - 1)
+		return
+	}
 	var slot int32
 	if n := len(g.free); n > 0 {
 		slot = g.free[n-1]
@@ -136,30 +156,106 @@ func (g *engine) down(i int) {
 	h[i] = k
 }
 
-// top returns the earliest event without removing it, moving virtual time
-// to it; the caller must then call retime or drop.
+func arrivalLess(x, y arrivalKey) bool {
+	if x.at != y.at {
+		return x.at < y.at
+	}
+	return x.seq < y.seq
+}
+
+func (g *engine) arrivalUp(i int) {
+	h := g.arr
+	k := h[i]
+	for i > 0 {
+		p := (i - 1) / 2
+		if !arrivalLess(k, h[p]) {
+			break
+		}
+		h[i] = h[p]
+		i = p
+	}
+	h[i] = k
+}
+
+func (g *engine) arrivalDown(i int) {
+	h := g.arr
+	n := len(h)
+	k := h[i]
+	for {
+		c := 2*i + 1
+		if c >= n {
+			break
+		}
+		if c+1 < n && arrivalLess(h[c+1], h[c]) {
+			c++
+		}
+		if !arrivalLess(h[c], k) {
+			break
+		}
+		h[i] = h[c]
+		i = c
+	}
+	h[i] = k
+}
+
+// arrivalFirst reports whether the earliest event is an arrival; false
+// also when no event is left.
+func (g *engine) arrivalFirst() bool {
+	if len(g.arr) == 0 {
+		return false
+	}
+	if len(g.heap) == 0 {
+		return true
+	}
+	a, h := g.arr[0], g.heap[0]
+	if a.at != h.at {
+		return a.at < h.at
+	}
+	return a.seq < h.seq
+}
+
+// topArrival returns the earliest event, an arrival (arrivalFirst), as its
+// source and time, moving virtual time to it; the caller must then call
+// retimeArrival or dropArrival.
+func (g *engine) topArrival() (src int32, at Micros) {
+	k := g.arr[0]
+	g.now = k.at
+	g.fired++
+	return k.src, k.at
+}
+
+// retimeArrival moves the earliest arrival to fire again at t, as if it
+// had been popped and scheduled anew: it gets the next scheduling
+// sequence, so the order of events is the same, and the heap does one
+// sift instead of two. Events scheduled since topArrival cannot have gone
+// ahead of it: they come later in the sequence, at or after now.
+func (g *engine) retimeArrival(t Micros) {
+	if t < g.now {
+		t = g.now
+	}
+	g.seq++
+	k := &g.arr[0]
+	k.at, k.seq = t, g.seq
+	g.arrivalDown(0)
+}
+
+// dropArrival removes the earliest arrival, after topArrival.
+func (g *engine) dropArrival() {
+	n := len(g.arr)
+	g.arr[0] = g.arr[n-1]
+	g.arr = g.arr[:n-1]
+	if n > 1 {
+		g.arrivalDown(0)
+	}
+}
+
+// top returns the earliest event, when it is not an arrival, without
+// removing it, moving virtual time to it; the caller must then call drop.
 func (g *engine) top() *event {
 	e := &g.slab[g.heap[0].slot]
 	g.now = e.at
 	g.fired++
 	return e
-}
-
-// retime moves the earliest event to fire again at t, as if it had been
-// popped and scheduled anew: it gets the next scheduling sequence, so the
-// order of events is the same, and the heap does one sift instead of two.
-// Events scheduled since top must not have gone ahead of it (they cannot:
-// they come later in the sequence, at or after now).
-func (g *engine) retime(t Micros) {
-	if t < g.now {
-		t = g.now
-	}
-	g.seq++
-	k := &g.heap[0]
-	e := &g.slab[k.slot]
-	e.at, e.seq = t, g.seq
-	k.at, k.seq = t, g.seq
-	g.down(0)
 }
 
 // drop removes the earliest event, after top.
@@ -177,10 +273,15 @@ func (g *engine) drop() {
 
 // peekAt returns the time of the earliest event, or false when none is left.
 func (g *engine) peekAt() (Micros, bool) {
-	if len(g.heap) == 0 {
+	switch {
+	case len(g.arr) == 0 && len(g.heap) == 0:
 		return 0, false
+	case len(g.arr) == 0:
+		return g.heap[0].at, true
+	case len(g.heap) == 0:
+		return g.arr[0].at, true
 	}
-	return g.heap[0].at, true
+	return min(g.arr[0].at, g.heap[0].at), true
 }
 
 // nodeClock is one node's view of time: local = t + offset + drift·t. A

@@ -48,6 +48,9 @@ type leasePlane struct {
 	// violationList holds the first few.
 	violations    int64
 	violationList []string
+	// keyBuf is checkSettled's list of a publication's keys, kept between
+	// publications.
+	keyBuf []bucket.Key
 }
 
 // regionPlane is one region's end of the lease protocol.

@@ -184,6 +184,12 @@ type series struct {
 	byRule  []int64   // [bin][rule] tokens admitted
 	byReg   []int64   // [bin][rule][region] tokens admitted
 	overMax []float64 // [bin] largest excess (tokens) over any budget
+	// from, to and at are the times [from, to) the last bin looked up
+	// holds and its index: admissions come in time order, mostly within
+	// one bin, and the division that finds a bin was a measurable part
+	// of every admission.
+	from, to Micros
+	at       int
 }
 
 func newSeries(duration Micros, nbins, nrules, nreg int) *series {
@@ -192,7 +198,7 @@ func newSeries(duration Micros, nbins, nrules, nreg int) *series {
 		w = 1
 	}
 	return &series{
-		width: w, nbins: nbins, nrules: nrules, nreg: nreg,
+		width: w, nbins: nbins, nrules: nrules, nreg: nreg, from: 1, to: 0, // no bin yet
 		byRule:  make([]int64, nbins*nrules),
 		byReg:   make([]int64, nbins*nrules*nreg),
 		overMax: make([]float64, nbins),
@@ -200,12 +206,24 @@ func newSeries(duration Micros, nbins, nrules, nreg int) *series {
 }
 
 func (s *series) bin(t Micros) int {
+	if t >= s.from && t < s.to {
+		return s.at
+	}
 	i := int(t / s.width)
 	if i >= s.nbins {
 		i = s.nbins - 1
 	}
 	if i < 0 {
 		i = 0
+	}
+	// The times bin i holds: the first bin also holds those before 0,
+	// the last those after the end.
+	s.at, s.from, s.to = i, Micros(i)*s.width, Micros(i+1)*s.width
+	if i == 0 {
+		s.from = math.MinInt64
+	}
+	if i == s.nbins-1 {
+		s.to = math.MaxInt64
 	}
 	return i
 }

@@ -87,3 +87,36 @@ func TestHistogramQuantiles(t *testing.T) {
 		t.Fatalf("p99 = %v, want about 990", q)
 	}
 }
+
+// TestSeriesBin looks up times mostly in order, as admissions come, with
+// jumps back and forth, before 0 and past the end, and checks each bin
+// the series returns from its last lookup against the division.
+func TestSeriesBin(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, nbins := range []int{1, 2, 7, 240} {
+		s := newSeries(10_000_000, nbins, 1, 1)
+		tm := Micros(-50_000)
+		hits := 0
+		for i := 0; i < 20_000; i++ {
+			switch rng.IntN(20) {
+			case 0:
+				tm = rng.Int64N(12_000_000) - 1_000_000
+			case 1:
+				tm -= rng.Int64N(s.width)
+			default:
+				tm += rng.Int64N(s.width / 8)
+			}
+			want := int(tm / s.width)
+			want = max(min(want, nbins-1), 0)
+			if tm >= s.from && tm < s.to {
+				hits++
+			}
+			if got := s.bin(tm); got != want {
+				t.Fatalf("%d bins: bin(%d) = %d, want %d", nbins, tm, got, want)
+			}
+		}
+		if hits == 0 {
+			t.Fatalf("%d bins: no lookup found its bin from the last one", nbins)
+		}
+	}
+}

@@ -163,3 +163,69 @@ func TestTrafficRates(t *testing.T) {
 		}
 	}
 }
+
+// TestIdealMatchesBucket decides random requests with the ideal bucket's
+// integer arithmetic and with bucket.Decide side by side, on limits whose
+// emission interval is a whole number of µs and on limits where it is
+// not (600 and 7 per second, 1000 per minute), bursts from 1 up to
+// several times the count, costs up to beyond the burst, and arrivals
+// from far apart to several in one µs: every decision must agree, and
+// the requests must include admissions and denials of both kinds.
+func TestIdealMatchesBucket(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	limits := []struct {
+		count  int64
+		period time.Duration
+		burst  int64
+	}{
+		{1000, time.Second, 1000}, {600, time.Second, 600}, {600, time.Second, 60}, {7, time.Second, 1},
+		{1000, time.Minute, 5000}, {3, time.Millisecond, 3}, {1_000_000, time.Second, 100},
+	}
+	for _, lc := range limits {
+		sc := &Scenario{Name: "ideal", Duration: time.Hour,
+			Regions: []RegionSpec{{Name: "a"}},
+			Rules:   []RuleSpec{{Name: "r", Count: lc.count, Period: lc.period, Burst: lc.burst, Keys: 2}},
+			Traffic: []TrafficSpec{{Region: "a", Rule: "r", Rate: 1}}}
+		sc.setDefaults()
+		if err := sc.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		w, err := newWorld(sc, 1, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := w.rules[0].limit
+		states := make([]bucket.State, 2)
+		var now Micros
+		var admitted, denied, never int
+		// The mean gap is about one token's interval, so the buckets
+		// both fill and run dry.
+		gap := max(float64(lc.period/time.Microsecond)/float64(lc.count), 1)
+		for i := 0; i < 20_000 && now < w.end; i++ {
+			now += Micros(rng.ExpFloat64() * gap * 1.5)
+			b := rng.IntN(2)
+			cost := 1 + rng.Int64N(lc.burst+1) // up to burst+1: some never fit
+			if rng.IntN(2) == 0 {
+				cost = 1
+			}
+			d, ns, err := bucket.Decide(states[b], wall(now), l, bucket.Tokens(cost))
+			want := err == nil && d.Allowed
+			if want {
+				states[b] = ns
+				admitted++
+			} else if errors.Is(err, bucket.ErrNeverFits) {
+				never++
+			} else {
+				denied++
+			}
+			if got := w.idealDecide(b, now, cost); got != want {
+				t.Fatalf("%d per %s burst %d: request %d (budget %d, cost %d at %d µs): ideal says %v, bucket.Decide %v (err %v)",
+					lc.count, lc.period, lc.burst, i, b, cost, now, got, want, err)
+			}
+		}
+		if admitted == 0 || denied == 0 || never == 0 {
+			t.Errorf("%d per %s burst %d: %d admitted, %d denied, %d never fit: the test needs all three",
+				lc.count, lc.period, lc.burst, admitted, denied, never)
+		}
+	}
+}

@@ -43,21 +43,56 @@ func (p *leasePlane) violate(format string, args ...any) {
 	}
 }
 
-// tableKeys returns the keys of a and b's entries, sorted, once each.
-func tableKeys(a, b *region.Table) []bucket.Key {
-	var ks []bucket.Key
-	for _, t := range []*region.Table{a, b} {
-		if t == nil {
-			continue
-		}
-		for _, e := range t.Entries {
+// tableKeys appends to ks the keys of a and b's entries, sorted, once
+// each. The caller passes the last call's slice emptied, so that a check
+// at every publication does not grow a list from nothing. A table's
+// entries are sorted by key (region.Table), so the two lists are merged
+// in one pass; were either not, they are sorted as they come.
+func tableKeys(ks []bucket.Key, a, b *region.Table) []bucket.Key {
+	var ea, eb []lease.Entry
+	if a != nil {
+		ea = a.Entries
+	}
+	if b != nil {
+		eb = b.Entries
+	}
+	byKey := func(x, y lease.Entry) int { return compareKeys(x.Key, y.Key) }
+	if !slices.IsSortedFunc(ea, byKey) || !slices.IsSortedFunc(eb, byKey) {
+		for _, e := range ea {
 			ks = append(ks, e.Key)
 		}
+		for _, e := range eb {
+			ks = append(ks, e.Key)
+		}
+		slices.SortFunc(ks, compareKeys)
+		return slices.Compact(ks)
 	}
-	slices.SortFunc(ks, func(x, y bucket.Key) int {
-		return cmp.Or(cmp.Compare(x.Rule, y.Rule), cmp.Compare(x.Subject, y.Subject))
-	})
-	return slices.Compact(ks)
+	for len(ea) > 0 || len(eb) > 0 {
+		var k bucket.Key
+		switch {
+		case len(eb) == 0:
+			k, ea = ea[0].Key, ea[1:]
+		case len(ea) == 0:
+			k, eb = eb[0].Key, eb[1:]
+		default:
+			c := compareKeys(ea[0].Key, eb[0].Key)
+			if c <= 0 {
+				k, ea = ea[0].Key, ea[1:]
+			}
+			if c >= 0 {
+				k, eb = eb[0].Key, eb[1:]
+			}
+		}
+		if n := len(ks); n == 0 || ks[n-1] != k {
+			ks = append(ks, k)
+		}
+	}
+	return ks
+}
+
+// compareKeys orders keys by rule, then subject, as a table's entries are.
+func compareKeys(x, y bucket.Key) int {
+	return cmp.Or(cmp.Compare(x.Rule, y.Rule), cmp.Compare(x.Subject, y.Subject))
 }
 
 // checkSettled checks, as region r's speaker publishes tb at t, that every
@@ -77,7 +112,8 @@ func (p *leasePlane) checkSettled(w *world, r int, t Micros, tb *region.Table, u
 	// allocations are read through a view with its budget's split.
 	before := make([]*region.TableView, len(p.budgets))
 	after := make([]*region.TableView, len(p.budgets))
-	for _, k := range tableKeys(rp.last, tb) {
+	p.keyBuf = tableKeys(p.keyBuf[:0], rp.last, tb)
+	for _, k := range p.keyBuf {
 		b, ok := p.budgetOf(w, k)
 		if !ok {
 			continue

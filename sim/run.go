@@ -350,8 +350,8 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 	}
 	if w.idealM.tokens > 0 {
 		var used int64
-		for _, v := range m.u.capped {
-			used += v
+		for i := range m.u.b {
+			used += m.u.b[i].capped
 		}
 		sr.Utilization = round(float64(used)/float64(w.idealM.tokens), 6)
 		sr.AdmittedRatio = round(float64(m.tokens)/float64(w.idealM.tokens), 6)

@@ -83,7 +83,7 @@ func TestCloseWindowCapsAtTheIdeal(t *testing.T) {
 		{"over", over, [2]int64{10, 4}},
 		{"under", under, [2]int64{12, 0}},
 	} {
-		if got := [2]int64{c.m.u.capped[0], c.m.u.capped[1]}; got != c.want {
+		if got := [2]int64{c.m.u.b[0].capped, c.m.u.b[1].capped}; got != c.want {
 			t.Errorf("%s: capped use %v, want %v", c.name, got, c.want)
 		}
 	}

@@ -23,7 +23,9 @@ type ruleRT struct {
 	spec  RuleSpec
 	limit bucket.Limit
 	// c/p is the rate in tokens per µs, reduced; bp is B·p, the burst in
-	// the meter's scaled units.
+	// the meter's scaled units. p/c is also the limit's emission interval
+	// in µs, and bp its tolerance in units of 1/c µs, the ideal bucket's
+	// units (idealDecide).
 	c, p, bp int64
 	base     int // first budget index
 	keys     int
@@ -68,7 +70,7 @@ type world struct {
 	systems  []system
 	meters   []*meter
 	sysRng   []*rand.Rand
-	ideal    []bucket.State
+	ideal    []int64 // per budget: the ideal bucket's theoretical arrival time, in 1/c µs of its rule (idealDecide)
 	idealM   *meter
 	end      Micros
 	arrivals int64
@@ -156,7 +158,7 @@ func newWorld(sc *Scenario, seed uint64, opts Options) (*world, error) {
 			w.ruleIdx[r.base+k] = uint16(i)
 		}
 	}
-	w.ideal = make([]bucket.State, w.nb)
+	w.ideal = make([]int64, w.nb)
 	for _, ts := range sc.Traffic {
 		w.sources = append(w.sources, newSource(sc, ts, w.trng, base))
 	}
@@ -182,7 +184,7 @@ func (w *world) addSystem(s system) int {
 func (w *world) admit(si, region, b int, cost int64, t Micros, p path, lat Micros) {
 	m := w.meters[si]
 	m.requests++
-	m.u.requests[b]++
+	m.u.b[b].requests++
 	if w.trace != nil {
 		w.trace(si, region, b, cost, t, p)
 	}
@@ -198,10 +200,11 @@ func (w *world) reject(si, b int, idealOK bool, p path, lat Micros, unavailable 
 	m := w.meters[si]
 	m.requests++
 	m.rejected++
-	m.u.requests[b]++
+	bu := &m.u.b[b]
+	bu.requests++
 	if idealOK {
 		m.falseRej++
-		m.u.rej[b]++
+		bu.rej++
 	}
 	if unavailable {
 		m.unavail++
@@ -242,15 +245,15 @@ func (w *world) run() {
 		for at >= w.winEnd {
 			w.closeWindow()
 		}
-		if e := g.top(); e.kind == evArrival {
-			// An arrival stays at the top of the heap while it is decided
+		if g.arrivalFirst() {
+			// An arrival stays at the top of its heap while it is decided
 			// (whatever the systems schedule meanwhile comes later) and is
 			// then moved to the source's next arrival.
-			w.arrival(e.i, e.at)
+			w.arrival(g.topArrival())
 		} else {
 			// The event lives in w.cur so that handing its address to a
 			// system does not move every event to the heap.
-			w.cur = *e
+			w.cur = *g.top()
 			g.drop()
 			e := &w.cur
 			switch e.kind {
@@ -275,35 +278,56 @@ func (w *world) run() {
 	}
 }
 
-// arrival decides source i's arrival at t, the event at the top of the
-// heap, on every system, and moves the event to the source's next arrival
-// or drops it.
+// arrival decides source i's arrival at t, the earliest event, on every
+// system, and moves the event to the source's next arrival or drops it.
 func (w *world) arrival(i int32, t Micros) {
 	s := w.sources[i]
 	b, cost := s.draw(w.trng)
 	w.arrivals++
 	// The ideal global bucket: one exact bucket per budget at true time.
-	r := w.ruleOf(b)
-	d, ns, err := bucket.Decide(w.ideal[b], wall(t), r.limit, bucket.Tokens(cost))
-	idealOK := err == nil && d.Allowed
+	idealOK := w.idealDecide(b, t, cost)
 	w.idealM.requests++
-	w.idealM.u.requests[b]++
+	w.idealM.u.b[b].requests++
 	if idealOK {
-		w.ideal[b] = ns
 		w.idealM.admit(w, b, s.region, cost, t)
 	} else {
 		w.idealM.rejected++
-		w.idealM.u.rej[b]++
+		w.idealM.u.b[b].rej++
 	}
 	w.decisions++
 	for _, sys := range w.systems {
 		sys.arrive(w, t, s.region, b, cost, idealOK)
 	}
 	if nt := s.next(w.trng, t); nt >= 0 {
-		w.eng.retime(nt)
+		w.eng.retimeArrival(nt)
 	} else {
-		w.eng.drop()
+		w.eng.dropArrival()
 	}
+}
+
+// idealDecide is the ideal global bucket's decision on cost tokens of
+// budget b at true time t: the GCRA of bucket.Decide under the rule's
+// limit, which the ideal never changes, at a time that never runs
+// backwards, so none of bucket's carrying or capping arises. In units of
+// 1/c µs the emission interval is p and the tolerance bp; the bucket is
+// spent by tat − t·c, at least 0, and admits when that plus cost·p is
+// within bp. It is integer arithmetic on one word per budget instead of a
+// bucket.Decide with its Decision and time.Time, which was a tenth of an
+// arrival. newWorld keeps t·c within int64 (the meter's range check) and
+// cost ≤ burst keeps cost·p within bp < 2^52. TestIdealMatchesBucket
+// checks it against bucket.Decide.
+func (w *world) idealDecide(b int, t Micros, cost int64) bool {
+	r := w.ruleOf(b)
+	if cost <= 0 || cost > r.spec.Burst {
+		return false // bucket.Decide's ErrInvalidCost and ErrNeverFits
+	}
+	now := t * r.c
+	used := max(w.ideal[b]-now, 0)
+	if used+cost*r.p > r.bp {
+		return false
+	}
+	w.ideal[b] = now + used + cost*r.p
+	return true
 }
 
 // faultIndex returns f's index in the scenario's faults.
