@@ -15,32 +15,36 @@ import (
 )
 
 // coreShard holds the state of the keys that hash to it. keys, under mu,
-// is every key; read is an immutable copy that lookups use without a lock,
-// republished (as sync.Map does) once the lookups that took the lock have
-// cost about as much as a copy. amended is set while keys holds a key that
-// read lacks (sync.Map's amended), so a key in neither, the common case of
-// a cold key, is found missing without the lock.
+// is every key; read is a copy of it that lookups use without a lock. A
+// key created under mu goes into read in place while read stays at most
+// half full, so read never lags keys and a key in neither, the common case
+// of a cold key, is found missing without the lock. read is copied anew
+// only when it would pass half full (its size doubling, so copies cost a
+// constant per key created) or when keys are dropped.
 type coreShard struct {
-	read    atomic.Pointer[readTable]
-	amended atomic.Bool
-	mu      sync.RWMutex
-	keys    map[bucket.Key]*keyState
-	misses  int
-	_       [20]byte // keep shards on separate cache lines
+	read atomic.Pointer[readTable]
+	mu   sync.RWMutex
+	keys map[bucket.Key]*keyState
+	_    [24]byte // keep shards on separate cache lines (64 bytes each)
 }
 
 // readTable is a shard's keys in an open-addressed table indexed by the
 // hash the core already took of the key (Core.hash), so a lookup hashes
-// the key once, not again as a map would. It is never written once
-// published.
+// the key once, not again as a map would. Its slots only ever go from
+// empty to filled, so a lookup that reads it while a key is added finds
+// every key added before, and an empty slot still ends a probe.
 type readTable struct {
 	mask  uint64
 	slots []readSlot
+	used  int // filled slots; written and read under the shard's mu only
 }
 
+// readSlot is a key's place in a readTable. h is written before ks is
+// stored, and read only after ks is loaded non-nil, so the atomic store of
+// ks publishes h.
 type readSlot struct {
 	h  uint64
-	ks *keyState
+	ks atomic.Pointer[keyState]
 }
 
 // find returns the state of key, whose hash is h; nil when the table does
@@ -48,32 +52,51 @@ type readSlot struct {
 func (t *readTable) find(h uint64, key *bucket.Key) *keyState {
 	for i := h & t.mask; ; i = (i + 1) & t.mask {
 		sl := &t.slots[i]
-		if sl.ks == nil {
+		ks := sl.ks.Load()
+		if ks == nil {
 			return nil
 		}
-		if sl.h == h && sl.ks.key == *key {
-			return sl.ks
+		if sl.h == h && ks.key == *key {
+			return ks
 		}
 	}
 }
 
-// publishLocked makes read a copy of keys. Requires that s.mu is held.
+// put fills the first empty slot of ks's probe sequence. Requires that
+// the shard's mu is held and that the table has an empty slot.
+func (t *readTable) put(ks *keyState) {
+	i := ks.h & t.mask
+	for t.slots[i].ks.Load() != nil {
+		i = (i + 1) & t.mask
+	}
+	t.slots[i].h = ks.h
+	t.slots[i].ks.Store(ks)
+	t.used++
+}
+
+// addLocked adds ks, just put in keys, to read: in place while read stays
+// at most half full (a miss then ends within a probe or two), by a new
+// copy otherwise. Requires that s.mu is held.
+func (s *coreShard) addLocked(ks *keyState) {
+	if t := s.read.Load(); t != nil && 2*(t.used+1) <= len(t.slots) {
+		t.put(ks)
+		return
+	}
+	s.publishLocked()
+}
+
+// publishLocked makes read a new copy of keys, at most half full. Requires
+// that s.mu is held.
 func (s *coreShard) publishLocked() {
 	n := 8
-	for n < 2*len(s.keys) { // at most half full: a miss ends within a probe or two
+	for n < 2*len(s.keys) {
 		n <<= 1
 	}
 	t := &readTable{mask: uint64(n - 1), slots: make([]readSlot, n)} // #nosec G115 -- n >= 8
 	for _, ks := range s.keys {
-		i := ks.h & t.mask
-		for t.slots[i].ks != nil {
-			i = (i + 1) & t.mask
-		}
-		t.slots[i] = readSlot{h: ks.h, ks: ks}
+		t.put(ks)
 	}
 	s.read.Store(t)
-	s.amended.Store(false)
-	s.misses = 0
 }
 
 // keyState is what an agent keeps for one key in recent use.
@@ -163,33 +186,10 @@ func (c *Core) lookup(key *bucket.Key) *keyState {
 	if ks := c.slot(h).Load(); ks != nil && ks.key == *key {
 		return ks
 	}
-	s := c.shard(h)
-	if t := s.read.Load(); t != nil {
-		if ks := t.find(h, key); ks != nil {
-			return ks
-		}
+	if t := c.shard(h).read.Load(); t != nil {
+		return t.find(h, key)
 	}
-	// A key added after the load of amended is one this lookup may miss,
-	// as it would had it come a moment earlier.
-	if !s.amended.Load() {
-		return nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	// Found or not, the lookup took the lock because read lags keys: count
-	// it toward republishing read.
-	s.missLocked()
-	return s.keys[*key]
-}
-
-// missLocked counts a lookup that took the lock while read lagged keys,
-// and republishes read once that has cost about as much as a copy.
-// Requires that s.mu is held.
-func (s *coreShard) missLocked() {
-	s.misses++
-	if s.misses > len(s.keys)/2+8 {
-		s.publishLocked()
-	}
+	return nil
 }
 
 // state returns key's state, creating it on first use.
@@ -208,8 +208,7 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 	ks.lastSample.Store(now)
 	ks.rs.Store(c.rule(key.Rule))
 	s.keys[key] = ks
-	s.amended.Store(true)
-	s.missLocked()
+	s.addLocked(ks)
 	c.stats.keys.Add(1)
 	c.newMu.Lock()
 	c.newKeys = append(c.newKeys, ks)
