@@ -151,8 +151,11 @@ type keyState struct {
 	demand demandEstimate
 }
 
+// allocCache is a key's allocation as last computed, valid while the
+// allocation epoch is epoch and until has not passed. Only epoch ever
+// changes once it is published (Core.allocation).
 type allocCache struct {
-	epoch  uint64
+	epoch  atomic.Uint64
 	global bucket.Limit
 	// limit is what this agent enforces in the regional bucket: the
 	// region's allocation full, or its share of the agents that reach the
@@ -222,16 +225,32 @@ func (c *Core) allocation(ks *keyState, now time.Time, global bucket.Limit) *all
 	// Both epochs only grow, so their sum changes whenever either does.
 	ep := c.alloc.Epoch() + c.scaleEpoch.Load()
 	nowUS := now.UnixMicro()
-	if ac := ks.alloc.Load(); ac != nil && ac.epoch == ep && nowUS < ac.until && ac.global.Same(&global) {
-		return ac
+	old := ks.alloc.Load()
+	var oldEp uint64
+	if old != nil {
+		oldEp = old.epoch.Load()
+		if oldEp == ep && nowUS < old.until && old.global.Same(&global) {
+			return old
+		}
 	}
-	ac := &allocCache{epoch: ep, global: global, full: global, until: math.MaxInt64}
+	full, hot, until := global, false, int64(math.MaxInt64)
 	rc := &ks.rs.Load().cfg
 	if rc.Scope == rules.ScopeGlobal {
-		l, hot, until := c.alloc.Allocation(now, ks.key, global)
-		ac.full, ac.hot, ac.until = l, hot, until.UnixMicro()
+		l, h, u := c.alloc.Allocation(now, ks.key, global)
+		full, hot, until = l, h, u.UnixMicro()
 	}
-	ac.limit = c.regional(ac.full, rc)
+	limit := c.regional(full, rc)
+	// An epoch moves for every key when a new table changes some keys'
+	// entries; most keys then get the answer they had. Their cached one is
+	// marked current in place, not replaced by a copy: its other fields
+	// never change, and a concurrent refresh that moved the epoch first
+	// makes the swap fail, leaving this one to replace it as below.
+	if old != nil && oldEp < ep && old.until == until && old.hot == hot && old.global.Same(&global) &&
+		old.full.Same(&full) && old.limit.Same(&limit) && old.epoch.CompareAndSwap(oldEp, ep) {
+		return old
+	}
+	ac := &allocCache{global: global, limit: limit, full: full, hot: hot, until: until}
+	ac.epoch.Store(ep)
 	if old := ks.alloc.Swap(ac); old != nil && ac.limit.Count() > old.limit.Count() {
 		// A denial remembered under a smaller allocation may no longer
 		// hold.

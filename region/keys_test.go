@@ -5,6 +5,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/lease"
 )
 
 // TestKeysFoundAsTheShardsGrow checks that a key is found without the lock
@@ -88,5 +92,61 @@ func TestKeysFoundWhileOthersAreAdded(t *testing.T) {
 	}
 	if got := c.Stats().Keys; got != writers*perWriter {
 		t.Fatalf("keys %d, want %d", got, writers*perWriter)
+	}
+}
+
+// TestAllocationKeptWhenEpochLeavesItSame checks that a key whose answer a
+// new table leaves as it was keeps its cached allocation, marked current,
+// while a key whose entry or lease end changed gets a new one; either way
+// a decision sees the current table's allocation.
+func TestAllocationKeptWhenEpochLeavesItSame(t *testing.T) {
+	f := newFixture(t, nil)
+	pub := uint64(0)
+	install := func(end time.Duration, hot, lent bucket.Tokens) {
+		t.Helper()
+		pub++
+		ep := f.view.Epoch()
+		tab := &Table{Region: "a", Pub: pub, Term: 1, Version: pub, LeaseEnd: t0.Add(end), HoldUntil: t0.Add(end),
+			Entries: []lease.Entry{{Key: key("hot"), Count: hot, Burst: hot}, {Key: key("lent"), Count: lent, Burst: lent}}}
+		if !f.view.Set(tab) || f.view.Epoch() == ep {
+			t.Fatalf("table %d not installed with a new epoch", pub)
+		}
+	}
+	cached := func(name string) *allocCache {
+		k := key(name)
+		ks := f.core.lookup(&k)
+		if ks == nil {
+			t.Fatalf("key %s has no state", name)
+		}
+		return ks.alloc.Load()
+	}
+	steps := []struct {
+		name      string
+		end       time.Duration
+		hot, lent bucket.Tokens
+		kept      map[string]bool // whether each key's cache is the one before
+	}{
+		{"first table", 10 * time.Second, 250, 40, nil},
+		{"hot entry changed", 10 * time.Second, 200, 40, map[string]bool{"hot": false, "lent": true}},
+		{"lent entry changed", 10 * time.Second, 200, 30, map[string]bool{"hot": true, "lent": false}},
+		{"lease end moved", 8 * time.Second, 200, 30, map[string]bool{"hot": false, "lent": false}},
+	}
+	before := map[string]*allocCache{}
+	for _, st := range steps {
+		install(st.end, st.hot, st.lent)
+		for name, want := range map[string]bucket.Tokens{"hot": st.hot, "lent": st.lent} {
+			if r := f.decide(t, key(name), 1); r.Decision.Limit != bucket.PerSecond(want) || !r.Hot {
+				t.Errorf("%s: key %s decided under %v (hot %v), want %v hot", st.name, name, r.Decision.Limit, r.Hot,
+					bucket.PerSecond(want))
+			}
+			ac := cached(name)
+			if got := ac.epoch.Load(); got != f.view.Epoch() {
+				t.Errorf("%s: key %s cached at epoch %d, want %d", st.name, name, got, f.view.Epoch())
+			}
+			if kept, ok := st.kept[name]; ok && (ac == before[name]) != kept {
+				t.Errorf("%s: key %s kept its cached allocation %v, want %v", st.name, name, ac == before[name], kept)
+			}
+			before[name] = ac
+		}
 	}
 }
