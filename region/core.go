@@ -33,7 +33,7 @@ type Core struct {
 	mask    uint64
 	shards  []coreShard
 	// hot caches the state of batched keys, found by a cheap hash of the
-	// key, so the busiest keys skip the shard's map lookup.
+	// key, so the busiest keys skip the lookup in their shard.
 	hot [hotSlots]atomic.Pointer[keyState]
 
 	rulesMu sync.Mutex

@@ -167,12 +167,12 @@ type allocCache struct {
 }
 
 // hotSlots is the size of the hot-key cache: room for the keys in heavy
-// use of a busy agent (a key in none of them is found in its shard's map).
+// use of a busy agent (a key in none of them is found in its shard's copy).
 const hotSlots = 1024
 
 // hash is the key's hash, for its shard and its slot in the hot-key cache.
 // Rules are told apart by their names' lengths only, which costs nothing;
-// keys that collide in a slot are found in their shards' maps.
+// keys that collide in a slot are found in their shards' copies.
 func (c *Core) hash(k *bucket.Key) uint64 {
 	return maphash.String(c.seed, k.Subject) + uint64(len(k.Rule))*0x9E3779B97F4A7C15
 }
@@ -312,7 +312,7 @@ func (l *attemptLog) remember(id string, r attemptRec) {
 // locally until the instant until (µs), and told that the bucket is full
 // again at reset (µs). A key denied is in heavy demand, as a batched one
 // is, so it takes its place in the hot-key cache: the denials that follow
-// skip the shard's map.
+// skip the lookup in its shard.
 func (c *Core) denyUntil(ks *keyState, until, reset int64, cost bucket.Tokens) {
 	ks.deniedReset.Store(reset)
 	ks.deniedCost.Store(int64(cost))
