@@ -21,7 +21,7 @@ import (
 // synchronously by the caller's goroutine.
 //
 // The hot path (a key deciding from its batch) takes no lock and allocates
-// nothing: a lookup in an immutable copy of the key's shard, a cached
+// nothing: a lookup in a lock-free copy of the key's shard, a cached
 // allocation and one compare-and-swap on the key's token count. Core is safe for concurrent
 // use.
 type Core struct {
@@ -33,7 +33,7 @@ type Core struct {
 	mask    uint64
 	shards  []coreShard
 	// hot caches the state of batched keys, found by a cheap hash of the
-	// key, so the busiest keys skip the shard's map lookup.
+	// key, so the busiest keys skip the lookup in their shard.
 	hot [hotSlots]atomic.Pointer[keyState]
 
 	rulesMu sync.Mutex

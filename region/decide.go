@@ -143,7 +143,7 @@ func (c *Core) fromBatch(nowUS, slackUS int64, key *bucket.Key, global *bucket.L
 		return nil
 	}
 	ac := ks.alloc.Load()
-	if ac == nil || ac.epoch != c.alloc.Epoch()+c.scaleEpoch.Load() || nowUS+slackUS >= ac.until || !ac.global.Same(global) {
+	if ac == nil || ac.epoch.Load() != c.alloc.Epoch()+c.scaleEpoch.Load() || nowUS+slackUS >= ac.until || !ac.global.Same(global) {
 		return nil
 	}
 	// A limit that does not fit the cost (a burst below it, or a zero

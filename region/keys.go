@@ -15,32 +15,36 @@ import (
 )
 
 // coreShard holds the state of the keys that hash to it. keys, under mu,
-// is every key; read is an immutable copy that lookups use without a lock,
-// republished (as sync.Map does) once the lookups that took the lock have
-// cost about as much as a copy. amended is set while keys holds a key that
-// read lacks (sync.Map's amended), so a key in neither, the common case of
-// a cold key, is found missing without the lock.
+// is every key; read is a copy of it that lookups use without a lock. A
+// key created under mu goes into read in place while read stays at most
+// half full, so read never lags keys and a key in neither, the common case
+// of a cold key, is found missing without the lock. read is copied anew
+// only when it would pass half full (its size doubling, so copies cost a
+// constant per key created) or when keys are dropped.
 type coreShard struct {
-	read    atomic.Pointer[readTable]
-	amended atomic.Bool
-	mu      sync.RWMutex
-	keys    map[bucket.Key]*keyState
-	misses  int
-	_       [20]byte // keep shards on separate cache lines
+	read atomic.Pointer[readTable]
+	mu   sync.RWMutex
+	keys map[bucket.Key]*keyState
+	_    [24]byte // keep shards on separate cache lines (64 bytes each)
 }
 
 // readTable is a shard's keys in an open-addressed table indexed by the
 // hash the core already took of the key (Core.hash), so a lookup hashes
-// the key once, not again as a map would. It is never written once
-// published.
+// the key once, not again as a map would. Its slots only ever go from
+// empty to filled, so a lookup that reads it while a key is added finds
+// every key added before, and an empty slot still ends a probe.
 type readTable struct {
 	mask  uint64
 	slots []readSlot
+	used  int // filled slots; written and read under the shard's mu only
 }
 
+// readSlot is a key's place in a readTable. h is written before ks is
+// stored, and read only after ks is loaded non-nil, so the atomic store of
+// ks publishes h.
 type readSlot struct {
 	h  uint64
-	ks *keyState
+	ks atomic.Pointer[keyState]
 }
 
 // find returns the state of key, whose hash is h; nil when the table does
@@ -48,32 +52,51 @@ type readSlot struct {
 func (t *readTable) find(h uint64, key *bucket.Key) *keyState {
 	for i := h & t.mask; ; i = (i + 1) & t.mask {
 		sl := &t.slots[i]
-		if sl.ks == nil {
+		ks := sl.ks.Load()
+		if ks == nil {
 			return nil
 		}
-		if sl.h == h && sl.ks.key == *key {
-			return sl.ks
+		if sl.h == h && ks.key == *key {
+			return ks
 		}
 	}
 }
 
-// publishLocked makes read a copy of keys. Requires that s.mu is held.
+// put fills the first empty slot of ks's probe sequence. Requires that
+// the shard's mu is held and that the table has an empty slot.
+func (t *readTable) put(ks *keyState) {
+	i := ks.h & t.mask
+	for t.slots[i].ks.Load() != nil {
+		i = (i + 1) & t.mask
+	}
+	t.slots[i].h = ks.h
+	t.slots[i].ks.Store(ks)
+	t.used++
+}
+
+// addLocked adds ks, just put in keys, to read: in place while read stays
+// at most half full (a miss then ends within a probe or two), by a new
+// copy otherwise. Requires that s.mu is held.
+func (s *coreShard) addLocked(ks *keyState) {
+	if t := s.read.Load(); t != nil && 2*(t.used+1) <= len(t.slots) {
+		t.put(ks)
+		return
+	}
+	s.publishLocked()
+}
+
+// publishLocked makes read a new copy of keys, at most half full. Requires
+// that s.mu is held.
 func (s *coreShard) publishLocked() {
 	n := 8
-	for n < 2*len(s.keys) { // at most half full: a miss ends within a probe or two
+	for n < 2*len(s.keys) {
 		n <<= 1
 	}
 	t := &readTable{mask: uint64(n - 1), slots: make([]readSlot, n)} // #nosec G115 -- n >= 8
 	for _, ks := range s.keys {
-		i := ks.h & t.mask
-		for t.slots[i].ks != nil {
-			i = (i + 1) & t.mask
-		}
-		t.slots[i] = readSlot{h: ks.h, ks: ks}
+		t.put(ks)
 	}
 	s.read.Store(t)
-	s.amended.Store(false)
-	s.misses = 0
 }
 
 // keyState is what an agent keeps for one key in recent use.
@@ -128,8 +151,11 @@ type keyState struct {
 	demand demandEstimate
 }
 
+// allocCache is a key's allocation as last computed, valid while the
+// allocation epoch is epoch and until has not passed. Only epoch ever
+// changes once it is published (Core.allocation).
 type allocCache struct {
-	epoch  uint64
+	epoch  atomic.Uint64
 	global bucket.Limit
 	// limit is what this agent enforces in the regional bucket: the
 	// region's allocation full, or its share of the agents that reach the
@@ -141,12 +167,12 @@ type allocCache struct {
 }
 
 // hotSlots is the size of the hot-key cache: room for the keys in heavy
-// use of a busy agent (a key in none of them is found in its shard's map).
+// use of a busy agent (a key in none of them is found in its shard's copy).
 const hotSlots = 1024
 
 // hash is the key's hash, for its shard and its slot in the hot-key cache.
 // Rules are told apart by their names' lengths only, which costs nothing;
-// keys that collide in a slot are found in their shards' maps.
+// keys that collide in a slot are found in their shards' copies.
 func (c *Core) hash(k *bucket.Key) uint64 {
 	return maphash.String(c.seed, k.Subject) + uint64(len(k.Rule))*0x9E3779B97F4A7C15
 }
@@ -163,33 +189,10 @@ func (c *Core) lookup(key *bucket.Key) *keyState {
 	if ks := c.slot(h).Load(); ks != nil && ks.key == *key {
 		return ks
 	}
-	s := c.shard(h)
-	if t := s.read.Load(); t != nil {
-		if ks := t.find(h, key); ks != nil {
-			return ks
-		}
+	if t := c.shard(h).read.Load(); t != nil {
+		return t.find(h, key)
 	}
-	// A key added after the load of amended is one this lookup may miss,
-	// as it would had it come a moment earlier.
-	if !s.amended.Load() {
-		return nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	// Found or not, the lookup took the lock because read lags keys: count
-	// it toward republishing read.
-	s.missLocked()
-	return s.keys[*key]
-}
-
-// missLocked counts a lookup that took the lock while read lagged keys,
-// and republishes read once that has cost about as much as a copy.
-// Requires that s.mu is held.
-func (s *coreShard) missLocked() {
-	s.misses++
-	if s.misses > len(s.keys)/2+8 {
-		s.publishLocked()
-	}
+	return nil
 }
 
 // state returns key's state, creating it on first use.
@@ -208,8 +211,7 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 	ks.lastSample.Store(now)
 	ks.rs.Store(c.rule(key.Rule))
 	s.keys[key] = ks
-	s.amended.Store(true)
-	s.missLocked()
+	s.addLocked(ks)
 	c.stats.keys.Add(1)
 	c.newMu.Lock()
 	c.newKeys = append(c.newKeys, ks)
@@ -223,16 +225,32 @@ func (c *Core) allocation(ks *keyState, now time.Time, global bucket.Limit) *all
 	// Both epochs only grow, so their sum changes whenever either does.
 	ep := c.alloc.Epoch() + c.scaleEpoch.Load()
 	nowUS := now.UnixMicro()
-	if ac := ks.alloc.Load(); ac != nil && ac.epoch == ep && nowUS < ac.until && ac.global.Same(&global) {
-		return ac
+	old := ks.alloc.Load()
+	var oldEp uint64
+	if old != nil {
+		oldEp = old.epoch.Load()
+		if oldEp == ep && nowUS < old.until && old.global.Same(&global) {
+			return old
+		}
 	}
-	ac := &allocCache{epoch: ep, global: global, full: global, until: math.MaxInt64}
+	full, hot, until := global, false, int64(math.MaxInt64)
 	rc := &ks.rs.Load().cfg
 	if rc.Scope == rules.ScopeGlobal {
-		l, hot, until := c.alloc.Allocation(now, ks.key, global)
-		ac.full, ac.hot, ac.until = l, hot, until.UnixMicro()
+		l, h, u := c.alloc.Allocation(now, ks.key, global)
+		full, hot, until = l, h, u.UnixMicro()
 	}
-	ac.limit = c.regional(ac.full, rc)
+	limit := c.regional(full, rc)
+	// An epoch moves for every key when a new table changes some keys'
+	// entries; most keys then get the answer they had. Their cached one is
+	// marked current in place, not replaced by a copy: its other fields
+	// never change, and a concurrent refresh that moved the epoch first
+	// makes the swap fail, leaving this one to replace it as below.
+	if old != nil && oldEp < ep && old.until == until && old.hot == hot && old.global.Same(&global) &&
+		old.full.Same(&full) && old.limit.Same(&limit) && old.epoch.CompareAndSwap(oldEp, ep) {
+		return old
+	}
+	ac := &allocCache{global: global, limit: limit, full: full, hot: hot, until: until}
+	ac.epoch.Store(ep)
 	if old := ks.alloc.Swap(ac); old != nil && ac.limit.Count() > old.limit.Count() {
 		// A denial remembered under a smaller allocation may no longer
 		// hold.
@@ -294,7 +312,7 @@ func (l *attemptLog) remember(id string, r attemptRec) {
 // locally until the instant until (µs), and told that the bucket is full
 // again at reset (µs). A key denied is in heavy demand, as a batched one
 // is, so it takes its place in the hot-key cache: the denials that follow
-// skip the shard's map.
+// skip the lookup in its shard.
 func (c *Core) denyUntil(ks *keyState, until, reset int64, cost bucket.Tokens) {
 	ks.deniedReset.Store(reset)
 	ks.deniedCost.Store(int64(cost))
