@@ -205,3 +205,64 @@ func TestHeldFloorFreedWhenHoldEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAckFeedsWaitingKeyAtOnce checks that an acknowledgement freeing
+// capacity a region waits for is answered with the increase at once, not at
+// the Allocator's next Tick: with the Allocator ticked every 200 ms, as the
+// coordinator's driver does, that Tick was most of a move's time.
+func TestAckFeedsWaitingKeyAtOnce(t *testing.T) {
+	cfg := scenarioConfig()
+	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(3000), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
+	c := newCluster(t, cfg)
+	c.tickEvery = 200 * time.Millisecond
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 6000}
+	c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 300}
+	c.demand["c"] = map[bucket.Key]bucket.Tokens{k: 300}
+	for range 1000 {
+		c.step(10 * time.Millisecond)
+	}
+	// fed counts the acks from a that acknowledged a new version while b
+	// waited for capacity, and granted counts those answered with an
+	// increase for b in the same step.
+	var fed, granted int
+	ra, kb := c.alloc.byName["a"], 1
+	c.stepped = func(m Message) {
+		if m.Type != MsgAck || m.Region != "a" {
+			return
+		}
+		j := c.alloc.keyIdx[k]
+		hk := c.alloc.keys[j]
+		if m.Version != ra.acked || hk.slots[kb].want <= hk.slots[kb].cur {
+			return
+		}
+		fed++
+		for _, o := range c.alloc.out {
+			if o.Type == MsgGrant && o.Region == "b" {
+				for _, e := range o.Entries {
+					if e.Key == k && int64(e.Count) > hk.slots[kb].hist[0].count {
+						granted++
+						return
+					}
+				}
+			}
+		}
+	}
+	c.demand["a"][k] = 300
+	c.demand["b"][k] = 6000
+	for range 100 { // 1 s
+		c.step(10 * time.Millisecond)
+	}
+	if fed == 0 {
+		t.Fatalf("no ack from a arrived while b waited: the move is not shown\n%s", c.show())
+	}
+	if granted == 0 {
+		t.Fatalf("%d acks from a freed capacity b waited for, none answered with b's increase in the same step\n%s", fed, c.show())
+	}
+	if got, want := func() bucket.Tokens { l, _ := c.holders["b"].Allocation(c.now, k); return l.Count() }(), bucket.Tokens(3000-700-315); got < want {
+		t.Fatalf("b holds %d 1 s after the move, want at least %d (3000 − a's held floor − c's 315)\n%s", got, want, c.show())
+	}
+	if err := c.checkI1(); err != nil {
+		t.Fatal(err)
+	}
+}
