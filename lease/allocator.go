@@ -435,7 +435,6 @@ func (a *Allocator) report(now time.Time, r *region, m Message) {
 
 func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	r.heard = now
-	acked := r.acked
 	if m.Version <= r.version {
 		r.acked = max(r.acked, m.Version)
 		if r.acked < r.version {
@@ -459,19 +458,9 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 		r.synced = true
 		a.learned(now)
 	}
-	// An acknowledged decrease may free what another region waits for: the
-	// keys waiting are rebalanced at once when the ack acknowledges a new
-	// version, since the region waiting has no other way to get it before
-	// the next Tick (up to the driver's tick interval, 200 ms, later: in
-	// rotating-hot most of a move was spent between an ack and that Tick).
-	// A duplicate ack frees nothing and leaves them to the next Tick.
-	if len(a.starved) > 0 {
-		if r.acked > acked {
-			a.feed(now)
-		} else {
-			a.recheck = true
-		}
-	}
+	// An acknowledged decrease may free what another region waits for; the
+	// next Tick rebalances the keys waiting, once for all acks since.
+	a.recheck = len(a.starved) > 0
 }
 
 // learned ends learning at now once every region of every budget has
