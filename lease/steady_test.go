@@ -108,7 +108,7 @@ func TestSmallIncreaseFromFreeCapacity(t *testing.T) {
 // grows by a quarter while pressing (it is ramping up), and when its
 // demand falls below an allocation above its floor and by half since it
 // was last reported (it is cooling); reports of one key are a quarter of a
-// refresh interval apart, or a sixteenth when the demand doubled or
+// refresh interval apart, or a thirty-second when the demand doubled or
 // halved; a key that keeps pressing with a steady demand, or presses again
 // by less than a quarter of its allocation, waits for the periodic report.
 func TestHolderUrgentReports(t *testing.T) {
@@ -128,15 +128,15 @@ func TestHolderUrgentReports(t *testing.T) {
 		{1200 * time.Millisecond, 410, false},  // steady
 		{1900 * time.Millisecond, 480, false},  // grew, by less than a quarter
 		{2000 * time.Millisecond, 500, true},   // grew by a quarter, ¾ s on
-		{2100 * time.Millisecond, 700, false},  // ramping, but within ¾ s of the last
-		{2150 * time.Millisecond, 1000, false}, // doubled, but within 3⁄16 s of the last
-		{2200 * time.Millisecond, 1000, true},  // doubled, 3⁄16 s on
+		{2050 * time.Millisecond, 700, false},  // ramping, but within ¾ s of the last
+		{2080 * time.Millisecond, 1000, false}, // doubled, but within 3⁄32 s of the last
+		{2100 * time.Millisecond, 1000, true},  // doubled, 3⁄32 s on
 		{2300 * time.Millisecond, 1200, false}, // ramping, within ¾ s
 		{2950 * time.Millisecond, 1250, true},  // grew by a quarter, ¾ s on
 		{3600 * time.Millisecond, 290, true},   // cooling: below 300 and under half of 1250
-		{3700 * time.Millisecond, 140, false},  // halved again, within 3⁄16 s
-		{3800 * time.Millisecond, 140, true},   // 3⁄16 s on
-		{3900 * time.Millisecond, 60, false},   // within 3⁄16 s
+		{3650 * time.Millisecond, 140, false},  // halved again, within 3⁄32 s
+		{3700 * time.Millisecond, 140, true},   // 3⁄32 s on
+		{3750 * time.Millisecond, 60, false},   // within 3⁄32 s
 		{4500 * time.Millisecond, 100, false},  // not half of the 140 reported
 		{6800 * time.Millisecond, 100, true},   // the periodic report, a refresh interval after the last
 		{7000 * time.Millisecond, 330, false},  // presses again, by less than a quarter: noise the next report carries

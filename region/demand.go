@@ -169,7 +169,9 @@ func average(est, inst float64, dt, hl int64) float64 {
 // rise read early moves capacity to the region and back. A fall need not:
 // a window at most half the estimate that expected 64 tokens or more is no
 // bunch, and a floor the region wants again after a lull is kept for it by
-// the coordinator's hold over the budget's fill time. Waiting DemandSustain
+// the coordinator's hold over the budget's fill time; and a window in
+// which a collapse is already beyond chance is closed before demandWindow
+// has passed (fell). Waiting DemandSustain
 // for a fall too, rotating-hot read 0.848 of the ideal instead of 0.861,
 // and dup-reorder 0.782 instead of 0.807 (seed 1; seeds 2–4 alike). A key so
 // light that a quiet window is chance moves only as an average.
@@ -222,6 +224,20 @@ func (d *demandEstimate) add(tokens, w, hl, sustain int64) {
 	}
 }
 
+// fell reports whether a window of w µs so far that saw tokens is already
+// a fall beyond chance: the estimate expected at least sustainTokens over
+// it and it saw at most half of that. Such a window is closed at once,
+// before demandWindow has passed: a key whose use collapsed (the region
+// that cooled, holding an allocation another region waits for) is seen
+// within a few samples instead of at the end of a window that began before
+// the fall, which read as a partial fall and took a second window. A rise
+// still waits for the whole window, since a bunch of arrivals in a short
+// one is no new level.
+func (d *demandEstimate) fell(tokens, w int64) bool {
+	expect := d.rate * float64(w) / 1e6
+	return expect >= sustainTokens && float64(2*tokens) <= expect
+}
+
 // sampleLocked requires that ks.mu is held.
 func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 	dt := nowUS - ks.lastSample.Load()
@@ -238,7 +254,7 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 	ks.rate = ewma(ks.rate, float64(a)/(float64(dt)/1e6), dt, hl)
 	ks.lastSample.Store(nowUS)
 	ks.winTokens += a
-	if w := nowUS - ks.winStart; w >= demandWindow.Microseconds() {
+	if w := nowUS - ks.winStart; w >= demandWindow.Microseconds() || ks.demand.fell(ks.winTokens, w) {
 		ks.demand.add(ks.winTokens, w, hl, c.cfg.DemandSustain.Microseconds())
 		ks.winStart, ks.winTokens = nowUS, 0
 	}

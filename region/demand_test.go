@@ -184,3 +184,53 @@ func TestReportedDemandFollowsASustainedLevel(t *testing.T) {
 		t.Fatalf("want %d 300 ms into a rise to 1000/s, want ≥ 800 (the level, not the average's ~420)", w)
 	}
 }
+
+// TestReportedDemandTakesACollapseAtOnce: a key whose use collapses (from
+// 1,000 to 50 tokens a second) is reported at half its old level or less
+// within 130 ms of the fall, however the windows fall against it: a window
+// is closed at a sample as soon as the estimate expected sustainTokens over
+// it and it saw at most half of that. The 100 ms windows alone took up to
+// 160 ms (a window ending just after the fall reads as no fall, and the
+// next one must run its whole length).
+func TestReportedDemandTakesACollapseAtOnce(t *testing.T) {
+	for offset := 0; offset < 100; offset += 10 {
+		// Every decision exact (no batches), so every one samples the key.
+		f := newFixture(t, func(c *Config) { c.MinBatch = 1 << 40 })
+		ctx := context.Background()
+		k := key("hot")
+		want := func() bucket.Tokens {
+			for _, d := range f.core.Demand(f.clk.Now()) {
+				if d.Key == k {
+					return d.Want
+				}
+			}
+			return 0
+		}
+		// run sends one token every every ms for ms milliseconds, ticking
+		// the core every 100 ms, offset ms into each, as a driver does.
+		n := 0
+		run := func(ms, every int) {
+			for i := 0; i < ms; i++ {
+				if i%every == 0 {
+					_, _ = f.core.Decide(ctx, f.clk.Now(), k, global300, 1, "h"+f.clk.Now().String())
+				}
+				f.clk.Advance(time.Millisecond)
+				if n++; n%100 == offset {
+					f.core.Tick(ctx, f.clk.Now())
+				}
+			}
+		}
+		run(3000+offset, 1)
+		if w := want(); w < 900 || w > 1100 {
+			t.Fatalf("offset %d: want %d after 3 s at 1000/s, want 900..1100", offset, w)
+		}
+		took := 0
+		for want() > 500 && took < 300 {
+			run(10, 20)
+			took += 10
+		}
+		if took > 130 {
+			t.Errorf("offset %d: want %d %d ms into a fall from 1000/s to 50/s, want ≤ 500 within 130 ms", offset, want(), took)
+		}
+	}
+}
