@@ -58,7 +58,7 @@ type engine struct {
 	now  Micros
 	seq  uint64
 	heap []heapKey
-	arr  []arrivalKey
+	arr  []heapKey // slot is the traffic source
 	slab []event
 	free []int32
 	rng  *rand.Rand
@@ -66,18 +66,13 @@ type engine struct {
 	fired uint64
 }
 
+// heapKey orders an event in either heap: in heap, slot is the event's
+// place in the slab; in arr, an arrival needs nothing but its time and
+// its source, and slot is the source.
 type heapKey struct {
 	at   Micros
 	seq  uint64
 	slot int32
-}
-
-// arrivalKey is a traffic source's next arrival: an evArrival event needs
-// nothing but its time and its source.
-type arrivalKey struct {
-	at  Micros
-	seq uint64
-	src int32
 }
 
 func newEngine(seed uint64) *engine {
@@ -94,8 +89,8 @@ func (g *engine) schedule(e event) {
 	g.seq++
 	e.seq = g.seq
 	if e.kind == evArrival {
-		g.arr = append(g.arr, arrivalKey{at: e.at, seq: e.seq, src: e.i})
-		g.arrivalUp(len(g.arr) - 1)
+		g.arr = append(g.arr, heapKey{at: e.at, seq: e.seq, slot: e.i})
+		siftUp(g.arr, len(g.arr)-1)
 		return
 	}
 	var slot int32
@@ -108,7 +103,7 @@ func (g *engine) schedule(e event) {
 		g.slab = append(g.slab, e)
 	}
 	g.heap = append(g.heap, heapKey{at: e.at, seq: e.seq, slot: slot})
-	g.up(len(g.heap) - 1)
+	siftUp(g.heap, len(g.heap)-1)
 }
 
 func keyLess(x, y heapKey) bool {
@@ -118,8 +113,10 @@ func keyLess(x, y heapKey) bool {
 	return x.seq < y.seq
 }
 
-func (g *engine) up(i int) {
-	h := g.heap
+// siftUp and siftDown keep h a 4-ary min-heap by keyLess. Both heaps use
+// them: (at, seq) is a total order, so the order events fire in does not
+// depend on the heaps' shape.
+func siftUp(h []heapKey, i int) {
 	k := h[i]
 	for i > 0 {
 		p := (i - 1) / 4
@@ -132,8 +129,7 @@ func (g *engine) up(i int) {
 	h[i] = k
 }
 
-func (g *engine) down(i int) {
-	h := g.heap
+func siftDown(h []heapKey, i int) {
 	n := len(h)
 	k := h[i]
 	for {
@@ -156,48 +152,6 @@ func (g *engine) down(i int) {
 	h[i] = k
 }
 
-func arrivalLess(x, y arrivalKey) bool {
-	if x.at != y.at {
-		return x.at < y.at
-	}
-	return x.seq < y.seq
-}
-
-func (g *engine) arrivalUp(i int) {
-	h := g.arr
-	k := h[i]
-	for i > 0 {
-		p := (i - 1) / 2
-		if !arrivalLess(k, h[p]) {
-			break
-		}
-		h[i] = h[p]
-		i = p
-	}
-	h[i] = k
-}
-
-func (g *engine) arrivalDown(i int) {
-	h := g.arr
-	n := len(h)
-	k := h[i]
-	for {
-		c := 2*i + 1
-		if c >= n {
-			break
-		}
-		if c+1 < n && arrivalLess(h[c+1], h[c]) {
-			c++
-		}
-		if !arrivalLess(h[c], k) {
-			break
-		}
-		h[i] = h[c]
-		i = c
-	}
-	h[i] = k
-}
-
 // arrivalFirst reports whether the earliest event is an arrival; false
 // also when no event is left.
 func (g *engine) arrivalFirst() bool {
@@ -207,11 +161,7 @@ func (g *engine) arrivalFirst() bool {
 	if len(g.heap) == 0 {
 		return true
 	}
-	a, h := g.arr[0], g.heap[0]
-	if a.at != h.at {
-		return a.at < h.at
-	}
-	return a.seq < h.seq
+	return keyLess(g.arr[0], g.heap[0])
 }
 
 // topArrival returns the earliest event, an arrival (arrivalFirst), as its
@@ -221,7 +171,7 @@ func (g *engine) topArrival() (src int32, at Micros) {
 	k := g.arr[0]
 	g.now = k.at
 	g.fired++
-	return k.src, k.at
+	return k.slot, k.at
 }
 
 // retimeArrival moves the earliest arrival to fire again at t, as if it
@@ -236,7 +186,7 @@ func (g *engine) retimeArrival(t Micros) {
 	g.seq++
 	k := &g.arr[0]
 	k.at, k.seq = t, g.seq
-	g.arrivalDown(0)
+	siftDown(g.arr, 0)
 }
 
 // dropArrival removes the earliest arrival, after topArrival.
@@ -245,7 +195,7 @@ func (g *engine) dropArrival() {
 	g.arr[0] = g.arr[n-1]
 	g.arr = g.arr[:n-1]
 	if n > 1 {
-		g.arrivalDown(0)
+		siftDown(g.arr, 0)
 	}
 }
 
@@ -265,7 +215,7 @@ func (g *engine) drop() {
 	g.heap[0] = g.heap[n-1]
 	g.heap = g.heap[:n-1]
 	if n > 1 {
-		g.down(0)
+		siftDown(g.heap, 0)
 	}
 	g.slab[top.slot].p = nil
 	g.free = append(g.free, top.slot)
