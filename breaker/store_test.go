@@ -21,17 +21,7 @@ import (
 // at once with ErrOpen, the store not called. Redis answers again: after
 // the back-off one call probes, and its answer closes the breaker.
 func TestGuardOnABlackholedRedis(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	c := redisstore.NewUniversalClient([]string{srv.Addr}, "", "")
-	t.Cleanup(func() { c.Close() })
-	b, err := New(DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rs, err := redisstore.New(c, redisstore.Options{Prefix: "allot-test-" + t.Name() + ":", Timeout: b.Config().MaxTimeout})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, b, rs := redisUnderBreaker(t, DefaultConfig().MaxTimeout)
 	clk := clock.NewManual(t0)
 	s := Guard(rs, b, clk)
 	ctx := context.Background()
@@ -196,17 +186,7 @@ var _ DeadlineKeeper = (*redisstore.Store)(nil)
 // has raised the deadline, outgrown), not at the store's bound: the
 // deadline the context carries is the one the store keeps.
 func TestKeeperEndsCallsAtTheBreakersDeadline(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	c := redisstore.NewUniversalClient([]string{srv.Addr}, "", "")
-	t.Cleanup(func() { c.Close() })
-	b, err := New(DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rs, err := redisstore.New(c, redisstore.Options{Prefix: "allot-test-" + t.Name() + ":", Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, b, rs := redisUnderBreaker(t, 5*time.Second)
 	s := Timed(rs, b, nil)
 	if !s.keeper {
 		t.Fatal("the Redis store is not taken as a DeadlineKeeper")
@@ -256,4 +236,23 @@ func TestDeadlineCtxReportsTheEarlierDeadline(t *testing.T) {
 	if (&deadlineCtx{Context: parent, deadline: t0}).Done() != parent.Done() {
 		t.Fatal("Done is not the parent's: the context's own contract (Err non-nil once Done closes) would break")
 	}
+}
+
+// redisUnderBreaker starts a redis-server and returns it, a breaker of
+// the default config and a Redis store on it whose own bound on a call is
+// storeTimeout.
+func redisUnderBreaker(t *testing.T, storeTimeout time.Duration) (*testenv.RedisServer, *Breaker, *redisstore.Store) {
+	t.Helper()
+	srv := testenv.StartRedis(t)
+	c := redisstore.NewUniversalClient([]string{srv.Addr}, "", "")
+	t.Cleanup(func() { c.Close() })
+	b, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := redisstore.New(c, redisstore.Options{Prefix: "allot-test-" + t.Name() + ":", Timeout: storeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, b, rs
 }
