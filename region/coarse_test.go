@@ -113,19 +113,7 @@ func TestCoarseBatchStopsBeforeTheLeaseEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.UseCoarse(co)
-	// Batch the key: a burst of demand within one sample.
-	for i := 0; i < 200; i++ {
-		f.clk.Advance(100 * time.Microsecond)
-		co.Refresh()
-		if _, err := st.Decide(ctx, key("hot"), global6000, 1, ""); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hot := key("hot")
-	ks := f.core.lookup(&hot)
-	if ks.held() < 4 {
-		t.Fatalf("%d batch tokens held after 200 decisions in 20 ms, want at least 4", ks.held())
-	}
+	batchHot(t, f, st, co)
 	for _, c := range []struct {
 		reading time.Duration // before the lease's end
 		coarse  bool
@@ -161,17 +149,7 @@ func TestCoarseBatchRejectsWhatDecideRejects(t *testing.T) {
 		if coarse {
 			st.UseCoarse(co)
 		}
-		for i := 0; i < 200; i++ {
-			f.clk.Advance(100 * time.Microsecond)
-			co.Refresh()
-			if _, err := st.Decide(ctx, key("hot"), global6000, 1, ""); err != nil {
-				t.Fatal(err)
-			}
-		}
-		hot := key("hot")
-		if held := f.core.lookup(&hot).held(); held < 4 {
-			t.Fatalf("%d batch tokens held after 200 decisions in 20 ms, want at least 4", held)
-		}
+		batchHot(t, f, st, co)
 		return st, co
 	}
 	exact, _ := batched(false)
@@ -197,5 +175,23 @@ func TestCoarseBatchRejectsWhatDecideRejects(t *testing.T) {
 	}
 	if d, err := fast.Decide(ctx, key("hot"), global6000, 1, ""); err != nil || !d.Allowed {
 		t.Fatalf("a valid request after them: %+v, %v", d, err)
+	}
+}
+
+// batchHot makes key "hot" a batched key: a burst of 200 decisions within
+// one sample, 100 µs apart, the coarse clock refreshed at each; the key
+// must then hold batch tokens.
+func batchHot(t *testing.T, f *fixture, st *Store, co *clock.Coarse) {
+	t.Helper()
+	for i := 0; i < 200; i++ {
+		f.clk.Advance(100 * time.Microsecond)
+		co.Refresh()
+		if _, err := st.Decide(context.Background(), key("hot"), global6000, 1, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hot := key("hot")
+	if held := f.core.lookup(&hot).held(); held < 4 {
+		t.Fatalf("%d batch tokens held after 200 decisions in 20 ms, want at least 4", held)
 	}
 }
