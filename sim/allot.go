@@ -40,6 +40,8 @@ type allot struct {
 	// curBudget is the budget of the decision in progress, −1 between
 	// decisions: the store's calls for its key need not parse the key.
 	curBudget int
+	// res is the result of the decision in progress, reused.
+	res region.Result
 }
 
 // agentRT is one agent process of a region.
@@ -228,7 +230,8 @@ func (a *allot) arrive(w *world, t Micros, r, b int, cost int64, idealOK bool) {
 	a.lat = 0
 	w.decisions++
 	a.curBudget = b
-	res, err := ag.core.Decide(a.ctx, w.regions[r].agent.at(t), a.plane.keys[b], rule.limit, bucket.Tokens(cost), "")
+	res := &a.res
+	err := ag.core.DecideInto(a.ctx, w.regions[r].agent.at(t), &a.plane.keys[b], &rule.limit, bucket.Tokens(cost), "", res)
 	a.curBudget = -1
 	p := pathOf(res.Path)
 	if err != nil && !errors.Is(err, region.ErrFailClosed) {
