@@ -158,7 +158,7 @@ func (c *Core) giveBack(ctx context.Context, now time.Time, ks *keyState) {
 		return
 	}
 	if g := ks.allocGlobal(); !g.IsZero() {
-		if ac := c.allocation(ks, now, g); !ac.limit.IsZero() {
+		if ac := c.allocation(ks, now, now.UnixMicro(), &g); !ac.limit.IsZero() {
 			lim = ac.limit
 		}
 	}

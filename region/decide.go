@@ -110,7 +110,7 @@ func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global
 		}
 		ks = c.state(key, nowUS)
 	}
-	ac := c.allocation(ks, now, *global)
+	ac := c.allocation(ks, now, nowUS, global)
 	if alloc != nil {
 		*alloc = ac.full
 	}
@@ -221,7 +221,7 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 		}
 		c.storeFailed(now, err)
 		ks := c.state(key, now.UnixMicro())
-		ac := c.allocation(ks, now, *global)
+		ac := c.allocation(ks, now, now.UnixMicro(), global)
 		ks.arrived.Add(int64(cost))
 		res := Result{Alloc: ac.full, Decision: bucket.Decision{Limit: ac.limit}}
 		err := c.fallback(now, ks, ac, cost, &res)

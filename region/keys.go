@@ -221,22 +221,21 @@ func (c *Core) state(key bucket.Key, now int64) *keyState {
 
 // allocation returns the key's allocation at now, from the key's cache
 // while it holds.
-func (c *Core) allocation(ks *keyState, now time.Time, global bucket.Limit) *allocCache {
+func (c *Core) allocation(ks *keyState, now time.Time, nowUS int64, global *bucket.Limit) *allocCache {
 	// Both epochs only grow, so their sum changes whenever either does.
 	ep := c.alloc.Epoch() + c.scaleEpoch.Load()
-	nowUS := now.UnixMicro()
 	old := ks.alloc.Load()
 	var oldEp uint64
 	if old != nil {
 		oldEp = old.epoch.Load()
-		if oldEp == ep && nowUS < old.until && old.global.Same(&global) {
+		if oldEp == ep && nowUS < old.until && old.global.Same(global) {
 			return old
 		}
 	}
-	full, hot, until := global, false, int64(math.MaxInt64)
+	full, hot, until := *global, false, int64(math.MaxInt64)
 	rc := &ks.rs.Load().cfg
 	if rc.Scope == rules.ScopeGlobal {
-		l, h, u := c.alloc.Allocation(now, ks.key, global)
+		l, h, u := c.alloc.Allocation(now, ks.key, *global)
 		full, hot, until = l, h, u.UnixMicro()
 	}
 	limit := c.regional(full, rc)
@@ -245,11 +244,11 @@ func (c *Core) allocation(ks *keyState, now time.Time, global bucket.Limit) *all
 	// marked current in place, not replaced by a copy: its other fields
 	// never change, and a concurrent refresh that moved the epoch first
 	// makes the swap fail, leaving this one to replace it as below.
-	if old != nil && oldEp < ep && old.until == until && old.hot == hot && old.global.Same(&global) &&
+	if old != nil && oldEp < ep && old.until == until && old.hot == hot && old.global.Same(global) &&
 		old.full.Same(&full) && old.limit.Same(&limit) && old.epoch.CompareAndSwap(oldEp, ep) {
 		return old
 	}
-	ac := &allocCache{global: global, limit: limit, full: full, hot: hot, until: until}
+	ac := &allocCache{global: *global, limit: limit, full: full, hot: hot, until: until}
 	ac.epoch.Store(ep)
 	if old := ks.alloc.Swap(ac); old != nil && ac.limit.Count() > old.limit.Count() {
 		// A denial remembered under a smaller allocation may no longer
@@ -350,18 +349,29 @@ func (c *Core) Tick(ctx context.Context, now time.Time) {
 		s := &c.shards[i]
 		var idle []bucket.Key
 		s.mu.RLock()
-		for k, ks := range s.keys {
+		// read holds exactly the keys of keys while mu is held; walking
+		// its slots is cheaper than walking the map.
+		var slots []readSlot
+		if t := s.read.Load(); t != nil {
+			slots = t.slots
+		}
+		for i := range slots {
+			ks := slots[i].ks.Load()
+			if ks == nil {
+				continue
+			}
 			ks.mu.Lock()
 			c.sampleLocked(ks, nowUS)
 			stale := ks.held() > 0 && !ks.refilling && nowUS-ks.takenAt > c.cfg.BatchTTL.Microseconds()
 			if ks.held() > 0 && !ks.refilling && !stale {
-				ac := c.allocation(ks, now, ks.allocGlobal())
+				g := ks.allocGlobal()
+				ac := c.allocation(ks, now, nowUS, &g)
 				stale = ac.limit != ks.batchLimit && ac.limit.Count() < ks.batchLimit.Count()
 			}
 			if stale {
 				ret = append(ret, ks)
 			} else if ks.held() == 0 && !ks.refilling && nowUS-ks.lastActive > c.cfg.IdleAfter.Microseconds() {
-				idle = append(idle, k)
+				idle = append(idle, ks.key)
 			}
 			ks.mu.Unlock()
 		}

@@ -40,8 +40,6 @@ type allot struct {
 	// curBudget is the budget of the decision in progress, −1 between
 	// decisions: the store's calls for its key need not parse the key.
 	curBudget int
-	// res is the result of the decision in progress, reused.
-	res region.Result
 }
 
 // agentRT is one agent process of a region.
@@ -230,8 +228,8 @@ func (a *allot) arrive(w *world, t Micros, r, b int, cost int64, idealOK bool) {
 	a.lat = 0
 	w.decisions++
 	a.curBudget = b
-	res := &a.res
-	err := ag.core.DecideInto(a.ctx, w.regions[r].agent.at(t), &a.plane.keys[b], &rule.limit, bucket.Tokens(cost), "", res)
+	var res region.Result
+	err := ag.core.DecideInto(a.ctx, w.regions[r].agent.at(t), &a.plane.keys[b], &rule.limit, bucket.Tokens(cost), "", &res)
 	a.curBudget = -1
 	p := pathOf(res.Path)
 	if err != nil && !errors.Is(err, region.ErrFailClosed) {
@@ -306,8 +304,8 @@ func (s *simStore) budget(key bucket.Key) int {
 
 // Decide implements bucket.Store.
 func (s *simStore) Decide(_ context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, _ string) (bucket.Decision, error) {
-	if err := bucket.Check(l, cost); err != nil {
-		return bucket.Decision{Limit: l}, err
+	if !l.Fits(cost) {
+		return bucket.Decision{Limit: l}, bucket.Check(l, cost)
 	}
 	at, ok := s.reach()
 	if !ok {
