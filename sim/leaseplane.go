@@ -51,6 +51,8 @@ type leasePlane struct {
 	// keyBuf is checkSettled's list of a publication's keys, kept between
 	// publications.
 	keyBuf []bucket.Key
+	// ruleBuf is checkSettled's per-rule flags, kept likewise.
+	ruleBuf []bool
 }
 
 // regionPlane is one region's end of the lease protocol.
@@ -70,6 +72,10 @@ type regionPlane struct {
 	live    []string
 	carries map[grantRef][]uint64
 	stepped *grantRef
+	// checkViews are checkSettled's views of the previous publication and
+	// the new one per rule, kept from check to check so that their floors
+	// are computed once, not at every publication.
+	checkViews [2][]*region.TableView
 }
 
 type coordinator struct {

@@ -95,6 +95,22 @@ func compareKeys(x, y bucket.Key) int {
 	return cmp.Or(cmp.Compare(x.Rule, y.Rule), cmp.Compare(x.Subject, y.Subject))
 }
 
+// viewOf returns v showing tb (no table when tb is nil), or a new view of
+// region name's floors for rule ri showing it where v cannot: a view only moves
+// to newer tables, and a fresh view answers as a reused one does.
+func (p *leasePlane) viewOf(v *region.TableView, name string, ri int, tb *region.Table) *region.TableView {
+	if v != nil && v.Table() == tb {
+		return v
+	}
+	if v == nil || tb == nil || !v.Set(tb) {
+		v = region.NewTableView(name, p.budgets[ri].Split())
+		if tb != nil {
+			v.Set(tb)
+		}
+	}
+	return v
+}
+
 // checkSettled checks, as region r's speaker publishes tb at t, that every
 // allocation tb changes from the speaker's previous publication is the
 // limit of its bucket in the region's Redis (or the bucket is full).
@@ -110,8 +126,15 @@ func (p *leasePlane) checkSettled(w *world, r int, t Micros, tb *region.Table, u
 	// The Holder's floors are per budget; the agents' views take one split
 	// for every rule (see "everything's report rule"), so each rule's
 	// allocations are read through a view with its budget's split.
-	before := make([]*region.TableView, len(p.budgets))
-	after := make([]*region.TableView, len(p.budgets))
+	for i := range rp.checkViews {
+		if len(rp.checkViews[i]) != len(p.budgets) {
+			rp.checkViews[i] = make([]*region.TableView, len(p.budgets))
+		}
+	}
+	before, after := rp.checkViews[0], rp.checkViews[1]
+	ready := p.ruleBuf[:0] // per rule: before and after show rp.last and tb
+	ready = append(ready, make([]bool, len(p.budgets))...)
+	p.ruleBuf = ready
 	p.keyBuf = tableKeys(p.keyBuf[:0], rp.last, tb)
 	for _, k := range p.keyBuf {
 		b, ok := p.budgetOf(w, k)
@@ -119,13 +142,10 @@ func (p *leasePlane) checkSettled(w *world, r int, t Micros, tb *region.Table, u
 			continue
 		}
 		ri := int(w.ruleIdx[b])
-		if before[ri] == nil {
-			before[ri] = region.NewTableView(w.regions[r].name, p.budgets[ri].Split())
-			after[ri] = region.NewTableView(w.regions[r].name, p.budgets[ri].Split())
-			if rp.last != nil {
-				before[ri].Set(rp.last)
-			}
-			after[ri].Set(tb)
+		if !ready[ri] {
+			before[ri] = p.viewOf(before[ri], w.regions[r].name, ri, rp.last)
+			after[ri] = p.viewOf(after[ri], w.regions[r].name, ri, tb)
+			ready[ri] = true
 		}
 		global := w.ruleOf(b).limit
 		from, _, _ := before[ri].Allocation(now, k, global)
