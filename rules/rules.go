@@ -46,6 +46,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unsafe"
 
 	"github.com/allot-dev/allot/bucket"
 )
@@ -58,6 +59,25 @@ const (
 	KeyPlan    = "plan"
 	KeySubject = "subject"
 )
+
+// wellKnown returns k as this package's constant when it is one of the
+// well-known keys: a key parsed from a file is a string of its own, and a
+// transport names the entries it fills in by the constants, so that
+// comparing the two finds the same bytes at the same address and reads
+// none of them.
+func wellKnown(k string) string {
+	switch k {
+	case KeyPath:
+		return KeyPath
+	case KeyMethod:
+		return KeyMethod
+	case KeyPlan:
+		return KeyPlan
+	case KeySubject:
+		return KeySubject
+	}
+	return k
+}
 
 // Subject values the limiter uses when a rule's budget is not per identity.
 const (
@@ -190,13 +210,14 @@ const (
 
 // compile returns c's matcher.
 func (c Condition) compile() matcher {
+	key := wellKnown(c.Key)
 	switch {
 	case c.Pattern == "" || c.Pattern == "*":
-		return matcher{key: c.Key, kind: matchAny}
+		return matcher{key: key, kind: matchAny}
 	case strings.HasSuffix(c.Pattern, "*"):
-		return matcher{key: c.Key, kind: matchPrefix, lit: c.Pattern[:len(c.Pattern)-1]}
+		return matcher{key: key, kind: matchPrefix, lit: c.Pattern[:len(c.Pattern)-1]}
 	default:
-		return matcher{key: c.Key, kind: matchExact, lit: c.Pattern}
+		return matcher{key: key, kind: matchExact, lit: c.Pattern}
 	}
 }
 
@@ -325,9 +346,16 @@ func (r *Rule) Matches(d Descriptor) bool {
 // CostOf returns the cost of a request described by d: the first cost table
 // entry whose method and path match, else the rule's default cost.
 func (r *Rule) CostOf(d Descriptor) bucket.Tokens {
+	// Small enough to be inlined for a rule without a cost table, the
+	// common case, which then costs no call.
 	if len(r.Costs) == 0 {
 		return r.DefaultCost
 	}
+	return r.costOf(d)
+}
+
+// costOf is CostOf on a rule with a cost table.
+func (r *Rule) costOf(d Descriptor) bucket.Tokens {
 	method, _ := d.Get(KeyMethod)
 	path, _ := d.Get(KeyPath)
 	for _, c := range r.Costs {
@@ -356,11 +384,19 @@ func (r *Rule) MaxCost() bucket.Tokens {
 // else identity. ok is false when the request has no identity: identity is
 // empty, or a subject key is missing or empty.
 func (r *Rule) SubjectOf(d Descriptor, identity string) (subject string, ok bool) {
+	// Small enough to be inlined for a rule limiting the identity, the
+	// common case, which then costs no call.
+	if !r.Shared && len(r.SubjectKeys) == 0 {
+		return identity, identity != ""
+	}
+	return r.subjectOf(d)
+}
+
+// subjectOf is SubjectOf on a shared rule or one whose subject is
+// descriptor values.
+func (r *Rule) subjectOf(d Descriptor) (subject string, ok bool) {
 	if r.Shared {
 		return SharedSubject, true
-	}
-	if len(r.SubjectKeys) == 0 {
-		return identity, identity != ""
 	}
 	var b strings.Builder
 	for i, k := range r.SubjectKeys {
@@ -605,12 +641,28 @@ type Entry struct {
 
 // Get returns the value of the first entry with key k.
 func (d Descriptor) Get(k string) (string, bool) {
-	for _, e := range d {
-		if e.Key == k {
+	// By index: ranging over the entries by value copies each one. A key
+	// at k's address (a well-known key, see wellKnown) is found without
+	// the call that compares bytes.
+	for i := range d {
+		if e := &d[i]; sameKey(e.Key, k) {
 			return e.Value, true
 		}
 	}
 	return "", false
+}
+
+// sameKey is a == b, deciding the common cases without the call that
+// compares bytes: a key at b's address (a well-known key, see wellKnown),
+// and keys of one length that end differently ("path" and "plan").
+func sameKey(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || unsafe.StringData(a) == unsafe.StringData(b) {
+		return true
+	}
+	return a[len(a)-1] == b[len(b)-1] && a == b
 }
 
 // String renders d as "k=v,k=v" for logs.
