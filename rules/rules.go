@@ -230,9 +230,9 @@ func (m *matcher) holds(d Descriptor) bool {
 	case m.kind == matchAny:
 		return true
 	case m.kind == matchPrefix:
-		return len(v) >= len(m.lit) && v[:len(m.lit)] == m.lit
+		return len(v) >= len(m.lit) && sameKey(v[:len(m.lit)], m.lit)
 	default:
-		return v == m.lit
+		return sameKey(v, m.lit)
 	}
 }
 
@@ -384,19 +384,11 @@ func (r *Rule) MaxCost() bucket.Tokens {
 // else identity. ok is false when the request has no identity: identity is
 // empty, or a subject key is missing or empty.
 func (r *Rule) SubjectOf(d Descriptor, identity string) (subject string, ok bool) {
-	// Small enough to be inlined for a rule limiting the identity, the
-	// common case, which then costs no call.
-	if !r.Shared && len(r.SubjectKeys) == 0 {
-		return identity, identity != ""
-	}
-	return r.subjectOf(d)
-}
-
-// subjectOf is SubjectOf on a shared rule or one whose subject is
-// descriptor values.
-func (r *Rule) subjectOf(d Descriptor) (subject string, ok bool) {
 	if r.Shared {
 		return SharedSubject, true
+	}
+	if len(r.SubjectKeys) == 0 {
+		return identity, identity != ""
 	}
 	var b strings.Builder
 	for i, k := range r.SubjectKeys {
@@ -654,7 +646,8 @@ func (d Descriptor) Get(k string) (string, bool) {
 
 // sameKey is a == b, deciding the common cases without the call that
 // compares bytes: a key at b's address (a well-known key, see wellKnown),
-// and keys of one length that end differently ("path" and "plan").
+// strings of one length that end differently ("path" and "plan"), and
+// strings of one byte (the prefix "/").
 func sameKey(a, b string) bool {
 	if len(a) != len(b) {
 		return false
@@ -662,7 +655,7 @@ func sameKey(a, b string) bool {
 	if len(a) == 0 || unsafe.StringData(a) == unsafe.StringData(b) {
 		return true
 	}
-	return a[len(a)-1] == b[len(b)-1] && a == b
+	return a[len(a)-1] == b[len(b)-1] && (len(a) == 1 || a == b)
 }
 
 // String renders d as "k=v,k=v" for logs.
