@@ -42,7 +42,7 @@ rules:
 // embeddedAgent starts a region's agent in this process over an
 // in-process store (floors alone: a limit nobody reaches) and returns a
 // limiter deciding through it.
-func embeddedAgent(b *testing.B, set *rules.Set) limiter.Limiter {
+func embeddedAgent(b *testing.B, set *rules.Set) *limiter.StoreLimiter {
 	b.Helper()
 	floors := lease.Split{Regions: []string{"eu"}, Reserve: lease.DefaultReserve}
 	cfg := agent.DefaultConfig()
@@ -104,8 +104,10 @@ func (w *writer) WriteHeader(code int)        { w.code = code }
 // serves it) and the allow API (grpclimit.Remote, as cmd/gateway -agent
 // asks it). The agents are the same: floors alone, an in-process store,
 // 1,024 tenants, a limit nobody reaches. decide is the embedded decision
-// alone (limiter.Allow), without HTTP, on one tenant and on 1,024, beside
-// golang.org/x/time/rate.
+// alone, without HTTP, on one tenant and on 1,024, beside
+// golang.org/x/time/rate: decide/embedded as a gateway holding the
+// limiter makes it (StoreLimiter.AllowInto, as the middleware does),
+// decide/embedded-by-value through the Limiter interface (Allow).
 func BenchmarkEmbedded(b *testing.B) {
 	set, err := rules.Parse([]byte(embeddedRules), "bench.yaml")
 	if err != nil {
@@ -159,6 +161,20 @@ func BenchmarkEmbedded(b *testing.B) {
 	for _, keys := range []int{1, 1024} {
 		b.Run("decide/embedded/keys="+strconv.Itoa(keys), func(b *testing.B) {
 			lim := embeddedAgent(b, set)
+			ctx := context.Background()
+			var d limiter.Decision
+			b.ReportAllocs()
+			defer benchcpu.Start(b)()
+			for i := 0; b.Loop(); i++ {
+				if err := lim.AllowInto(ctx, &lreqs[i%keys], &d); err != nil || !d.Allowed {
+					b.Fatal(d, err)
+				}
+			}
+		})
+	}
+	for _, keys := range []int{1, 1024} {
+		b.Run("decide/embedded-by-value/keys="+strconv.Itoa(keys), func(b *testing.B) {
+			var lim limiter.Limiter = embeddedAgent(b, set)
 			ctx := context.Background()
 			b.ReportAllocs()
 			defer benchcpu.Start(b)()

@@ -218,13 +218,18 @@ func Middleware(cfg Config) (func(http.Handler) http.Handler, error) {
 		return nil, err
 	}
 	m := &middleware{cfg: cfg, headerKeys: slices.Sorted(maps.Keys(cfg.Headers))}
+	m.store, _ = cfg.Limiter.(*limiter.StoreLimiter)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
 	}, nil
 }
 
 type middleware struct {
-	cfg        Config
+	cfg Config
+	// store is cfg.Limiter when it is a *limiter.StoreLimiter, which
+	// decides in place (AllowInto) without copying the request and the
+	// decision in and out; nil otherwise.
+	store      *limiter.StoreLimiter
 	headerKeys []string     // cfg.Headers' keys, sorted
 	policies   sync.Map     // policyKey → rendered RateLimit-Policy value
 	cached     atomic.Int64 // entries in policies, bounded by maxCachedPolicies
@@ -241,7 +246,7 @@ type policyKey struct {
 
 // policy renders the RateLimit-Policy value of d, once per policy, limit
 // and quota.
-func (m *middleware) policy(d limiter.Decision) string {
+func (m *middleware) policy(d *limiter.Decision) string {
 	k := policyKey{d.Policy, d.Limit, d.Quota}
 	if v, ok := m.policies.Load(k); ok {
 		return v.(string)
@@ -282,7 +287,13 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.tooLarge(w, err)
 		return
 	}
-	d, err := m.cfg.Limiter.Allow(r.Context(), req)
+	var d limiter.Decision
+	var err error
+	if m.store != nil {
+		err = m.store.AllowInto(r.Context(), &req, &d)
+	} else {
+		d, err = m.cfg.Limiter.Allow(r.Context(), req)
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client is gone
@@ -293,12 +304,12 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	if d.Allowed {
 		if !d.Shadow && d.Fallback == "" && d.Limited() {
-			setQuotaHeaders(w.Header(), d, m.policy(d))
+			setQuotaHeaders(w.Header(), &d, m.policy(&d))
 		}
 		next.ServeHTTP(w, r)
 		return
 	}
-	m.deny(w, d)
+	m.deny(w, &d)
 }
 
 func (m *middleware) descriptor(r *http.Request, id Identity) rules.Descriptor {
@@ -344,7 +355,7 @@ type body struct {
 	RetryAfter int64  `json:"retry_after"`
 }
 
-func (m *middleware) deny(w http.ResponseWriter, d limiter.Decision) {
+func (m *middleware) deny(w http.ResponseWriter, d *limiter.Decision) {
 	h := w.Header()
 	switch d.Reason {
 	case limiter.ReasonOverLimit:
@@ -396,7 +407,7 @@ const (
 	hdrReset     = "X-Ratelimit-Reset"
 )
 
-func setQuotaHeaders(h http.Header, d limiter.Decision, policy string) {
+func setQuotaHeaders(h http.Header, d *limiter.Decision, policy string) {
 	// The RateLimit item and the limit are written into one buffer and
 	// made one string, which the remaining and reset values are cut from
 	// too: two allocations a response (that string and the values' slice)

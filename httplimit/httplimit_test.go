@@ -153,8 +153,21 @@ func quota(r, t string) map[string]string {
 	}
 }
 
+// byValue hides a *limiter.StoreLimiter behind the Limiter interface alone,
+// so that the middleware decides through Allow.
+type byValue struct{ limiter.Limiter }
+
+// TestStatusesAndHeaders runs through the middleware deciding in place
+// (StoreLimiter.AllowInto) and through Allow, with the same answers.
 func TestStatusesAndHeaders(t *testing.T) {
-	f := newFixture(t, gatewayRules, nil, nil)
+	t.Run("in-place", func(t *testing.T) { statusesAndHeaders(t, nil) })
+	t.Run("by-value", func(t *testing.T) {
+		statusesAndHeaders(t, func(c *httplimit.Config) { c.Limiter = byValue{c.Limiter} })
+	})
+}
+
+func statusesAndHeaders(t *testing.T, mod func(*httplimit.Config)) {
+	f := newFixture(t, gatewayRules, nil, mod)
 
 	h := quota("9", "6")
 	h["Retry-After"] = ""

@@ -119,7 +119,8 @@ func (b *Bounds) check(req *Request) error {
 	case len(req.Descriptor) > b.MaxEntries:
 		return &BoundError{Field: "descriptor", Size: len(req.Descriptor), Max: b.MaxEntries}
 	}
-	for i, e := range req.Descriptor {
+	for i := range req.Descriptor {
+		e := &req.Descriptor[i] // in place: ranging by value copies each entry
 		if len(e.Key) > b.MaxValue {
 			return &BoundError{Field: fmt.Sprintf("descriptor[%d].key", i), Size: len(e.Key), Max: b.MaxValue}
 		}

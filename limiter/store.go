@@ -171,23 +171,40 @@ func (l *StoreLimiter) Stats() Stats {
 
 // Allow implements Limiter.
 func (l *StoreLimiter) Allow(ctx context.Context, req Request) (d Decision, err error) {
+	err = l.AllowInto(ctx, &req, &d)
+	return d, err
+}
+
+// AllowInto is Allow reading the request in place and writing the
+// decision into *d, which it overwrites whole: the same decision, error,
+// events, counters and hooks as Allow(ctx, *req). It neither modifies nor
+// keeps req or d.
+//
+// A Request is some 100 bytes and a Decision some 300: a caller in the
+// same process as an embedded agent, whose decision takes little more than
+// a hundred nanoseconds, spends a fair part of it copying them into and
+// out of Allow. The saving is for a caller holding the *StoreLimiter
+// itself: a call through an interface moves its pointer arguments to the
+// heap, which costs more than the copies.
+func (l *StoreLimiter) AllowInto(ctx context.Context, req *Request, d *Decision) error {
 	// The clock is read only for a decision hook: on some machines a read
 	// costs as much as an in-process decision.
 	var start time.Time
 	if l.cfg.OnDecision != nil {
 		start = l.cfg.Clock.Now()
 	}
-	if err := l.allow(ctx, &req, &d); err != nil {
-		return d, err
+	*d = Decision{}
+	if err := l.allow(ctx, req, d); err != nil {
+		return err
 	}
 	l.stats.decisions.Add(1)
 	if !d.Allowed {
 		l.stats.denied.Add(1)
 	}
 	if l.cfg.OnDecision != nil {
-		l.cfg.OnDecision(d, l.cfg.Clock.Now().Sub(start))
+		l.cfg.OnDecision(*d, l.cfg.Clock.Now().Sub(start))
 	}
-	return d, nil
+	return nil
 }
 
 // allow decides req into d, which the caller passes zero: the decision is

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,38 +70,85 @@ func parse(t testing.TB, src string) *rules.Set {
 	return s
 }
 
+// env is a limiter on an in-process store, and its twin: the same rules
+// and clock on a store of its own. allow decides each request with
+// AllowInto on the one and Allow on the other, so that every test of the
+// limiter checks that both give the same decisions, events and counts.
 type env struct {
 	clk    *clock.Manual
 	store  *storetest.Counting
 	lim    *limiter.StoreLimiter
+	twin   *limiter.StoreLimiter
 	mu     sync.Mutex
 	events []limiter.Event
+	twinEv []limiter.Event
 }
 
 func newEnv(t testing.TB, src string, mod func(*limiter.Config)) *env {
 	t.Helper()
 	e := &env{clk: clock.NewManual(t0)}
 	e.store = &storetest.Counting{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: e.clk})}
-	cfg := limiter.Config{
-		Rules: parse(t, src), Store: e.store, Clock: e.clk, Logger: quiet,
-		OnEvent: func(ev limiter.Event) { e.mu.Lock(); e.events = append(e.events, ev); e.mu.Unlock() },
-	}
+	cfg := limiter.Config{Rules: parse(t, src), Store: e.store, Clock: e.clk, Logger: quiet}
 	if mod != nil {
 		mod(&cfg)
+	}
+	hook := cfg.OnEvent
+	cfg.OnEvent = func(ev limiter.Event) {
+		e.mu.Lock()
+		e.events = append(e.events, ev)
+		e.mu.Unlock()
+		if hook != nil {
+			hook(ev)
+		}
 	}
 	lim, err := limiter.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.lim = lim
+	// The twin logs and counts nowhere else, so that a test counting log
+	// lines or metrics counts the limiter's alone.
+	cfg.Store, cfg.Logger, cfg.OnDecision = bucket.NewMemory(bucket.MemoryOptions{Clock: e.clk}), quiet, nil
+	cfg.OnEvent = func(ev limiter.Event) { e.mu.Lock(); e.twinEv = append(e.twinEv, ev); e.mu.Unlock() }
+	if e.twin, err = limiter.New(cfg); err != nil {
+		t.Fatal(err)
+	}
 	return e
 }
 
+// allow decides req with AllowInto, into a decision left over from
+// another request, and with Allow on the twin, and fails unless both
+// decide alike and AllowInto leaves req as it was.
 func (e *env) allow(t testing.TB, req limiter.Request) limiter.Decision {
 	t.Helper()
-	d, err := e.lim.Allow(context.Background(), req)
+	ctx := context.Background()
+	before := req
+	before.Descriptor = slices.Clone(req.Descriptor)
+	d := limiter.Decision{Allowed: true, Reason: limiter.ReasonUnavailable, Remaining: 7, RetryAfter: time.Hour,
+		Limit: bucket.PerHour(1), Quota: bucket.PerHour(1), Policy: "stale", Rule: "stale", Plan: "stale",
+		Key: bucket.Key{Rule: "stale", Subject: "stale"}, Cost: 9, Shadow: true, Fallback: rules.FailOpen, Status: 599, RulesVersion: "stale"}
+	err := e.lim.AllowInto(ctx, &req, &d)
+	if err != nil {
+		t.Fatalf("AllowInto(%+v): %v", req, err)
+	}
+	want, err := e.twin.Allow(ctx, req)
 	if err != nil {
 		t.Fatalf("Allow(%+v): %v", req, err)
+	}
+	if d != want {
+		t.Fatalf("AllowInto(%+v) = %+v, Allow = %+v", req, d, want)
+	}
+	if !reflect.DeepEqual(req, before) {
+		t.Fatalf("AllowInto changed the request %+v to %+v", before, req)
+	}
+	if a, b := e.lim.Stats(), e.twin.Stats(); a != b {
+		t.Fatalf("after %+v: AllowInto's limiter counts %+v, Allow's %+v", req, a, b)
+	}
+	e.mu.Lock()
+	same := slices.EqualFunc(e.events, e.twinEv, func(a, b limiter.Event) bool { return a == b })
+	e.mu.Unlock()
+	if !same {
+		t.Fatalf("after %+v: AllowInto's limiter sent other events than Allow's", req)
 	}
 	return d
 }
@@ -287,6 +336,30 @@ func TestNoRuleAndErrors(t *testing.T) {
 	}
 	if _, err := limiter.New(limiter.Config{Rules: parse(t, testRules)}); err == nil || !strings.Contains(err.Error(), "Config.Store") {
 		t.Errorf("New without store: %v", err)
+	}
+}
+
+// TestAllowIntoFailsAsAllow: a request that cannot be decided gets from
+// AllowInto the error Allow gives, and the same partial decision.
+func TestAllowIntoFailsAsAllow(t *testing.T) {
+	e := newEnv(t, testRules, nil)
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, c := range []struct {
+		ctx context.Context
+		req limiter.Request
+	}{
+		{context.Background(), limiter.Request{Subject: "a", Rule: "nope"}},
+		{context.Background(), limiter.Request{Subject: "a", Rule: "api", Cost: -1}},
+		{context.Background(), limiter.Request{Subject: strings.Repeat("s", 257), Rule: "api"}},
+		{canceled, limiter.Request{Subject: "a", Rule: "api"}},
+	} {
+		want, werr := e.twin.Allow(c.ctx, c.req)
+		d := limiter.Decision{Allowed: true, Rule: "stale", RulesVersion: "stale"}
+		err := e.lim.AllowInto(c.ctx, &c.req, &d)
+		if err == nil || werr == nil || err.Error() != werr.Error() || d != want {
+			t.Errorf("%+v: AllowInto %+v, %v; Allow %+v, %v", c.req, d, err, want, werr)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package region
 
 import (
 	"slices"
+	"unsafe"
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/lease"
@@ -91,18 +92,20 @@ func (n *Namer) Budget(key bucket.Key, global bucket.Limit) bucket.Key {
 // rename is Budget on key in place, which the decision path uses to copy
 // neither the key nor the limit.
 func (n *Namer) rename(key *bucket.Key, global *bucket.Limit) {
-	if n == nil || len(n.byRule) == 0 {
+	if n == nil {
 		return
 	}
 	var nls []namedLimit
 	if n.few != nil {
 		for i := range n.few {
-			if n.few[i].rule == key.Rule {
+			// The rules set's own string, at the same address: found
+			// without the call that compares bytes.
+			if r := n.few[i].rule; len(r) == len(key.Rule) && (unsafe.StringData(r) == unsafe.StringData(key.Rule) || r == key.Rule) {
 				nls = n.few[i].limits
 				break
 			}
 		}
-	} else {
+	} else if len(n.byRule) > 0 {
 		nls = n.byRule[key.Rule]
 	}
 	for i := range nls {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/allot-dev/allot/bucket"
 )
@@ -76,5 +77,33 @@ func TestResolveAsTheMap(t *testing.T) {
 		if got, want := *s.Resolve(fixed, "p0"), (Resolution{Limit: bucket.PerMinute(7)}); got != want {
 			t.Errorf("%d plans: Resolve(fixed) = %+v, want %+v", n, got, want)
 		}
+	}
+}
+
+// TestGetComparesAsStrings: Get finds a key as == would, whether it is the
+// well-known constant, a copy of it, or another key of the same length
+// that differs at its start, its middle or its end.
+func TestGetComparesAsStrings(t *testing.T) {
+	copyOf := func(s string) string { return string([]byte(s)) }
+	d := Descriptor{{Key: "path", Value: "/a"}, {Key: "", Value: "empty"}, {Key: "pbth", Value: "b"}, {Key: copyOf(KeyPlan), Value: "pro"}}
+	for _, c := range []struct {
+		key, want string
+		ok        bool
+	}{
+		{KeyPath, "/a", true}, {copyOf(KeyPath), "/a", true}, {"", "empty", true}, {KeyPlan, "pro", true},
+		{"pbth", "b", true}, {"qath", "", false}, {"patg", "", false}, {"pat", "", false}, {KeyMethod, "", false},
+	} {
+		if v, ok := d.Get(c.key); v != c.want || ok != c.ok {
+			t.Errorf("Get(%q) = %q, %v; want %q, %v", c.key, v, ok, c.want, c.ok)
+		}
+	}
+	// A key from a file is the constant itself once compiled.
+	set, err := Parse([]byte("plan_key: "+copyOf(KeyPlan)+"\nrules:\n  - name: r\n    match: {path: \"/*\"}\n    limit: \"1 per second\"\n"), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := set.rules[0]
+	if unsafe.StringData(r.matchers[0].key) != unsafe.StringData(KeyPath) || unsafe.StringData(set.PlanKey()) != unsafe.StringData(KeyPlan) {
+		t.Error("a well-known key parsed from a file is not the package's constant")
 	}
 }

@@ -336,7 +336,7 @@ func (p *parser) top(n *yaml.Node, s *Set) {
 				if v == "" {
 					p.add(vn.Line, key, "must not be empty")
 				} else {
-					s.planKey = v
+					s.planKey = wellKnown(v)
 				}
 			}
 		case "no_identity":
@@ -578,7 +578,7 @@ func (p *parser) subject(n *yaml.Node, field string, r *Rule) {
 				p.add(kn.Line, fmt.Sprintf("%s[%d]", field, i), "empty descriptor key")
 				continue
 			}
-			r.SubjectKeys = append(r.SubjectKeys, k)
+			r.SubjectKeys = append(r.SubjectKeys, wellKnown(k))
 		}
 	}
 }

@@ -46,6 +46,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unsafe"
 
 	"github.com/allot-dev/allot/bucket"
 )
@@ -58,6 +59,25 @@ const (
 	KeyPlan    = "plan"
 	KeySubject = "subject"
 )
+
+// wellKnown returns k as this package's constant when it is one of the
+// well-known keys: a key parsed from a file is a string of its own, and a
+// transport names the entries it fills in by the constants, so that
+// comparing the two finds the same bytes at the same address and reads
+// none of them.
+func wellKnown(k string) string {
+	switch k {
+	case KeyPath:
+		return KeyPath
+	case KeyMethod:
+		return KeyMethod
+	case KeyPlan:
+		return KeyPlan
+	case KeySubject:
+		return KeySubject
+	}
+	return k
+}
 
 // Subject values the limiter uses when a rule's budget is not per identity.
 const (
@@ -190,13 +210,14 @@ const (
 
 // compile returns c's matcher.
 func (c Condition) compile() matcher {
+	key := wellKnown(c.Key)
 	switch {
 	case c.Pattern == "" || c.Pattern == "*":
-		return matcher{key: c.Key, kind: matchAny}
+		return matcher{key: key, kind: matchAny}
 	case strings.HasSuffix(c.Pattern, "*"):
-		return matcher{key: c.Key, kind: matchPrefix, lit: c.Pattern[:len(c.Pattern)-1]}
+		return matcher{key: key, kind: matchPrefix, lit: c.Pattern[:len(c.Pattern)-1]}
 	default:
-		return matcher{key: c.Key, kind: matchExact, lit: c.Pattern}
+		return matcher{key: key, kind: matchExact, lit: c.Pattern}
 	}
 }
 
@@ -209,9 +230,9 @@ func (m *matcher) holds(d Descriptor) bool {
 	case m.kind == matchAny:
 		return true
 	case m.kind == matchPrefix:
-		return len(v) >= len(m.lit) && v[:len(m.lit)] == m.lit
+		return len(v) >= len(m.lit) && sameKey(v[:len(m.lit)], m.lit)
 	default:
-		return v == m.lit
+		return sameKey(v, m.lit)
 	}
 }
 
@@ -325,9 +346,16 @@ func (r *Rule) Matches(d Descriptor) bool {
 // CostOf returns the cost of a request described by d: the first cost table
 // entry whose method and path match, else the rule's default cost.
 func (r *Rule) CostOf(d Descriptor) bucket.Tokens {
+	// Small enough to be inlined for a rule without a cost table, the
+	// common case, which then costs no call.
 	if len(r.Costs) == 0 {
 		return r.DefaultCost
 	}
+	return r.costOf(d)
+}
+
+// costOf is CostOf on a rule with a cost table.
+func (r *Rule) costOf(d Descriptor) bucket.Tokens {
 	method, _ := d.Get(KeyMethod)
 	path, _ := d.Get(KeyPath)
 	for _, c := range r.Costs {
@@ -605,12 +633,29 @@ type Entry struct {
 
 // Get returns the value of the first entry with key k.
 func (d Descriptor) Get(k string) (string, bool) {
-	for _, e := range d {
-		if e.Key == k {
+	// By index: ranging over the entries by value copies each one. A key
+	// at k's address (a well-known key, see wellKnown) is found without
+	// the call that compares bytes.
+	for i := range d {
+		if e := &d[i]; sameKey(e.Key, k) {
 			return e.Value, true
 		}
 	}
 	return "", false
+}
+
+// sameKey is a == b, deciding the common cases without the call that
+// compares bytes: a key at b's address (a well-known key, see wellKnown),
+// strings of one length that end differently ("path" and "plan"), and
+// strings of one byte (the prefix "/").
+func sameKey(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || unsafe.StringData(a) == unsafe.StringData(b) {
+		return true
+	}
+	return a[len(a)-1] == b[len(b)-1] && (len(a) == 1 || a == b)
 }
 
 // String renders d as "k=v,k=v" for logs.
