@@ -652,6 +652,7 @@ func sameKey(a, b string) bool {
 	if len(a) != len(b) {
 		return false
 	}
+	// #nosec G103 -- the two addresses are compared, never dereferenced.
 	if len(a) == 0 || unsafe.StringData(a) == unsafe.StringData(b) {
 		return true
 	}
