@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/bucket/redisstore"
@@ -43,6 +44,8 @@ type testRegion struct {
 	gossip []*Gossip
 	cancel []context.CancelFunc
 	done   []chan struct{}
+	// clients are the agents' Redis clients, in the agents' order.
+	clients []redis.UniversalClient
 }
 
 // startRegion starts n agents of region name on clk, on a fresh
@@ -63,6 +66,7 @@ func startRegion(t *testing.T, clk clock.Clock, name string, n int, spec lease.S
 		}
 		c := redisstore.NewUniversalClient([]string{tr.redis.Addr}, "", "")
 		t.Cleanup(func() { c.Close() })
+		tr.clients = append(tr.clients, c)
 		// The buckets' arithmetic runs at the test's clock too.
 		rs, err := redisstore.New(c, redisstore.Options{Timeout: 50 * time.Millisecond, Now: clk.Now})
 		if err != nil {
@@ -78,7 +82,11 @@ func startRegion(t *testing.T, clk clock.Clock, name string, n int, spec lease.S
 		cfg.Speaker.Budgets = budgets
 		cfg.Tick = tick
 		cfg.FailoverPoll = 100 * time.Millisecond
-		a, err := New(cfg, Deps{Store: rs, Redis: c, Shared: NewRedisShared(c, "allot:", name, 100*time.Millisecond, time.Minute),
+		// The shared state's calls get seconds: they are off the decision
+		// path, and a deadline of a few round trips fails them on a loaded
+		// machine while Redis is up, which the tests would take for an
+		// outage. A Redis that is down refuses at once all the same.
+		a, err := New(cfg, Deps{Store: rs, Redis: c, Shared: NewRedisShared(c, "allot:", name, 5*time.Second, time.Minute),
 			Membership: g, Transport: coord.Transport(name), Clock: clk, Logger: logger, Seed: uint64(i + 1)})
 		if err != nil {
 			t.Fatal(err)
@@ -90,6 +98,31 @@ func startRegion(t *testing.T, clk clock.Clock, name string, n int, spec lease.S
 		t.Cleanup(func() { cancel(); <-done; g.Shutdown() })
 	}
 	return tr
+}
+
+// reconnected waits, on the real clock, until every agent's Redis client
+// reaches the region's Redis again after a restart. A client whose dials
+// kept failing during the outage stops dialing and probes the server in
+// the background once a second of real time, whatever the agents' clock
+// says; steps of the manual clock alone can run through a whole step
+// budget before the probe has seen the server back.
+func (tr *testRegion) reconnected(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for i, c := range tr.clients {
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			err := c.Ping(ctx).Err()
+			cancel()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("agent %d's Redis client does not reach the restarted %s: %v", i, tr.redis.Addr, err)
+			}
+			time.Sleep(20 * time.Millisecond) // waiting for the client's background probe, not for time to pass
+		}
+	}
 }
 
 // crash stops agent i without a goodbye: gossip stops answering, batches
@@ -347,6 +380,7 @@ func TestRedisOutagePolicies(t *testing.T) {
 			// Redis comes back (empty, a new run id): the breaker closes
 			// after a probe and the restart is detected.
 			tr.redis.Restart(t)
+			tr.reconnected(t)
 			st.until(200, "decisions go to Redis again", func() bool {
 				r, err := a.Core().Decide(ctx, clk.Now(), k, global, 1, "")
 				return err == nil && r.Path == region.PathStore
@@ -431,6 +465,7 @@ func TestLastErrorEndsWithTheOutage(t *testing.T) {
 		t.Fatalf("during the outage: last error %v at %s (killed at %s, now %s)", s.LastError, s.LastErrorAt, killed, clk.Now())
 	}
 	tr.redis.Restart(t)
+	tr.reconnected(t)
 	st.until(200, "the outage is over", func() bool { return !a.Status().LastErrorCurrent })
 	if s2 := a.Status(); s2.LastError == nil || s2.LastErrorAt.Before(s.LastErrorAt) {
 		t.Fatalf("after the outage the last error is forgotten or moved back: %v at %s", s2.LastError, s2.LastErrorAt)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -70,11 +71,20 @@ const (
 // hold opens a connection to addr that misbehaves as k and leaves it open.
 func hold(t *testing.T, addr string, k kind) net.Conn {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
+	c, err := dialHold(addr, k)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// dialHold is hold for any goroutine: it returns the error instead.
+func dialHold(addr string, k kind) (net.Conn, error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
 	switch k {
 	case slowHeader:
 		_, err = io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: x\r\nX-Slow: ")
@@ -90,9 +100,10 @@ func hold(t *testing.T, addr string, k kind) net.Conn {
 		}
 	}
 	if err != nil {
-		t.Fatal(err)
+		c.Close()
+		return nil, err
 	}
-	return c
+	return c, nil
 }
 
 // ask makes one ordinary request on a new connection and returns how long
@@ -111,6 +122,24 @@ func ask(t *testing.T, addr string, bound time.Duration) time.Duration {
 		t.Fatalf("an ordinary client got %d %q", resp.StatusCode, b)
 	}
 	return time.Since(start)
+}
+
+// waitStats polls srv's counts until cond holds, failing when it does not
+// by deadline. The server counts a connection on its own goroutines
+// (accepting it, or marking it idle after the response is written), so a
+// client that has seen the response can be ahead of the count.
+func waitStats(t *testing.T, srv *httpserver.Server, deadline time.Time, what string, cond func(httpserver.Stats) bool) httpserver.Stats {
+	t.Helper()
+	for {
+		st := srv.Stats()
+		if cond(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not by the deadline; stats %+v", what, st)
+		}
+		time.Sleep(time.Millisecond) // polling the server's goroutines
+	}
 }
 
 // closedBy reads c until the server closes it, failing when it is still
@@ -136,30 +165,52 @@ func TestFiveThousandSlowAndIdle(t *testing.T) {
 	}
 	raiseNoFile(t, 12_000)
 	cfg := httpserver.DefaultConfig()
-	const timeout = 10 * time.Second // long enough to open 5,000 on a loaded machine
+	// Every connection must still be held when the last is opened and the
+	// ordinary client asks, so the timeout must outlast the opening. One
+	// at a time, 5,000 took 30–50 s on a loaded 2-core machine; opened by
+	// 50 clients at once, most of the waiting on round trips overlaps.
+	const timeout = 30 * time.Second
 	cfg.ReadHeaderTimeout, cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout = timeout, timeout, timeout, timeout
 	srv, addr := start(t, cfg)
 
-	const n = 5000
-	conns := make([]net.Conn, 0, n)
+	const n, clients = 5000, 50
+	conns := make([]net.Conn, n)
 	first := time.Now()
-	for i := range n {
-		conns = append(conns, hold(t, addr, kind(i%3)))
+	var wg sync.WaitGroup
+	for w := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += clients {
+				c, err := dialHold(addr, kind(i%3))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				t.Cleanup(func() { c.Close() })
+				conns[i] = c
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
 	}
 	opened := time.Since(first)
-	took := ask(t, addr, 5*time.Second)
-	held := srv.Stats()
+	took := ask(t, addr, 10*time.Second)
+	// The client was answered, so the server has accepted every
+	// connection before it (the kernel hands them over in order); it may
+	// not yet have marked the last idle ones idle.
+	held := waitStats(t, srv, first.Add(timeout), fmt.Sprintf("the server holds %d connections, %d idle", n, n/3),
+		func(st httpserver.Stats) bool { return st.Open >= n && st.Idle >= n/3 })
 	if since := time.Since(first); since >= timeout {
 		t.Fatalf("opening %d connections took %s, past the %s timeout: nothing was held when the client asked", n, since, timeout)
 	}
-	if held.Open < n || held.Idle < n/3 {
-		t.Fatalf("server holds %d connections (%d idle) while the client is answered; want %d (%d idle)", held.Open, held.Idle, n, n/3)
-	}
-	t.Logf("%d connections opened in %s; an ordinary request answered in %s while they were held", n, opened.Round(time.Millisecond), took.Round(time.Microsecond))
+	t.Logf("%d connections opened in %s; an ordinary request answered in %s while they were held (%+v)", n, opened.Round(time.Millisecond), took.Round(time.Microsecond), held)
 
 	// The server closes every one after its timeout; nothing here sleeps:
 	// each read returns when the server closes the connection.
-	deadline := first.Add(timeout + 20*time.Second)
+	deadline := time.Now().Add(timeout + 30*time.Second)
 	for _, c := range conns {
 		closedBy(t, c, deadline)
 	}
@@ -176,8 +227,14 @@ func TestCapClosesIdleFirst(t *testing.T) {
 	cfg.MaxConns = 200
 	srv, addr := start(t, cfg)
 	var conns []net.Conn
-	for range 200 {
+	for i := range 200 {
 		conns = append(conns, hold(t, addr, idle))
+		// The server marks a connection idle after writing its response,
+		// so the client can read the response and open the next before
+		// it is; the next could then be the one idle the longest. Each is
+		// idle before the next opens, so conns[0] is the oldest idle.
+		waitStats(t, srv, time.Now().Add(10*time.Second), fmt.Sprintf("connection %d idle", i),
+			func(st httpserver.Stats) bool { return st.Idle == int64(i+1) })
 	}
 	ask(t, addr, 5*time.Second) // the default timeouts are far away: only an eviction lets it in
 	st := srv.Stats()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"os"
@@ -51,6 +52,10 @@ const (
 	e2eRate  = 600.0
 	e2eBurst = 600.0
 	e2eSlot  = 10 * time.Millisecond
+	// e2eCallers is how many decisions an agent's traffic has in flight
+	// at most: enough to offer the busy rate with round trips of tens of
+	// milliseconds, few enough not to starve the rest of the test.
+	e2eCallers = 8
 )
 
 func buildBinaries(t *testing.T, dir string) (agentBin, coordBin string) {
@@ -136,7 +141,9 @@ type agentStatus struct {
 
 func (a *e2eAgent) status() (agentStatus, error) {
 	var st agentStatus
-	c := http.Client{Timeout: time.Second}
+	// Generous: a loaded machine can be slow to answer, and the callers
+	// below either poll again or fail on an error.
+	c := http.Client{Timeout: 10 * time.Second}
 	resp, err := c.Get("http://" + a.httpAddr + "/status")
 	if err != nil {
 		return st, err
@@ -168,10 +175,25 @@ func (a *e2eAgent) entry() (int64, bool) {
 }
 
 func (a *e2eAgent) decide(ctx context.Context, path string) (*allotv1.AllowResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	// A call that fails is an error of the test (during the outage) or
+	// not counted (in the traffic); neither should come of a loaded
+	// machine's slowness.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	return a.allow.Allow(ctx, &allotv1.AllowRequest{Subject: "tenant-1",
 		Descriptor_: []*allotv1.Entry{{Key: "path", Value: path}}})
+}
+
+// metricsOf returns the /metrics page served at addr.
+func metricsOf(addr string) (string, error) {
+	c := http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
 }
 
 func waitE2E(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
@@ -203,9 +225,9 @@ func TestEndToEndRealProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	coordAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	coordHTTP := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	coord := startProc(t, dir, "coordinator", coordBin, "serve", "-budgets", docPath, "-listen", coordAddr,
-		"-http", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), "-insecure")
-	coordStart := time.Now()
+		"-http", coordHTTP, "-insecure")
 
 	agents := map[string][]*e2eAgent{}
 	redises := map[string]*testenv.RedisServer{}
@@ -245,7 +267,7 @@ func TestEndToEndRealProcesses(t *testing.T) {
 			}
 		}
 	})
-	waitE2E(t, 30*time.Second, "every region has two members, one speaker and a live lease", func() bool {
+	waitE2E(t, 60*time.Second, "every region has two members, one speaker and a live lease", func() bool {
 		for _, r := range regions {
 			speakers := 0
 			for _, a := range agents[r] {
@@ -263,10 +285,13 @@ func TestEndToEndRealProcesses(t *testing.T) {
 		}
 		return true
 	})
-	// The coordinator learns for one TTL before granting increases.
-	if d := 5200*time.Millisecond - time.Since(coordStart); d > 0 {
-		time.Sleep(d) // the coordinator's learning period is real time in another process
-	}
+	// The coordinator learns for one TTL before granting increases. It
+	// starts learning when it starts leading, which on a loaded machine
+	// can be well after the process was started: ask it.
+	waitE2E(t, 30*time.Second, "the coordinator leads and has done learning", func() bool {
+		m, err := metricsOf(coordHTTP)
+		return err == nil && strings.Contains(m, "\nallot_coordinator_leader 1\n") && strings.Contains(m, "\nallot_coordinator_learning 0\n")
+	})
 
 	// Traffic: the busy region offers 900/s, the others 60/s each.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -278,12 +303,40 @@ func TestEndToEndRealProcesses(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, r := range regions {
 		for _, a := range agents[r] {
+			// The offered rate is what is owed by the real time elapsed,
+			// and the decisions are made by several callers: one caller
+			// making them one after another offers at most one per round
+			// trip, and a round trip on a loaded machine is long enough
+			// (15 ms seen) that the busy region's demand never reached
+			// half the budget. What the callers cannot take is dropped,
+			// not owed: a backlog would go on offering a region's old
+			// rate after the traffic moved.
+			work := make(chan struct{}, 2*e2eCallers)
+			for range e2eCallers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-ctx.Done():
+							return
+						case <-work:
+						}
+						d, err := a.decide(ctx, "/api/orders")
+						if err == nil && d.GetAllowed() {
+							if s := int(time.Since(start) / e2eSlot); s < len(slots) {
+								slots[s].Add(1)
+							}
+						}
+					}
+				}()
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				tk := time.NewTicker(e2eSlot)
 				defer tk.Stop()
-				carry := 0.0
+				carry, last := 0.0, time.Now()
 				for {
 					select {
 					case <-ctx.Done():
@@ -294,13 +347,14 @@ func TestEndToEndRealProcesses(t *testing.T) {
 					if busy.Load().(string) == a.region {
 						rate = 450
 					}
-					carry += rate * e2eSlot.Seconds()
+					now := time.Now()
+					carry += rate * now.Sub(last).Seconds()
+					last = now
 					for ; carry >= 1; carry-- {
-						d, err := a.decide(ctx, "/api/orders")
-						if err == nil && d.GetAllowed() {
-							if s := int(time.Since(start) / e2eSlot); s < len(slots) {
-								slots[s].Add(1)
-							}
+						select {
+						case work <- struct{}{}:
+						default:
+							carry = 0
 						}
 					}
 				}
@@ -320,18 +374,24 @@ func TestEndToEndRealProcesses(t *testing.T) {
 			return true
 		}
 	}
-	took := waitE2E(t, 5*time.Second, "r1 holds more than half the budget (10 refresh intervals)", region("r1"))
+	// Within a few refresh intervals (500 ms) when the machine is idle;
+	// the bounds are for a loaded one.
+	took := waitE2E(t, 30*time.Second, "r1 holds more than half the budget", region("r1"))
 	t.Logf("r1 holds more than half the budget %s after its traffic started", took.Round(10*time.Millisecond))
 	time.Sleep(2 * time.Second) // steady state: let the window check see it
 	busy.Store("r2")
-	took = waitE2E(t, 6*time.Second, "r2 holds more than half the budget after the shift (12 refresh intervals)", region("r2"))
+	took = waitE2E(t, 30*time.Second, "r2 holds more than half the budget after the shift", region("r2"))
 	t.Logf("r2 holds more than half the budget %s after the shift", took.Round(10*time.Millisecond))
 
 	// Kill r2's speaking agent: the other takes over and the lease never
 	// lapses.
 	var spk, other *e2eAgent
 	for _, a := range agents["r2"] {
-		if st, _ := a.status(); st.Speaking {
+		st, err := a.status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Speaking {
 			spk = a
 		} else {
 			other = a
@@ -353,8 +413,10 @@ func TestEndToEndRealProcesses(t *testing.T) {
 		if st.Speaking && len(st.Members) == 1 {
 			break
 		}
-		if time.Since(killed) > 8*time.Second {
-			t.Fatal("no takeover within 8 s")
+		// The lease (TTL 5 s) bounds the takeover: the check above
+		// fails first if it is late. This only ends the loop.
+		if time.Since(killed) > 30*time.Second {
+			t.Fatal("no takeover within 30 s")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -392,7 +454,10 @@ func TestEndToEndRealProcesses(t *testing.T) {
 		t.Fatalf("policies during the outage (%s): admitted %v; want closed 0, open 200, api ≤ 66 + 66/s (and ≥ 30 at the floor; entry %d, %v)",
 			outage.Round(time.Millisecond), counts, lent, hasEntry)
 	}
-	if outage > 5*time.Second {
+	// Decisions that waited on Redis (200 ms each) would take two
+	// minutes; answered at once they take seconds, up to half a minute
+	// on a loaded machine with the traffic above still running.
+	if outage > 60*time.Second {
 		t.Fatalf("600 decisions took %s without Redis", outage)
 	}
 	t.Logf("without Redis: %v admitted of 200 each, in %s", counts, outage.Round(time.Millisecond))
@@ -402,7 +467,7 @@ func TestEndToEndRealProcesses(t *testing.T) {
 	coord.kill()
 	cut := time.Now()
 	a1 := agents["r1"][0]
-	lapse := waitE2E(t, 8*time.Second, "r1 falls back to floors", func() bool {
+	lapse := waitE2E(t, 30*time.Second, "r1 falls back to floors", func() bool {
 		st, err := a1.status()
 		return err == nil && !st.LeaseLive
 	})

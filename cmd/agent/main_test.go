@@ -291,8 +291,14 @@ func TestAgentOverTLS(t *testing.T) {
 	tlsPort := testenv.FreePort(t)
 	testenv.StartRedis(t, "--tls-port", fmt.Sprint(tlsPort), "--tls-cert-file", certFile, "--tls-key-file", keyFile,
 		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "yes")
+	// The first decision dials Redis and makes a TLS handshake within
+	// the call's deadline. The default deadline (100 ms, a hundred round
+	// trips) is for a store that answers in a millisecond; on a loaded
+	// machine the handshake alone can take longer, and the decision then
+	// falls to the rule's policy. What is tested is that the decision
+	// goes through Redis over TLS, not how fast: the deadline is seconds.
 	httpAddr := launchAgent(t, testRules, "-redis", fmt.Sprintf("127.0.0.1:%d", tlsPort), "-redis-tls",
-		"-tls-cert", certFile, "-tls-key", keyFile, "-tls-ca", caFile).httpAddr
+		"-redis-timeout", "10s", "-tls-cert", certFile, "-tls-key", keyFile, "-tls-ca", caFile).httpAddr
 	pool := x509.NewCertPool()
 	caPEM, _ := os.ReadFile(caFile)
 	pool.AppendCertsFromPEM(caPEM)
@@ -300,9 +306,11 @@ func TestAgentOverTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
+	// The client waits as long as the decision may take: a request given
+	// up on would be retried below and counted twice.
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
 	body := `{"subject": "dave", "descriptor": [{"key": "path", "value": "/orders"}]}`
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := hc.Post("https://"+httpAddr+"/v1/allow", "application/json", strings.NewReader(body))
 		if err == nil {

@@ -85,6 +85,7 @@ type options struct {
 	check              bool
 	agentAddr          string
 	agentCA            string
+	agentTimeout       time.Duration
 	bounds             limiter.Bounds
 	rlsUnknownDomain   string
 	rlsMaxDescriptors  int
@@ -111,6 +112,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.agentAddr, "agent", "", "ask this allow API (an agent's or another gateway's gRPC address) instead of deciding here")
 	fs.StringVar(&o.agentCA, "agent-ca", "", "CA (PEM) the agent's certificate must chain to: speak TLS to -agent (default plaintext)")
+	fs.DurationVar(&o.agentTimeout, "agent-timeout", 100*time.Millisecond, "deadline of a call to -agent, connecting included; past it the request is answered 503 (the limiter is unavailable)")
 	fs.BoolVar(&o.check, "check", false, "validate the rules, print their budgets and exit (status 1 with every problem listed if invalid)")
 	o.bounds = limiter.DefaultBounds()
 	o.bounds.RegisterFlags(fs)
@@ -280,8 +282,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 			return fmt.Errorf("-agent=%q: %w", o.agentAddr, err)
 		}
 		defer conn.Close()
-		if lim, err = grpclimit.NewRemote(conn, 100*time.Millisecond); err != nil {
-			return err
+		if lim, err = grpclimit.NewRemote(conn, o.agentTimeout); err != nil {
+			return fmt.Errorf("-agent-timeout: %w", err)
 		}
 		storeName = "agent " + o.agentAddr
 	}

@@ -377,15 +377,21 @@ func TestAgentOverTLS(t *testing.T) {
 	t.Cleanup(gs.Stop)
 
 	free := []string{"X-Tenant", "acme", "X-Plan", "free"}
-	tlsGW := start(t, "-agent", l.Addr().String(), "-agent-ca", caFile, "-grpc", "")
+	// The first call connects and makes a TLS handshake within the call's
+	// deadline; the default 100 ms is a loaded machine's handshake under
+	// -race, and the request is then 503. What is tested is that TLS to
+	// the agent works, not how fast: the deadline is seconds.
+	tlsGW := start(t, "-agent", l.Addr().String(), "-agent-ca", caFile, "-agent-timeout", "10s", "-grpc", "")
 	check(t, "TLS to the agent", get(t, tlsGW, "/items", free...), 200, map[string]string{"RateLimit": `"free";r=9;t=6`}, "")
-	plain := start(t, "-agent", l.Addr().String(), "-grpc", "")
+	// The refusals get the same deadline, so their 503 is the handshake
+	// failing, not the deadline passing.
+	plain := start(t, "-agent", l.Addr().String(), "-agent-timeout", "10s", "-grpc", "")
 	check(t, "plaintext to a TLS agent", get(t, plain, "/items", free...), 503, nil, "")
 	otherCA, _, _ := testenv.NewCA(t).WriteFiles(t, t.TempDir(), "eu")
-	other := start(t, "-agent", l.Addr().String(), "-agent-ca", otherCA, "-grpc", "")
+	other := start(t, "-agent", l.Addr().String(), "-agent-ca", otherCA, "-agent-timeout", "10s", "-grpc", "")
 	check(t, "TLS with another CA", get(t, other, "/items", free...), 503, nil, "")
 
-	for _, args := range [][]string{{"-agent-ca", caFile}, {"-agent", "127.0.0.1:1", "-agent-ca", filepath.Join(t.TempDir(), "absent.pem")}} {
+	for _, args := range [][]string{{"-agent-ca", caFile}, {"-agent", "127.0.0.1:1", "-agent-ca", filepath.Join(t.TempDir(), "absent.pem")}, {"-agent", "127.0.0.1:1", "-agent-timeout", "0s"}} {
 		if err := run(context.Background(), append([]string{"-http", "127.0.0.1:0", "-grpc", ""}, args...), io.Discard, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "-agent") {
 			t.Errorf("run(%q) = %v, want an error naming the flag", args, err)
 		}
