@@ -409,7 +409,9 @@ func TestAgentMode(t *testing.T) {
 		done <- run(ctx, []string{"-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-log-level", "error"}, io.Discard, io.Discard, ready)
 	}()
 	a := <-ready
-	b := start(t, "-agent", a.GRPC, "-grpc", "")
+	// A generous deadline: the first call connects, which a loaded host
+	// may not do within the default 100 ms.
+	b := start(t, "-agent", a.GRPC, "-agent-timeout", "10s", "-grpc", "")
 	free := []string{"X-Tenant", "acme", "X-Plan", "free"}
 	check(t, "via agent", get(t, b, "/items", free...), 200, map[string]string{"RateLimit": `"free";r=9;t=6`}, "")
 	check(t, "direct", get(t, a, "/report", free...), 200, map[string]string{"RateLimit": `"free";r=4;t=36`}, "")
@@ -439,9 +441,9 @@ func TestAgentModeWithToken(t *testing.T) {
 	}
 	a := start(t, "-allow-tokens", callers)
 	free := []string{"X-Tenant", "acme", "X-Plan", "free"}
-	without := start(t, "-agent", a.GRPC, "-grpc", "")
+	without := start(t, "-agent", a.GRPC, "-agent-timeout", "10s", "-grpc", "")
 	check(t, "without a token", get(t, without, "/items", free...), 503, nil, "")
-	with := start(t, "-agent", a.GRPC, "-grpc", "", "-agent-token-file", tokFile)
+	with := start(t, "-agent", a.GRPC, "-agent-timeout", "10s", "-grpc", "", "-agent-token-file", tokFile)
 	check(t, "with the token", get(t, with, "/items", free...), 200, map[string]string{"RateLimit": `"free";r=9;t=6`}, "")
 	if m := get(t, a, "/metrics").body; !strings.Contains(m, `allot_auth_rejected_total{api="allow",transport="grpc"} 1`) ||
 		!strings.Contains(m, `allot_auth_info{api="allow",mode="token"} 1`) {
