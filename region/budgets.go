@@ -2,7 +2,6 @@ package region
 
 import (
 	"slices"
-	"unsafe"
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/lease"
@@ -98,11 +97,8 @@ func (n *Namer) rename(key *bucket.Key, global *bucket.Limit) {
 	var nls []namedLimit
 	if n.few != nil {
 		for i := range n.few {
-			// The rules set's own string, at the same address: found
-			// without the call that compares bytes. The addresses are
-			// compared, never dereferenced.
-			// #nosec G103
-			if r := n.few[i].rule; len(r) == len(key.Rule) && (unsafe.StringData(r) == unsafe.StringData(key.Rule) || r == key.Rule) {
+			// The rules set's own string, usually at the same address.
+			if rules.SameString(n.few[i].rule, key.Rule) {
 				nls = n.few[i].limits
 				break
 			}

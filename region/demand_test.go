@@ -82,14 +82,7 @@ func TestReportedDemandIsAnAverage(t *testing.T) {
 	f := newFixture(t, nil)
 	ctx := context.Background()
 	k := key("avg")
-	want := func() bucket.Tokens {
-		for _, d := range f.core.Demand(f.clk.Now()) {
-			if d.Key == k {
-				return d.Want
-			}
-		}
-		return 0
-	}
+	want := func() bucket.Tokens { return f.want(k) }
 	// 50 tokens a second, one every 20 ms; the attempt id gives the key
 	// state at once.
 	step := func(ms int) {
@@ -136,14 +129,7 @@ func TestReportedDemandFollowsASustainedLevel(t *testing.T) {
 	f := newFixture(t, nil)
 	ctx := context.Background()
 	hot, light := key("hot"), key("light")
-	want := func(k bucket.Key) bucket.Tokens {
-		for _, d := range f.core.Demand(f.clk.Now()) {
-			if d.Key == k {
-				return d.Want
-			}
-		}
-		return 0
-	}
+	want := f.want
 	// run sends hot one token every hotEvery ms and light one every 50 ms
 	// (20 a second) until stopLight, for ms milliseconds, ticking the core
 	// every 100 ms as a driver does.
@@ -198,14 +184,7 @@ func TestReportedDemandTakesACollapseAtOnce(t *testing.T) {
 		f := newFixture(t, func(c *Config) { c.MinBatch = 1 << 40 })
 		ctx := context.Background()
 		k := key("hot")
-		want := func() bucket.Tokens {
-			for _, d := range f.core.Demand(f.clk.Now()) {
-				if d.Key == k {
-					return d.Want
-				}
-			}
-			return 0
-		}
+		want := func() bucket.Tokens { return f.want(k) }
 		// run sends one token every every ms for ms milliseconds, ticking
 		// the core every 100 ms, offset ms into each, as a driver does.
 		n := 0
@@ -233,4 +212,14 @@ func TestReportedDemandTakesACollapseAtOnce(t *testing.T) {
 			t.Errorf("offset %d: want %d %d ms into a fall from 1000/s to 50/s, want ≤ 500 within 130 ms", offset, want(), took)
 		}
 	}
+}
+
+// want is k's reported demand now, 0 when the core reports none for it.
+func (f *fixture) want(k bucket.Key) bucket.Tokens {
+	for _, d := range f.core.Demand(f.clk.Now()) {
+		if d.Key == k {
+			return d.Want
+		}
+	}
+	return 0
 }

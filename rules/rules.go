@@ -230,9 +230,9 @@ func (m *matcher) holds(d Descriptor) bool {
 	case m.kind == matchAny:
 		return true
 	case m.kind == matchPrefix:
-		return len(v) >= len(m.lit) && sameKey(v[:len(m.lit)], m.lit)
+		return len(v) >= len(m.lit) && SameString(v[:len(m.lit)], m.lit)
 	default:
-		return sameKey(v, m.lit)
+		return SameString(v, m.lit)
 	}
 }
 
@@ -637,18 +637,20 @@ func (d Descriptor) Get(k string) (string, bool) {
 	// at k's address (a well-known key, see wellKnown) is found without
 	// the call that compares bytes.
 	for i := range d {
-		if e := &d[i]; sameKey(e.Key, k) {
+		if e := &d[i]; SameString(e.Key, k) {
 			return e.Value, true
 		}
 	}
 	return "", false
 }
 
-// sameKey is a == b, deciding the common cases without the call that
-// compares bytes: a key at b's address (a well-known key, see wellKnown),
+// SameString is a == b, deciding the common cases without the call that
+// compares bytes: a string at b's address (a well-known key, see
+// wellKnown, or a rule's name passed on from the set that holds it),
 // strings of one length that end differently ("path" and "plan"), and
-// strings of one byte (the prefix "/").
-func sameKey(a, b string) bool {
+// strings of one byte (the prefix "/"). Hot paths that compare keys and
+// names the rules set handed out use it.
+func SameString(a, b string) bool {
 	if len(a) != len(b) {
 		return false
 	}

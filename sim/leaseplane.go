@@ -51,8 +51,6 @@ type leasePlane struct {
 	// keyBuf is checkSettled's list of a publication's keys, kept between
 	// publications.
 	keyBuf []bucket.Key
-	// ruleBuf is checkSettled's per-rule flags, kept likewise.
-	ruleBuf []bool
 }
 
 // regionPlane is one region's end of the lease protocol.

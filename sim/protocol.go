@@ -132,9 +132,6 @@ func (p *leasePlane) checkSettled(w *world, r int, t Micros, tb *region.Table, u
 		}
 	}
 	before, after := rp.checkViews[0], rp.checkViews[1]
-	ready := p.ruleBuf[:0] // per rule: before and after show rp.last and tb
-	ready = append(ready, make([]bool, len(p.budgets))...)
-	p.ruleBuf = ready
 	p.keyBuf = tableKeys(p.keyBuf[:0], rp.last, tb)
 	for _, k := range p.keyBuf {
 		b, ok := p.budgetOf(w, k)
@@ -142,11 +139,8 @@ func (p *leasePlane) checkSettled(w *world, r int, t Micros, tb *region.Table, u
 			continue
 		}
 		ri := int(w.ruleIdx[b])
-		if !ready[ri] {
-			before[ri] = p.viewOf(before[ri], w.regions[r].name, ri, rp.last)
-			after[ri] = p.viewOf(after[ri], w.regions[r].name, ri, tb)
-			ready[ri] = true
-		}
+		before[ri] = p.viewOf(before[ri], w.regions[r].name, ri, rp.last)
+		after[ri] = p.viewOf(after[ri], w.regions[r].name, ri, tb)
 		global := w.ruleOf(b).limit
 		from, _, _ := before[ri].Allocation(now, k, global)
 		to, _, _ := after[ri].Allocation(now, k, global)
