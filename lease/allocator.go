@@ -56,9 +56,9 @@ type Allocator struct {
 	heldUntil int64
 
 	// Scratch space for allocate, sized to the largest budget.
-	tgt, lb, want, base []int64
-	order               []int
-	small               []bool
+	tgt, lb, want, base, demand []int64
+	order, free                 []int
+	small, tried                []bool
 }
 
 // Stats are cumulative counters and current gauges, for metrics.
@@ -85,7 +85,10 @@ type budget struct {
 	// faster than it fills loses burst at every move (an increase arrives
 	// spent), so a lull between bursts must not lend the floor the next
 	// burst needs.
-	fill    int64
+	fill int64
+	// unit is the smallest allocation whose burst is at least 1
+	// (BurstOf): below it a region admits nothing.
+	unit    int64
 	regions []*region // in b.Regions order
 	floors  []int64
 	weights []int64
@@ -212,6 +215,7 @@ func (a *Allocator) setBudgets(bs []Budget) {
 	for _, b := range bs {
 		bud := &budget{b: b, count: int64(b.Limit.Count())}
 		bud.fill = mulDiv(int64(b.Limit.Period()), int64(b.Limit.Burst()), bud.count)
+		bud.unit = unitOf(bud.count, int64(b.Limit.Burst()))
 		for i, name := range b.Regions {
 			bud.regions = append(bud.regions, a.region(name))
 			bud.floors = append(bud.floors, int64(b.Floor(name).Count))
@@ -226,6 +230,18 @@ func (a *Allocator) setBudgets(bs []Budget) {
 	a.base = make([]int64, maxN)
 	a.order = make([]int, maxN)
 	a.small = make([]bool, maxN)
+	a.demand = make([]int64, maxN)
+	a.free = make([]int, maxN)
+	a.tried = make([]bool, maxN)
+}
+
+// unitOf returns the smallest count whose burst ⌊burst×c/count⌋ is at
+// least 1: ⌈count/burst⌉.
+func unitOf(count, burst int64) int64 {
+	if burst <= 0 {
+		return count
+	}
+	return count/burst + min(count%burst, 1)
 }
 
 func (a *Allocator) region(name string) *region {
@@ -526,7 +542,7 @@ func (a *Allocator) slotFor(now time.Time, key bucket.Key, r *region, want int64
 	if j, ok := a.keyIdx[key]; ok {
 		return a.keys[j], i
 	}
-	if want >= 0 && !a.pressing(want, bud.floors[i]) {
+	if want >= 0 && !a.pressing(want, bud, i) {
 		return nil, 0
 	}
 	k := &hotKey{key: key, bud: bud, slots: make([]slot, len(bud.regions)), born: now.UnixNano()}
@@ -671,9 +687,12 @@ func (a *Allocator) restoreFloors(r *region) {
 	}
 }
 
-// pressing reports whether a demand of want, with headroom, exceeds floor.
-func (a *Allocator) pressing(want, floor int64) bool {
-	return want > 0 && want+int64(math.Ceil(float64(want)*a.cfg.Headroom)) > floor
+// pressing reports whether region i's demand of want, with headroom,
+// exceeds its floor of bud, or wants anything of a floor that admits nothing
+// (below the budget's unit).
+func (a *Allocator) pressing(want int64, bud *budget, i int) bool {
+	floor := bud.floors[i]
+	return want > 0 && (want+int64(math.Ceil(float64(want)*a.cfg.Headroom)) > floor || floor < bud.unit)
 }
 
 // idle reports whether k can be forgotten: every region at its floor with
@@ -682,7 +701,7 @@ func (a *Allocator) idle(now time.Time, k *hotKey) bool {
 	for i := range k.slots {
 		s := &k.slots[i]
 		if s.n != 1 || s.cur != k.bud.floors[i] || s.hist[0].count != s.cur || s.queued ||
-			(a.pressing(s.want, k.bud.floors[i]) && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL)) {
+			(a.pressing(s.want, k.bud, i) && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL)) {
 			return false
 		}
 	}
@@ -730,7 +749,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	// from round to round instead of returning at every round.
 	end := now.Add(a.cfg.TTL + a.cfg.Drift)
 	learning := now.Before(a.learnUntil)
-	tgt, lb, want, base := a.tgt[:n], a.lb[:n], a.want[:n], a.base[:n]
+	tgt, lb, want, base, demand := a.tgt[:n], a.lb[:n], a.want[:n], a.base[:n], a.demand[:n]
 	var heldUntil int64 // the earliest end of a peak's hold on a floor
 
 	// Fixed claims of regions we cannot send to; lower bounds and wants of
@@ -741,6 +760,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		base[i] = a.claim(now, end, r, s, bud.floors[i])
 		sum += base[i]
 		tgt[i] = -1
+		demand[i] = 0
 		if !a.canGrant(now, r) || a.expiring {
 			fixed += base[i]
 			tgt[i] = s.cur
@@ -778,8 +798,9 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 			}
 		}
 		want[i] = max(w, lb[i])
+		demand[i] = w
 	}
-	a.targets(k, C-fixed, tgt, lb, want)
+	a.targets(k, C-fixed, tgt, lb, want, demand)
 
 	// Hysteresis: a move smaller than h is not worth its cost (a rebase at
 	// the region, a grant and its acknowledgement, and for an increase the
@@ -905,8 +926,9 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 }
 
 // targets fills tgt for the regions with tgt[i] < 0, sharing capacity by the
-// budget's policy.
-func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want []int64) {
+// budget's policy, then moves what would admit nothing to where it admits
+// (concentrate).
+func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want, demand []int64) {
 	bud := k.bud
 	if bud.b.Policy == Static {
 		W := bud.b.Split().totalWeight()
@@ -917,6 +939,91 @@ func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want []int64) {
 		}
 		return
 	}
+	free := a.free[:0]
+	for i := range tgt {
+		if tgt[i] < 0 {
+			free = append(free, i)
+		}
+	}
+	a.share(k, capacity, tgt, lb, want)
+	if bud.unit > 1 {
+		spare := capacity
+		for _, i := range free {
+			spare -= tgt[i]
+		}
+		a.concentrate(k, free, max(spare, 0), tgt, lb, demand)
+	}
+}
+
+// concentrate raises every region that wants the key to at least the
+// budget's unit where it can. A region's burst is ⌊Burst×count/Count⌋, so an
+// allocation below unit admits nothing; where the budget's burst is small
+// beside its count (fewer burst tokens than regions that want the key), a
+// split by demand can leave every region below unit and the whole budget
+// unused. A region below unit is raised to it from capacity nobody holds,
+// then from the other regions below unit (which admit nothing with it),
+// those that want least giving first, down to their lower bounds. Those
+// that want most are raised first, but a region holding at least unit now
+// keeps its place until another wants more than twice what it wants, so
+// that demand moving within that band does not move the budget.
+// Only targets change: the escrow still decides what can be granted when.
+func (a *Allocator) concentrate(k *hotKey, free []int, spare int64, tgt, lb, demand []int64) {
+	u := k.bud.unit
+	tried := a.tried[:len(tgt)]
+	clear(tried)
+	better := func(i, j int) bool { // i is raised before j
+		switch hi, hj := k.slots[i].cur >= u, k.slots[j].cur >= u; {
+		case hi && !hj:
+			return demand[j] <= 2*demand[i]
+		case hj && !hi:
+			return demand[i] > 2*demand[j]
+		}
+		return demand[i] > demand[j] || demand[i] == demand[j] && i < j
+	}
+	for {
+		r := -1
+		for _, i := range free {
+			if !tried[i] && tgt[i] < u && demand[i] > 0 && (r < 0 || better(i, r)) {
+				r = i
+			}
+		}
+		if r < 0 {
+			return
+		}
+		tried[r] = true
+		need := u - tgt[r]
+		avail := spare
+		for _, j := range free {
+			if j != r && tgt[j] < u {
+				avail += max(tgt[j]-lb[j], 0)
+			}
+		}
+		if avail < need {
+			continue
+		}
+		g := min(spare, need)
+		spare -= g
+		tgt[r] += g
+		need -= g
+		for need > 0 {
+			d := -1
+			for _, j := range free {
+				if j != r && tgt[j] < u && tgt[j] > lb[j] && (d < 0 || better(d, j)) {
+					d = j
+				}
+			}
+			g := min(tgt[d]-lb[d], need)
+			tgt[d] -= g
+			tgt[r] += g
+			need -= g
+		}
+	}
+}
+
+// share fills tgt for the regions with tgt[i] < 0 by the budget's policy
+// (not Static).
+func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want []int64) {
+	bud := k.bud
 	var extra int64
 	for i := range tgt {
 		if tgt[i] < 0 {

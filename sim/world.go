@@ -96,11 +96,13 @@ type world struct {
 func (w *world) ruleOf(b int) *ruleRT { return &w.rules[w.ruleIdx[b]] }
 
 // share returns l scaled by num/den (rate and burst), exact in rate; the
-// burst is rounded down but kept ≥ 1.
+// burst is rounded down, so that the shares' bursts sum within l's. A share
+// whose burst rounds to 0 admits nothing (every cost exceeds it): a split
+// of a global burst smaller than its regions cannot give each of them a
+// token without overshooting it.
 func share(l bucket.Limit, num, den int64) bucket.Limit {
 	s := bucket.Per(l.Count()*bucket.Tokens(num), l.Period()*time.Duration(den))
-	b := int64(l.Burst()) * num / den
-	return s.WithBurst(bucket.Tokens(max(b, 1)))
+	return s.WithBurst(bucket.Tokens(int64(l.Burst()) * num / den))
 }
 
 func gcd64(a, b int64) int64 {
