@@ -179,8 +179,9 @@ const coldSample = 64
 // cold decides a request for a key with no local state: exactly, in the
 // store, keeping no state unless the key needs it — a coordinator entry, an
 // attempt id, a failover to drain, the store unavailable (the emergency
-// bucket lives in the state), the bucket pressed (denied, or under half
-// full: demand to report, denials to cache), or the periodic sample. done
+// bucket lives in the state), the bucket pressed (denied, under half full,
+// or with a share too small for the cost: demand to report, denials to
+// cache), or the periodic sample. done
 // is false when the caller must decide with state instead; no store call
 // was made then.
 func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *bucket.Limit, cost bucket.Tokens, attemptID string, d *bucket.Decision, alloc *bucket.Limit) (Path, bool, error) {
@@ -207,9 +208,12 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 		*alloc = full
 	}
 	if cost > lim.Burst() {
-		*d = bucket.Decision{Limit: lim, RetryAfter: c.cfg.DenyRetry}
-		rs.denied[PathNoAllocation].Add(1)
-		return PathNoAllocation, true, nil
+		// The region's share cannot carry the cost (a floor whose burst
+		// rounds below it): the key is pressed as surely as by a denial, and
+		// takes state so that its demand is reported and the coordinator
+		// can lease it what it needs. Without it a key whose floor admits
+		// nothing would stay cold, unreported, until a sample gave it state.
+		return 0, false, nil
 	}
 	dd, err := c.store.Decide(ctx, key, lim, cost, attemptID)
 	c.stats.storeOps.Add(1)

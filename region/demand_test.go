@@ -223,3 +223,28 @@ func (f *fixture) want(k bucket.Key) bucket.Tokens {
 	}
 	return 0
 }
+
+// TestShareTooSmallForTheCostIsReported: a key whose floor cannot carry
+// its requests' cost (150 against the floor's burst of 100) is pressed
+// from its first request. It takes state and its demand is reported, so
+// the coordinator can lease it what it needs; a key left cold would stay
+// unreported, its requests denied, until one in coldSample decisions gave
+// it state.
+func TestShareTooSmallForTheCostIsReported(t *testing.T) {
+	f := newFixture(t, nil)
+	k := key("big")
+	for i := range 10 {
+		r := f.decide(t, k, 150)
+		if r.Decision.Allowed || r.Path != PathNoAllocation {
+			t.Fatalf("request %d: allowed=%v on path %s, want denied for want of allocation", i, r.Decision.Allowed, r.Path)
+		}
+		if n := f.core.Stats().Keys; n != 1 {
+			t.Fatalf("request %d: %d keys with state, want the pressed key's", i, n)
+		}
+		f.clk.Advance(100 * time.Millisecond)
+		f.core.Tick(context.Background(), f.clk.Now())
+	}
+	if w := f.want(k); w < 750 {
+		t.Fatalf("reported want %d, want about the 1,500 tokens a second it was asked", w)
+	}
+}
