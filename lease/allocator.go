@@ -215,7 +215,7 @@ func (a *Allocator) setBudgets(bs []Budget) {
 	for _, b := range bs {
 		bud := &budget{b: b, count: int64(b.Limit.Count())}
 		bud.fill = mulDiv(int64(b.Limit.Period()), int64(b.Limit.Burst()), bud.count)
-		bud.unit = unitOf(bud.count, int64(b.Limit.Burst()))
+		bud.unit = int64(b.Unit())
 		for i, name := range b.Regions {
 			bud.regions = append(bud.regions, a.region(name))
 			bud.floors = append(bud.floors, int64(b.Floor(name).Count))

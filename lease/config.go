@@ -205,6 +205,14 @@ func burstOf(global bucket.Limit, count bucket.Tokens) bucket.Tokens {
 	return bucket.Tokens(mulDiv(int64(global.Burst()), int64(count), int64(global.Count())))
 }
 
+// Unit is the smallest allocation whose burst is at least 1,
+// ⌈Count/Burst⌉: a region allocated less admits nothing. Where it is above
+// 1 the Allocator raises regions that want a key to it, or gives them
+// nothing (docs/design.md, "A burst smaller than its regions").
+func (b Budget) Unit() bucket.Tokens {
+	return bucket.Tokens(unitOf(int64(b.Limit.Count()), int64(b.Limit.Burst())))
+}
+
 // LimitOf is the bucket.Limit a region enforces for an allocation of count:
 // count per the budget's Period with burst BurstOf(count). It is the zero
 // Limit, meaning "admit nothing", when count or its burst is 0.

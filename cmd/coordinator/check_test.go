@@ -12,8 +12,8 @@ import (
 )
 
 // TestCheck: `rules check` prints every region's floor as a quota (count
-// per period, burst), rules included, and rejects a document naming the
-// bad field.
+// per period, burst), rules included, notes a budget whose burst is too
+// small for its floors, and rejects a document naming the bad field.
 func TestCheck(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.yaml")
@@ -42,6 +42,27 @@ rules: |
 			"    ap  1000 per minute, burst 16\n" +
 			"    Σ   4000 per minute of the budget's 6000 per minute\n",
 		"search/free: 10 per minute (max-min); reserve 4 per minute\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("check output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "note:") {
+		t.Errorf("a note for budgets whose floors carry a burst:\n%s", out.String())
+	}
+	// A burst smaller than the regions: every floor carries burst 0, and
+	// check says what that means.
+	small := filepath.Join(dir, "small.yaml")
+	_ = os.WriteFile(small, []byte("regions: [us, eu, ap, sa, af]\nbudgets: [{rule: report, limit: \"600 per minute, burst 2\", reserve: 0.2}]\n"), 0o644)
+	out.Reset()
+	if err := check(small, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"    us  96 per minute, burst 0\n",
+		"  note: a share below 300 per minute carries burst 0 and admits nothing. Floors below it admit\n" +
+			"  nothing without a lease; the coordinator leases the budget in shares of at least 300 per minute,\n" +
+			"  to at most 2 region(s) at once\n",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("check output lacks %q:\n%s", want, out.String())

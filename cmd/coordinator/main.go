@@ -32,6 +32,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -387,6 +388,11 @@ func check(path string, out io.Writer) error {
 			fmt.Fprintf(out, "    %-*s  %s\n", w, r, quota(f.Count, f.Burst, p))
 		}
 		fmt.Fprintf(out, "    %-*s  %s of the budget's %s\n", w, "Σ", quota(sum, -1, p), quota(b.Limit.Count(), -1, p))
+		if u := b.Unit(); slices.ContainsFunc(b.Regions, func(r string) bool { return b.Floor(r).Count < u }) {
+			fmt.Fprintf(out, "  note: a share below %[1]s carries burst 0 and admits nothing. Floors below it admit\n"+
+				"  nothing without a lease; the coordinator leases the budget in shares of at least %[1]s,\n"+
+				"  to at most %[2]d region(s) at once\n", quota(u, -1, p), b.Limit.Count()/u)
+		}
 	}
 	return nil
 }
