@@ -303,7 +303,15 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 	bd, err := store.Decide(ctx, d.Key, d.Limit, d.Cost, req.AttemptID)
 	switch {
 	case err == nil:
-		l.fromBucket(d, &bd)
+		// fromBucket, on bd's fields: bd's address taken, the compiler
+		// copies the store's answer twice more before reading it.
+		d.Remaining, d.RetryAfter, d.ResetAfter, d.Limit = bd.Remaining, bd.RetryAfter, bd.ResetAfter, bd.Limit
+		if bd.Allowed {
+			d.Allowed, d.Reason = true, ReasonOK
+			return nil
+		}
+		d.Reason = ReasonOverLimit
+		l.deny(d)
 		return nil
 	case errors.Is(err, bucket.ErrNeverFits):
 		// A store may judge by a smaller limit than the rule's (an agent's
