@@ -67,19 +67,23 @@ func (s *Store) SetNamer(n *Namer) { s.namer.Store(n) }
 func (s *Store) Core() *Core { return s.core }
 
 // Decide implements bucket.Store.
-func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (d bucket.Decision, err error) {
+func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (bucket.Decision, error) {
 	s.namer.Load().rename(&key, &l)
 	bk := &key // the budget's key now
 	if co := s.coarse.Load(); co != nil && attemptID == "" {
-		if ac := s.core.fromBatch(co.NowMicro(), coarseSlack.Microseconds(), bk, &l, cost, &d); ac != nil {
+		if left, ac := s.core.fromBatch(co.NowMicro(), coarseSlack.Microseconds(), bk, &l, cost); ac != nil {
 			if s.observe != nil {
 				// Timed by no clock: a decision from a batch takes tens of
 				// nanoseconds, within the latency histogram's first bucket.
-				s.observe(Result{Decision: d, Path: PathBatch, Hot: ac.hot, Alloc: ac.full}, 0)
+				s.observe(Result{Decision: bucket.Decision{Allowed: true, Remaining: bucket.Tokens(left), Limit: ac.limit},
+					Path: PathBatch, Hot: ac.hot, Alloc: ac.full}, 0)
 			}
-			return d, nil
+			// Built in the result, not in a variable whose address the
+			// slow path takes: that one is zeroed and copied out.
+			return bucket.Decision{Allowed: true, Remaining: bucket.Tokens(left), Limit: ac.limit}, nil
 		}
 	}
+	var d bucket.Decision
 	var now time.Time
 	if s.real {
 		now = time.Now()
