@@ -196,6 +196,7 @@ func (l *StoreLimiter) AllowInto(ctx context.Context, req *Request, d *Decision)
 	if l.cfg.OnDecision != nil {
 		start = l.cfg.Clock.Now()
 	}
+	*d = Decision{}
 	if err := l.allow(ctx, req, d); err != nil {
 		return err
 	}
@@ -209,43 +210,38 @@ func (l *StoreLimiter) AllowInto(ctx context.Context, req *Request, d *Decision)
 	return nil
 }
 
-// allow decides req into d, which it overwrites whole: the decision is
+// allow decides req into d, which the caller passes zero: the decision is
 // some 300 bytes, and filling it in place saves copying it at each return,
-// as reading the request in place saves copying its 100. Each way out
-// writes all of d once, from a literal, rather than zeroing it first and
-// then writing most of it again.
+// as reading the request in place saves copying its 100.
 func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) error {
 	if req.Cost < 0 {
-		*d = Decision{}
 		return fmt.Errorf("%w: cost=%d must be ≥ 0", ErrInvalidRequest, req.Cost)
 	}
 	if err := l.cfg.Bounds.check(req); err != nil {
-		*d = Decision{}
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		*d = Decision{}
 		return fmt.Errorf("limiter: %w", err)
 	}
 	rs := l.cfg.Rules.Current()
-	version := rs.Version()
+	d.RulesVersion = rs.Version()
 	var r *rules.Rule
 	if req.Rule != "" {
 		var ok bool
 		if r, ok = rs.Rule(req.Rule); !ok {
-			*d = Decision{RulesVersion: version}
 			return fmt.Errorf("%w: %q is not in rules version %s", ErrUnknownRule, req.Rule, rs.Version())
 		}
 	} else {
 		var ok bool
 		if r, ok = rs.Match(req.Descriptor); !ok {
-			*d = Decision{Allowed: true, Reason: ReasonNoRule, RulesVersion: version}
+			d.Allowed, d.Reason = true, ReasonNoRule
 			return nil
 		}
 	}
-	cost := req.Cost
-	if cost == 0 {
-		cost = r.CostOf(req.Descriptor)
+	d.Rule, d.Shadow = r.Name, r.Shadow
+	d.Cost = req.Cost
+	if d.Cost == 0 {
+		d.Cost = r.CostOf(req.Descriptor)
 	}
 
 	// A fixed rule's limit is the same on every plan: its plan is not
@@ -257,10 +253,10 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 	subject, ok := r.SubjectOf(req.Descriptor, req.Subject)
 	if !ok {
 		ni := rs.NoIdentity()
-		l.event(Event{Kind: EventNoIdentity, Rule: r.Name, RulesVersion: version})
+		l.event(Event{Kind: EventNoIdentity, Rule: r.Name, RulesVersion: d.RulesVersion})
 		l.stats.noIdentity.Add(1)
 		if ni.Action == rules.DenyNoIdentity {
-			*d = Decision{Reason: ReasonNoIdentity, Rule: r.Name, Cost: cost, Shadow: r.Shadow, Status: ni.Status, RulesVersion: version}
+			d.Reason, d.Status = ReasonNoIdentity, ni.Status
 			l.deny(d)
 			return nil
 		}
@@ -268,11 +264,11 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 	}
 
 	res := rs.Resolve(r, plan)
-	policy := r.Name
+	d.Plan, d.Quota, d.Limit = res.Plan, res.Limit, res.Limit
+	d.Policy = r.Name
 	if r.Source == rules.FromPlan {
-		policy = res.Plan
+		d.Policy = res.Plan
 	}
-	*d = Decision{Limit: res.Limit, Quota: res.Limit, Policy: policy, Rule: r.Name, Plan: res.Plan, Cost: cost, Shadow: r.Shadow, RulesVersion: version}
 	if res.Unknown {
 		l.stats.unknownPlan.Add(1)
 		l.event(Event{Kind: EventUnknownPlan, Rule: r.Name, Plan: res.Plan, Subject: subject, RulesVersion: d.RulesVersion})
