@@ -60,11 +60,15 @@ type Pinger interface {
 // arguments nor its answer through memory, which, for a decision of about
 // a hundred nanoseconds, is a fair part of it. region.Store implements it.
 type Admitter interface {
-	// Admit gives, with ok, the answer Decide(ctx, key, l, cost, "")
-	// would: Decision{Allowed: true, Remaining: remaining, Limit: limit}
-	// and a nil error, with the same effects. When it cannot, ok is false
-	// and nothing has changed: the caller then calls Declined.
-	Admit(key Key, l Limit, cost Tokens) (remaining Tokens, limit Limit, ok bool)
+	// Admit gives, with a non-nil limit, the answer Decide(ctx, key, l,
+	// cost, "") would: Decision{Allowed: true, Remaining: remaining,
+	// Limit: *limit} and a nil error, with the same effects. *limit
+	// belongs to the store, which never changes it; the caller must not
+	// either. (A Limit returned by value is spilled to memory by the
+	// caller with narrow stores and read back with wide loads, which
+	// stall.) When it cannot, limit is nil and nothing has changed: the
+	// caller then calls Declined.
+	Admit(key Key, l Limit, cost Tokens) (remaining Tokens, limit *Limit)
 	// Declined is Decide(ctx, key, l, cost, "") for a request Admit
 	// declined, without trying again what Admit tried: the same answer.
 	Declined(ctx context.Context, key Key, l Limit, cost Tokens) (Decision, error)

@@ -28,12 +28,12 @@ func (s *admitStore) Decide(ctx context.Context, key bucket.Key, l bucket.Limit,
 	return s.Store.Decide(ctx, key, l, cost, attemptID)
 }
 
-func (s *admitStore) Admit(key bucket.Key, _ bucket.Limit, _ bucket.Tokens) (bucket.Tokens, bucket.Limit, bool) {
+func (s *admitStore) Admit(key bucket.Key, _ bucket.Limit, _ bucket.Tokens) (bucket.Tokens, *bucket.Limit) {
 	if key.Subject == "batched" {
 		s.admits.Add(1)
-		return 5, batchLimit, true
+		return 5, &batchLimit
 	}
-	return 0, bucket.Limit{}, false
+	return 0, nil
 }
 
 func (s *admitStore) Declined(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens) (bucket.Decision, error) {

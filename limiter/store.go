@@ -307,8 +307,8 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 	case l.admit != nil && req.AttemptID == "":
 		// What Decide would answer from tokens the store holds, returned
 		// in registers rather than copied through memory.
-		if rem, lim, ok := l.admit.Admit(d.Key, d.Limit, d.Cost); ok {
-			d.Remaining, d.Limit = rem, lim
+		if rem, lim := l.admit.Admit(d.Key, d.Limit, d.Cost); lim != nil {
+			d.Remaining, d.Limit = rem, *lim
 			d.Allowed, d.Reason = true, ReasonOK
 			return nil
 		}

@@ -104,8 +104,8 @@ func coarseTwins(t *testing.T, seed uint64) {
 		}
 		var ad bucket.Decision
 		var aerr error
-		if rem, lim, ok := admitter.Admit(k, global6000, cost); ok {
-			ad, admitted = bucket.Decision{Allowed: true, Remaining: rem, Limit: lim}, admitted+1
+		if rem, lim := admitter.Admit(k, global6000, cost); lim != nil {
+			ad, admitted = bucket.Decision{Allowed: true, Remaining: rem, Limit: *lim}, admitted+1
 		} else {
 			ad, aerr = admitter.Declined(ctx, k, global6000, cost)
 		}

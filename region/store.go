@@ -117,13 +117,14 @@ func (s *Store) decide(ctx context.Context, bk *bucket.Key, l *bucket.Limit, cos
 }
 
 // Admit implements bucket.Admitter: Decide's decision from a batch, on
-// the coarse clock, returned in registers.
-func (s *Store) Admit(key bucket.Key, l bucket.Limit, cost bucket.Tokens) (bucket.Tokens, bucket.Limit, bool) {
+// the coarse clock, returned in registers. The limit is the key's cached
+// allocation's, which never changes once published.
+func (s *Store) Admit(key bucket.Key, l bucket.Limit, cost bucket.Tokens) (bucket.Tokens, *bucket.Limit) {
 	s.namer.Load().rename(&key, &l)
 	if left, ac := s.fromBatch(&key, &l, cost); ac != nil {
-		return bucket.Tokens(left), ac.limit, true
+		return bucket.Tokens(left), &ac.limit
 	}
-	return 0, bucket.Limit{}, false
+	return 0, nil
 }
 
 // fromBatch is Core.fromBatch on the coarse clock, when the store uses
