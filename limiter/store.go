@@ -264,7 +264,10 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 	}
 
 	res := rs.Resolve(r, plan)
-	d.Plan, d.Quota, d.Limit = res.Plan, res.Limit, res.Limit
+	// d.Limit is the quota too until a store says otherwise: it is written
+	// below only on the ways out that no store's answer overwrites, not
+	// on the common one.
+	d.Plan, d.Quota = res.Plan, res.Limit
 	d.Policy = r.Name
 	if r.Source == rules.FromPlan {
 		d.Policy = res.Plan
@@ -288,9 +291,10 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 	}
 	d.Key = bucket.Key{Rule: r.Name, Subject: subject}
 
-	if !d.Limit.Fits(d.Cost) {
+	if !d.Quota.Fits(d.Cost) {
 		// Check says why, and Fits spares the limit's copy into it when
 		// there is nothing to say.
+		d.Limit = d.Quota
 		err := bucket.Check(d.Limit, d.Cost)
 		if errors.Is(err, bucket.ErrNeverFits) {
 			l.neverFits(d)
@@ -299,19 +303,22 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 		return fmt.Errorf("%w: rule %q: %w", ErrInvalidRequest, r.Name, err)
 	}
 
+	if l.admit != nil && req.AttemptID == "" && r.Scope != rules.ScopeLocal {
+		// What Decide would answer from tokens the store holds, returned
+		// in registers rather than copied through memory.
+		if rem, lim := l.admit.Admit(d.Key, d.Quota, d.Cost); lim != nil {
+			d.Remaining, d.Limit = rem, *lim
+			d.Allowed, d.Reason = true, ReasonOK
+			return nil
+		}
+	}
+	d.Limit = d.Quota
 	var bd bucket.Decision
 	var err error
 	switch {
 	case r.Scope == rules.ScopeLocal:
 		bd, err = l.local.Decide(ctx, d.Key, d.Limit, d.Cost, req.AttemptID)
 	case l.admit != nil && req.AttemptID == "":
-		// What Decide would answer from tokens the store holds, returned
-		// in registers rather than copied through memory.
-		if rem, lim := l.admit.Admit(d.Key, d.Limit, d.Cost); lim != nil {
-			d.Remaining, d.Limit = rem, *lim
-			d.Allowed, d.Reason = true, ReasonOK
-			return nil
-		}
 		bd, err = l.admit.Declined(ctx, d.Key, d.Limit, d.Cost)
 	default:
 		bd, err = l.cfg.Store.Decide(ctx, d.Key, d.Limit, d.Cost, req.AttemptID)
