@@ -32,7 +32,10 @@ var global6000 = bucket.PerSecond(6000)
 // reading that lags the clock by up to 0.9 s (less than coarseSlack). Every
 // answer must be the same, through batching, denials, ticks and the end of
 // the lease (at +10 s, after which the hot key is back at its floor), and
-// most of the coarse agent's batch decisions must have read no clock.
+// most of the coarse agent's batch decisions must have read no clock. A
+// third agent, on a coarse reading too, is asked as package limiter asks
+// a bucket.Admitter (Admit, then Declined when it declines), with the
+// same answers again.
 func TestCoarseBatchDecidesAsTheClock(t *testing.T) {
 	for seed := range uint64(8) {
 		coarseTwins(t, seed)
@@ -57,6 +60,16 @@ func coarseTwins(t *testing.T, seed uint64) {
 		t.Fatal(err)
 	}
 	fastSt.UseCoarse(co)
+	adm := newFixture(t, nil)
+	adm.view.Set(tab())
+	admSt := NewStore(adm.core, adm.clk, nil, nil)
+	admCo, err := clock.NewCoarse(adm.clk, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admSt.UseCoarse(admCo)
+	var admitter bucket.Admitter = admSt
+	var admitted int64
 
 	rng := rand.New(rand.NewPCG(seed, 2))
 	keys := []string{"hot", "hot", "hot", "lent", "warm", "cold"}
@@ -66,14 +79,17 @@ func coarseTwins(t *testing.T, seed uint64) {
 		now = now.Add(time.Duration(rng.IntN(2000)) * time.Microsecond)
 		exact.clk.Set(now)
 		fast.clk.Set(now)
+		adm.clk.Set(now)
 		// The coarse reading lags by up to 0.9 s: refreshed at random.
 		if now.Sub(refreshed) > 900*time.Millisecond || rng.IntN(500) == 0 {
 			co.Refresh()
+			admCo.Refresh()
 			refreshed = now
 		}
 		if rng.IntN(200) == 0 {
 			exact.core.Tick(ctx, now)
 			fast.core.Tick(ctx, now)
+			adm.core.Tick(ctx, now)
 		}
 		k, cost := key(keys[rng.IntN(len(keys))]), bucket.Tokens(1+rng.IntN(3))
 		want, werr := exactSt.Decide(ctx, k, global6000, cost, "")
@@ -86,9 +102,25 @@ func coarseTwins(t *testing.T, seed uint64) {
 		if got != want || (gerr == nil) != (werr == nil) {
 			t.Fatalf("seed %d at +%s key %s cost %d: coarse agent %+v (%v), clock agent %+v (%v)", seed, now.Sub(t0), k.Subject, cost, got, gerr, want, werr)
 		}
+		var ad bucket.Decision
+		var aerr error
+		if rem, lim := admitter.Admit(k, global6000, cost); lim != nil {
+			ad, admitted = bucket.Decision{Allowed: true, Remaining: rem, Limit: *lim}, admitted+1
+		} else {
+			ad, aerr = admitter.Declined(ctx, k, global6000, cost)
+		}
+		if ad != want || (aerr == nil) != (werr == nil) {
+			t.Fatalf("seed %d at +%s key %s cost %d: admitting agent %+v (%v), clock agent %+v (%v)", seed, now.Sub(t0), k.Subject, cost, ad, aerr, want, werr)
+		}
 	}
 	if a, b := exact.core.Stats(), fast.core.Stats(); !reflect.DeepEqual(a, b) {
 		t.Errorf("seed %d: stats differ: clock agent %+v, coarse agent %+v", seed, a, b)
+	}
+	if a, b := exact.core.Stats(), adm.core.Stats(); !reflect.DeepEqual(a, b) {
+		t.Errorf("seed %d: stats differ: clock agent %+v, admitting agent %+v", seed, a, b)
+	}
+	if admitted < decisions/4 {
+		t.Errorf("seed %d: %d of %d decisions admitted by Admit, want at least a quarter", seed, admitted, decisions)
 	}
 	// Most decisions of the hot key come from its batch while the lease
 	// lives: a good share of all decisions read no clock.

@@ -138,36 +138,35 @@ func (c *Core) decide(ctx context.Context, now time.Time, key bucket.Key, global
 // decide would do at any instant from nowUS to nowUS+slackUS: the key's
 // cached allocation is current and holds past nowUS+slackUS, no cached
 // denial covers the request at nowUS (nor so later), and the batch holds
-// cost tokens. It returns the key's cached allocation when it decided, and
-// nil, having changed nothing, otherwise; the
+// cost tokens. It returns the tokens left in the batch and the key's
+// cached allocation when it decided (the request admitted, at the cached
+// allocation's limit), and nil, having changed nothing, otherwise; the
 // caller then decides with decide on a true reading. So a reading stale by
 // less than slackUS gives the answer decide gives on a true one: the only
 // input that could turn that answer the other way with a later time is a
 // lease ending, and the cached allocation outlives the slack.
-func (c *Core) fromBatch(nowUS, slackUS int64, key *bucket.Key, global *bucket.Limit, cost bucket.Tokens, d *bucket.Decision) *allocCache {
+func (c *Core) fromBatch(nowUS, slackUS int64, key *bucket.Key, global *bucket.Limit, cost bucket.Tokens) (int64, *allocCache) {
 	if !global.Fits(cost) {
-		return nil
+		return 0, nil
 	}
 	ks := c.lookup(key)
 	if ks == nil || (ks.held() == 0 && !ks.batched.Load()) {
-		return nil
+		return 0, nil
 	}
 	ac := ks.alloc.Load()
 	if ac == nil || ac.epoch.Load() != c.alloc.Epoch()+c.scaleEpoch.Load() || nowUS+slackUS >= ac.until || !ac.global.Same(global) {
-		return nil
+		return 0, nil
 	}
 	// A limit that does not fit the cost (a burst below it, or a zero
 	// allocation) is left to decide.
 	if !ac.limit.Fits(cost) || (nowUS < ks.deniedUntil.Load() && int64(cost) >= ks.deniedCost.Load()) {
-		return nil
+		return 0, nil
 	}
 	left, ok := ks.take(cost, true)
 	if !ok {
-		return nil
+		return 0, nil
 	}
-	d.Allowed, d.Remaining, d.Limit = true, bucket.Tokens(left), ac.limit
-	d.RetryAfter, d.ResetAfter = 0, 0
-	return ac
+	return left, ac
 }
 
 // coldSample: every coldSample-th decision of a key without state gives

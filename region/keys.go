@@ -101,31 +101,32 @@ func (s *coreShard) publishLocked() {
 
 // keyState is what an agent keeps for one key in recent use.
 type keyState struct {
-	// What a decision from a batch touches comes first, to share one cache
-	// line: the compare-and-swap on tokens brings it in, and the rest are
-	// then hits rather than further cache-line transfers between cores.
-	// batch packs the batch tokens held (debited from the regional bucket)
-	// above countBits, and the decisions admitted from them since the last
+	// What a decision from a batch touches comes first, in 57 bytes, to
+	// share one cache line (two, for a state not aligned to one): the key,
+	// which the lookup compares, and what fromBatch reads. The
+	// compare-and-swap on tokens brings the line in, and the rest are then
+	// hits rather than further cache-line transfers between cores. batch
+	// packs the batch tokens held (debited from the regional bucket) above
+	// countBits, and the decisions admitted from them since the last
 	// sample below, so a decision from the batch is one compare-and-swap.
 	batch       atomic.Int64
-	arrived     atomic.Int64 // tokens asked since the last sample
+	key         bucket.Key
 	deniedUntil atomic.Int64 // µs: requests of cost ≥ deniedCost are denied locally until then
-	deniedCost  atomic.Int64
 	alloc       atomic.Pointer[allocCache]
-	rs          atomic.Pointer[ruleState]
 	batched     atomic.Bool // local demand is large enough to batch
 	// gone is set when the state is dropped from its shard, for the demand
 	// order, which may still list it until it is rebuilt.
-	gone      atomic.Bool
-	refilling bool   // under mu
-	h         uint64 // Core.hash of key
+	gone       atomic.Bool
+	refilling  bool         // under mu
+	arrived    atomic.Int64 // tokens asked since the last sample
+	deniedCost atomic.Int64
+	rs         atomic.Pointer[ruleState]
+	h          uint64 // Core.hash of key
 
-	// Next, the key (which a lookup compares) and what every sample
-	// touches (Tick samples every key every tick), so that a tick brings in
-	// four cache lines per key, not six; what only a refill, a denial, an
-	// outage or an attempt id touches comes last.
-	key bucket.Key
-	mu  sync.Mutex
+	// Next, what every sample touches (Tick samples every key every tick),
+	// so that a tick brings in few cache lines per key; what only a
+	// refill, a denial, an outage or an attempt id touches comes last.
+	mu sync.Mutex
 	// lastSample (µs) is written under mu and read without it too, so
 	// that a decision within sampleEvery of the last sample skips the lock.
 	lastSample atomic.Int64
@@ -158,7 +159,10 @@ type keyState struct {
 // allocation epoch is epoch and until has not passed. Only epoch ever
 // changes once it is published (Core.allocation).
 type allocCache struct {
+	// What fromBatch reads comes first: epoch, until, global's count,
+	// period and burst, limit's burst and tau.
 	epoch  atomic.Uint64
+	until  int64 // µs
 	global bucket.Limit
 	// limit is what this agent enforces in the regional bucket: the
 	// region's allocation full, or its share of the agents that reach the
@@ -166,7 +170,6 @@ type allocCache struct {
 	limit bucket.Limit
 	full  bucket.Limit
 	hot   bool
-	until int64 // µs
 }
 
 // hotSlots is the size of the hot-key cache: room for the keys in heavy

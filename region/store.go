@@ -40,7 +40,10 @@ type Store struct {
 // a floor has no end.
 const coarseSlack = time.Second
 
-var _ bucket.Store = (*Store)(nil)
+var (
+	_ bucket.Store    = (*Store)(nil)
+	_ bucket.Admitter = (*Store)(nil)
+)
 
 // NewStore returns the bucket.Store of core on clk; namer may be nil.
 // observe, when set, receives every Decide's result and how long it took
@@ -67,19 +70,30 @@ func (s *Store) SetNamer(n *Namer) { s.namer.Store(n) }
 func (s *Store) Core() *Core { return s.core }
 
 // Decide implements bucket.Store.
-func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (d bucket.Decision, err error) {
+func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (bucket.Decision, error) {
 	s.namer.Load().rename(&key, &l)
 	bk := &key // the budget's key now
-	if co := s.coarse.Load(); co != nil && attemptID == "" {
-		if ac := s.core.fromBatch(co.NowMicro(), coarseSlack.Microseconds(), bk, &l, cost, &d); ac != nil {
-			if s.observe != nil {
-				// Timed by no clock: a decision from a batch takes tens of
-				// nanoseconds, within the latency histogram's first bucket.
-				s.observe(Result{Decision: d, Path: PathBatch, Hot: ac.hot, Alloc: ac.full}, 0)
-			}
-			return d, nil
+	if attemptID == "" {
+		if left, ac := s.fromBatch(bk, &l, cost); ac != nil {
+			// Built in the result, not in a variable whose address the
+			// slow path takes: that one is zeroed and copied out.
+			return bucket.Decision{Allowed: true, Remaining: bucket.Tokens(left), Limit: ac.limit}, nil
 		}
 	}
+	return s.decide(ctx, bk, &l, cost, attemptID)
+}
+
+// Declined implements bucket.Admitter: Decide without the decision from a
+// batch on the coarse clock, which Admit has just tried.
+func (s *Store) Declined(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens) (bucket.Decision, error) {
+	s.namer.Load().rename(&key, &l)
+	return s.decide(ctx, &key, &l, cost, "")
+}
+
+// decide is Decide on the budget's key bk past the decision from a batch
+// on the coarse clock: Core.decide on a true reading.
+func (s *Store) decide(ctx context.Context, bk *bucket.Key, l *bucket.Limit, cost bucket.Tokens, attemptID string) (bucket.Decision, error) {
+	var d bucket.Decision
 	var now time.Time
 	if s.real {
 		now = time.Now()
@@ -87,19 +101,61 @@ func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost
 		now = s.clock.Now()
 	}
 	if s.observe == nil {
-		path, _, err := s.core.decide(ctx, now, *bk, &l, cost, attemptID, &d, nil)
+		path, _, err := s.core.decide(ctx, now, *bk, l, cost, attemptID, &d, nil)
 		if err == nil && path == PathFailOpen {
 			err = ErrFailOpen
 		}
 		return d, err
 	}
 	var alloc bucket.Limit
-	path, ac, err := s.core.decide(ctx, now, *bk, &l, cost, attemptID, &d, &alloc)
+	path, ac, err := s.core.decide(ctx, now, *bk, l, cost, attemptID, &d, &alloc)
 	s.observe(Result{Decision: d, Path: path, Hot: ac != nil && ac.hot, Alloc: alloc}, s.clock.Now().Sub(now))
 	if err == nil && path == PathFailOpen {
 		err = ErrFailOpen
 	}
 	return d, err
+}
+
+// Admit implements bucket.Admitter: Decide's decision from a batch, on
+// the coarse clock, returned in registers. The limit is the key's cached
+// allocation's, which never changes once published.
+func (s *Store) Admit(key bucket.Key, l bucket.Limit, cost bucket.Tokens) (bucket.Tokens, *bucket.Limit) {
+	// fromBatch, written out: the call costs as much as what it saves.
+	co := s.coarse.Load()
+	if co == nil {
+		return 0, nil
+	}
+	s.namer.Load().rename(&key, &l)
+	left, ac := s.core.fromBatch(co.NowMicro(), coarseSlack.Microseconds(), &key, &l, cost)
+	if ac == nil {
+		return 0, nil
+	}
+	if s.observe != nil {
+		s.observeBatch(left, ac)
+	}
+	return bucket.Tokens(left), &ac.limit
+}
+
+// fromBatch is Core.fromBatch on the coarse clock, when the store uses
+// one, for the budget's key, reporting the decision it makes to observe.
+func (s *Store) fromBatch(bk *bucket.Key, l *bucket.Limit, cost bucket.Tokens) (int64, *allocCache) {
+	co := s.coarse.Load()
+	if co == nil {
+		return 0, nil
+	}
+	left, ac := s.core.fromBatch(co.NowMicro(), coarseSlack.Microseconds(), bk, l, cost)
+	if ac != nil && s.observe != nil {
+		s.observeBatch(left, ac)
+	}
+	return left, ac
+}
+
+// observeBatch reports a decision from a batch to observe.
+func (s *Store) observeBatch(left int64, ac *allocCache) {
+	// Timed by no clock: a decision from a batch takes tens of
+	// nanoseconds, within the latency histogram's first bucket.
+	s.observe(Result{Decision: bucket.Decision{Allowed: true, Remaining: bucket.Tokens(left), Limit: ac.limit},
+		Path: PathBatch, Hot: ac.hot, Alloc: ac.full}, 0)
 }
 
 // TakeUpTo implements bucket.Store on the key's regional bucket, at the
