@@ -325,15 +325,7 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 	}
 	switch {
 	case err == nil:
-		// fromBucket, on bd's fields: bd's address taken, the compiler
-		// copies the store's answer twice more before reading it.
-		d.Remaining, d.RetryAfter, d.ResetAfter, d.Limit = bd.Remaining, bd.RetryAfter, bd.ResetAfter, bd.Limit
-		if bd.Allowed {
-			d.Allowed, d.Reason = true, ReasonOK
-			return nil
-		}
-		d.Reason = ReasonOverLimit
-		l.deny(d)
+		l.fromBucket(d, &bd)
 		return nil
 	case errors.Is(err, bucket.ErrNeverFits):
 		// A store may judge by a smaller limit than the rule's (an agent's

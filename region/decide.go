@@ -195,7 +195,11 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 	}
 	full := lim
 	lim = c.regional(lim, &rs.cfg)
-	if attemptID != "" || (rs.cfg.EmptyOnFailover && c.failEpoch.Load() > 0) || c.coldCount.Add(1)%coldSample == 0 {
+	// A share that cannot carry the cost (a floor whose burst rounds
+	// below it) presses the key as surely as a denial: it takes state so
+	// that its demand is reported and the coordinator can lease it what it
+	// needs, rather than stay cold and unreported until a sample.
+	if attemptID != "" || cost > lim.Burst() || (rs.cfg.EmptyOnFailover && c.failEpoch.Load() > 0) || c.coldCount.Add(1)%coldSample == 0 {
 		return 0, false, nil
 	}
 	// Last: a true answer may make this call the breaker's probe, which
@@ -205,14 +209,6 @@ func (c *Core) cold(ctx context.Context, now time.Time, key bucket.Key, global *
 	}
 	if alloc != nil {
 		*alloc = full
-	}
-	if cost > lim.Burst() {
-		// The region's share cannot carry the cost (a floor whose burst
-		// rounds below it): the key is pressed as surely as by a denial, and
-		// takes state so that its demand is reported and the coordinator
-		// can lease it what it needs. Without it a key whose floor admits
-		// nothing would stay cold, unreported, until a sample gave it state.
-		return 0, false, nil
 	}
 	dd, err := c.store.Decide(ctx, key, lim, cost, attemptID)
 	c.stats.storeOps.Add(1)

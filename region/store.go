@@ -120,18 +120,10 @@ func (s *Store) decide(ctx context.Context, bk *bucket.Key, l *bucket.Limit, cos
 // the coarse clock, returned in registers. The limit is the key's cached
 // allocation's, which never changes once published.
 func (s *Store) Admit(key bucket.Key, l bucket.Limit, cost bucket.Tokens) (bucket.Tokens, *bucket.Limit) {
-	// fromBatch, written out: the call costs as much as what it saves.
-	co := s.coarse.Load()
-	if co == nil {
-		return 0, nil
-	}
 	s.namer.Load().rename(&key, &l)
-	left, ac := s.core.fromBatch(co.NowMicro(), coarseSlack.Microseconds(), &key, &l, cost)
+	left, ac := s.fromBatch(&key, &l, cost)
 	if ac == nil {
 		return 0, nil
-	}
-	if s.observe != nil {
-		s.observeBatch(left, ac)
 	}
 	return bucket.Tokens(left), &ac.limit
 }
@@ -145,17 +137,12 @@ func (s *Store) fromBatch(bk *bucket.Key, l *bucket.Limit, cost bucket.Tokens) (
 	}
 	left, ac := s.core.fromBatch(co.NowMicro(), coarseSlack.Microseconds(), bk, l, cost)
 	if ac != nil && s.observe != nil {
-		s.observeBatch(left, ac)
+		// Timed by no clock: a decision from a batch takes tens of
+		// nanoseconds, within the latency histogram's first bucket.
+		s.observe(Result{Decision: bucket.Decision{Allowed: true, Remaining: bucket.Tokens(left), Limit: ac.limit},
+			Path: PathBatch, Hot: ac.hot, Alloc: ac.full}, 0)
 	}
 	return left, ac
-}
-
-// observeBatch reports a decision from a batch to observe.
-func (s *Store) observeBatch(left int64, ac *allocCache) {
-	// Timed by no clock: a decision from a batch takes tens of
-	// nanoseconds, within the latency histogram's first bucket.
-	s.observe(Result{Decision: bucket.Decision{Allowed: true, Remaining: bucket.Tokens(left), Limit: ac.limit},
-		Path: PathBatch, Hot: ac.hot, Alloc: ac.full}, 0)
 }
 
 // TakeUpTo implements bucket.Store on the key's regional bucket, at the

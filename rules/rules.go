@@ -484,43 +484,11 @@ func (s *Set) Rule(name string) (*Rule, bool) {
 // Match returns the first rule that matches d.
 func (s *Set) Match(d Descriptor) (*Rule, bool) {
 	for _, r := range s.rules {
-		if r.matches(d) {
+		if r.Matches(d) {
 			return r, true
 		}
 	}
 	return nil, false
-}
-
-// matches is Matches on a rule of a parsed set, one call for the rule
-// rather than one per condition and one per lookup: a decision matches a
-// rule or two of a condition or two, where the calls cost as much as the
-// comparisons.
-func (r *Rule) matches(d Descriptor) bool {
-	if !r.compiled {
-		return r.Matches(d)
-	}
-	for i := range r.matchers {
-		m := &r.matchers[i]
-		// d.Get(m.key), in place.
-		j := 0
-		for ; j < len(d) && !SameString(d[j].Key, m.key); j++ {
-		}
-		if j == len(d) {
-			return false
-		}
-		switch v := d[j].Value; m.kind {
-		case matchAny:
-		case matchPrefix:
-			if len(v) < len(m.lit) || !SameString(v[:len(m.lit)], m.lit) {
-				return false
-			}
-		default:
-			if !SameString(v, m.lit) {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // Current returns s itself, so a fixed Set is a Source.

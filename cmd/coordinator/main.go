@@ -32,7 +32,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -378,6 +377,7 @@ func check(path string, out io.Writer) error {
 		fmt.Fprintf(out, "%s: %s (%s); reserve %s\n", b.Rule, rules.FormatQuota(b.Limit), b.Policy, quota(b.ReserveCount(), -1, p))
 		fmt.Fprintln(out, "  floors, what each region may use without a lease:")
 		var sum bucket.Tokens
+		least := b.Limit.Count()
 		w := 0
 		for _, r := range b.Regions {
 			w = max(w, len(r))
@@ -385,10 +385,11 @@ func check(path string, out io.Writer) error {
 		for _, r := range b.Regions {
 			f := b.Floor(r)
 			sum += f.Count
+			least = min(least, f.Count)
 			fmt.Fprintf(out, "    %-*s  %s\n", w, r, quota(f.Count, f.Burst, p))
 		}
 		fmt.Fprintf(out, "    %-*s  %s of the budget's %s\n", w, "Σ", quota(sum, -1, p), quota(b.Limit.Count(), -1, p))
-		if u := b.Unit(); slices.ContainsFunc(b.Regions, func(r string) bool { return b.Floor(r).Count < u }) {
+		if u := b.Unit(); least < u {
 			fmt.Fprintf(out, "  note: a share below %[1]s carries burst 0 and admits nothing. Floors below it admit\n"+
 				"  nothing without a lease; the coordinator leases the budget in shares of at least %[1]s,\n"+
 				"  to at most %[2]d region(s) at once\n", quota(u, -1, p), b.Limit.Count()/u)
