@@ -442,14 +442,27 @@ func contextTimeouts(c redis.UniversalClient) bool {
 
 // NewUniversalClient returns a go-redis client for addrs: one address is a
 // single primary, several are a Cluster, and a non-empty masterName means
-// Sentinel addresses. Context deadlines are honoured, as the store needs.
+// Sentinel addresses, with ClientOptions' settings.
 func NewUniversalClient(addrs []string, masterName, password string) redis.UniversalClient {
-	return redis.NewUniversalClient(&redis.UniversalOptions{
+	return redis.NewUniversalClient(ClientOptions(addrs, masterName, password))
+}
+
+// ClientOptions are the settings the store's client needs, for callers
+// that add their own (TLS):
+//   - context deadlines are honoured on the sockets;
+//   - a refused dial is not retried inside the call. go-redis's default
+//     retries each dial five times, 100 ms apart, under each of a command's
+//     four attempts: a Redis that is down held every call 1.7 s, and an
+//     agent's round, which makes several, over ten seconds. The breaker and
+//     the agent's next round are the retries.
+func ClientOptions(addrs []string, masterName, password string) *redis.UniversalOptions {
+	return &redis.UniversalOptions{
 		Addrs:                 addrs,
 		MasterName:            masterName,
 		Password:              password,
 		ContextTimeoutEnabled: true,
-	})
+		DialerRetries:         1,
+	}
 }
 
 // errCost is the error of a batch size n ≤ 0, as the bucket functions give

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -366,4 +367,31 @@ func TestRedisSentinelConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, clk clock.Clock) bucket.Store {
 		return newRedisStore(t, c, redisstore.Options{Now: clk.Now, Timeout: 5 * time.Second})
 	})
+}
+
+// TestClientDoesNotRetryARefusedDial: a call to a Redis that is down
+// dials once per attempt of the command. go-redis's default dials five
+// times, 100 ms apart, for each: 20 dials and 1.7 s a call, which held an
+// agent's round (several calls, no decision deadline) past ten seconds.
+func TestClientDoesNotRetryARefusedDial(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	addr := srv.Addr
+	srv.Kill()
+	o := redisstore.ClientOptions([]string{addr}, "", "")
+	var dials atomic.Int32
+	var d net.Dialer
+	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return d.DialContext(ctx, network, addr)
+	}
+	c := redis.NewUniversalClient(o)
+	defer c.Close()
+	if err := c.Set(context.Background(), "k", "v", 0).Err(); err == nil {
+		t.Fatal("a write to a stopped server succeeded")
+	}
+	// One dial for each of the command's attempts (go-redis's MaxRetries,
+	// 3, plus the first).
+	if n := dials.Load(); n != 4 {
+		t.Fatalf("%d dials for one call to a stopped server, want 4 (one per attempt)", n)
+	}
 }

@@ -289,8 +289,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 				return err
 			}
 			// redisstore.NewUniversalClient's settings, plus TLS.
-			c = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs, MasterName: o.redisMaster,
-				Password: o.redisPass, ContextTimeoutEnabled: true, TLSConfig: rt})
+			ro := redisstore.ClientOptions(addrs, o.redisMaster, o.redisPass)
+			ro.TLSConfig = rt
+			c = redis.NewUniversalClient(ro)
 		} else {
 			c = redisstore.NewUniversalClient(addrs, o.redisMaster, o.redisPass)
 		}

@@ -210,7 +210,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	// gateway's.
 	var regional bucket.Store = mem
 	if o.redisAddr != "" {
-		client = redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true})
+		client = redisstore.NewUniversalClient([]string{o.redisAddr}, "", "").(*redis.Client) // one address: a plain client
 		defer client.Close()
 		bc := breaker.DefaultConfig()
 		bc.Timeout, bc.MaxTimeout = o.redisTimeout, max(o.redisMaxTimeout, o.redisTimeout)
