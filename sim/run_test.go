@@ -415,3 +415,53 @@ func TestExpectationMissedFails(t *testing.T) {
 		t.Fatalf("verdict %s, missed %q: want FAIL with us-east's expectation missed", res.Verdict, res.Missed)
 	}
 }
+
+// TestSaturatedKeyAdmitsTheBudget: a budget every region wants more than
+// its third of, steady, gets the static split's allocations from the
+// first grants on, and after the first seconds allot admits the budget
+// exactly. What it loses against the static split is the start and the
+// one-second cap (docs/design.md, "Never below the static split").
+func TestSaturatedKeyAdmitsTheBudget(t *testing.T) {
+	sc, err := LoadScenario("testdata/saturated-key.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(sc, 1, Options{Systems: []string{"allot", "static"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allot, static *SystemResult
+	for i := range res.Systems {
+		switch res.Systems[i].Name {
+		case "allot":
+			allot = &res.Systems[i]
+		case "static":
+			static = &res.Systems[i]
+		}
+	}
+	if allot == nil || static == nil {
+		t.Fatal("allot or static missing from the results")
+	}
+	const settled = 2.0 // seconds
+	var tokens float64
+	bins := allot.AdmittedRate[0]
+	for b := range bins[0] {
+		if float64(b)*res.BinS < settled {
+			continue
+		}
+		for g := range bins {
+			tokens += bins[g][b] * res.BinS
+		}
+	}
+	rate := tokens / (res.DurationS - settled)
+	if rate < 597 || rate > 600.5 {
+		t.Errorf("after %gs allot admitted %.2f a second, want the budget's 600", settled, rate)
+	}
+	if static.Utilization < 0.999 {
+		t.Errorf("static split: utilization %.4f, want its whole budget", static.Utilization)
+	}
+	if allot.Utilization < 0.97 {
+		t.Errorf("allot: utilization %.4f, want at most the start and the cap below 1 (≥ 0.97)", allot.Utilization)
+	}
+	t.Logf("allot %.4f (uncapped %.4f, %.2f a second after %gs), static %.4f", allot.Utilization, allot.AdmittedRatio, rate, settled, static.Utilization)
+}
