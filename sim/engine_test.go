@@ -43,7 +43,7 @@ func TestEngineOrder(t *testing.T) {
 			ref = append(ref[:m], ref[m+1:]...)
 			return p
 		}
-		for src := int64(0); src < 1+int64(seed%5); src++ {
+		for src := int64(0); src < 1+int64(seed%8); src++ { // both sides of siftRoot's five
 			add(rng.Int64N(20), true, src)
 		}
 		nextID := int64(100)

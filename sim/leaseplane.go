@@ -113,9 +113,7 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 	for _, r := range w.rules {
 		p.budgets = append(p.budgets, lease.Budget{Rule: r.spec.Name, Limit: r.limit, Regions: names,
 			Weights: r.spec.Weights, Reserve: r.spec.Reserve, Policy: r.spec.allocation()})
-		for k := 0; k < r.keys; k++ {
-			p.keys = append(p.keys, bucket.Key{Rule: r.spec.Name, Subject: "s" + strconv.Itoa(k)})
-		}
+		p.keys = appendKeys(p.keys, r.spec.Name, r.keys)
 		tr := 0
 		for _, ts := range sc.Traffic {
 			if ts.Rule == r.spec.Name && ts.Key != nil {
@@ -391,6 +389,28 @@ func (p *leasePlane) budgetOf(w *world, k bucket.Key) (int, bool) {
 		}
 	}
 	return 0, false
+}
+
+// appendKeys appends the keys of a rule's n budgets, subjects "s0" to
+// "s<n−1>", to ks. The subjects are cut from one string, in budget order:
+// every decision reads its key's bytes (the core hashes them), and one
+// allocation per subject scattered them over the heap, a cache line apart
+// where a few kilobytes hold them all.
+func appendKeys(ks []bucket.Key, rule string, n int) []bucket.Key {
+	var buf []byte
+	ends := make([]int, n)
+	for k := range n {
+		buf = append(buf, 's')
+		buf = strconv.AppendInt(buf, int64(k), 10)
+		ends[k] = len(buf)
+	}
+	all := string(buf)
+	start := 0
+	for k := range n {
+		ks = append(ks, bucket.Key{Rule: rule, Subject: all[start:ends[k]]})
+		start = ends[k]
+	}
+	return ks
 }
 
 func (p *leasePlane) agentNode(r int) node {

@@ -17,6 +17,7 @@ import (
 // admission and linear in the run.
 type meter struct {
 	b         []budgetMeter // per budget
+	cold      []budgetCold  // per budget
 	tokens    int64         // all tokens admitted
 	requests  int64
 	rejected  int64
@@ -24,26 +25,37 @@ type meter struct {
 	unavail   int64 // decisions the system could not make (reported as rejects)
 	redisOps  int64
 	bins      *series
-	u         *usage // per budget: use capped per window, requests, false rejects
+	touched   []int32 // budgets with win > 0, so a utilization window closes in time proportional to its traffic
 	lat       [numPaths]histogram
 	pathCount [numPaths]int64
 }
 
-// budgetMeter is one budget's figures, together so that an admission
-// touches one cache line.
+// budgetMeter is the part of one budget's figures that every decision
+// touches, in one cache line: the overshoot's running values and the
+// budget's utilization counts (usage.go). A decision touched two lines
+// when these were two structs, and with allot's key states about the
+// level-2 cache's size, each line a decision touches is likely a miss.
 type budgetMeter struct {
-	admitted int64   // A(now), tokens
-	minV     int64   // running min of V(s⁻), scaled
-	lastT    Micros  // time of the last admission
-	lastEx   int64   // excess (V − min − B·p) right after the last admission, scaled
-	peak     int64   // largest excess seen, scaled
-	area     float64 // ∫ max(excess,0) dt, scaled·µs
-	peakAt   Micros
-	_        int64 // pad to 64 bytes
+	admitted int64  // A(now), tokens
+	minV     int64  // running min of V(s⁻), scaled
+	lastT    Micros // time of the last admission
+	lastEx   int64  // excess (V − min − B·p) right after the last admission, scaled
+	peak     int64  // largest excess seen, scaled
+	win      int64  // tokens admitted in the current utilization window
+	requests int64
+	rej      int64 // false rejects; for the ideal bucket, its rejects
+}
+
+// budgetCold is the rest of one budget's figures, touched only while an
+// excess lasts, at a new peak, or when a utilization window closes.
+type budgetCold struct {
+	area   float64 // ∫ max(excess,0) dt, scaled·µs
+	peakAt Micros
+	capped int64 // Σ over closed utilization windows of min(win, the ideal's win)
 }
 
 func newMeter(nb int, bins *series) *meter {
-	return &meter{b: make([]budgetMeter, nb), bins: bins, u: newUsage(nb)}
+	return &meter{b: make([]budgetMeter, nb), cold: make([]budgetCold, nb), bins: bins}
 }
 
 // path is how a decision was made, for the latency figures.
@@ -60,9 +72,9 @@ const (
 
 var pathNames = [numPaths]string{"local", "redis", "emergency", "wan", "closed"}
 
-// admit records cost tokens admitted for budget b at virtual time t.
-func (m *meter) admit(w *world, b, region int, cost int64, t Micros) {
-	r := w.ruleOf(b)
+// admit records cost tokens admitted for budget b, of rule r, at virtual
+// time t.
+func (m *meter) admit(r *ruleRT, b, region int, cost int64, t Micros) {
 	p, c := r.p, r.c
 	bm := &m.b[b]
 	a := bm.admitted
@@ -70,7 +82,7 @@ func (m *meter) admit(w *world, b, region int, cost int64, t Micros) {
 	vBefore := a*p - c*t
 	// The minimum starts at V(0⁻) = 0; since V only falls while nothing
 	// is admitted, V(t⁻) is the only new candidate.
-	bm.accrue(r, t)
+	m.accrue(b, r, t)
 	if vBefore < bm.minV {
 		bm.minV = vBefore
 	}
@@ -81,13 +93,13 @@ func (m *meter) admit(w *world, b, region int, cost int64, t Micros) {
 	bm.lastT = t
 	if ex > bm.peak {
 		bm.peak = ex
-		bm.peakAt = t
+		m.cold[b].peakAt = t
 	}
 	if ex > 0 && m.bins != nil {
 		m.bins.over(t, float64(ex)/float64(p))
 	}
 	m.tokens += cost
-	m.u.add(b, cost)
+	m.use(b, cost)
 	if m.bins != nil {
 		m.bins.add(t, r.idx, region, cost)
 	}
@@ -95,7 +107,8 @@ func (m *meter) admit(w *world, b, region int, cost int64, t Micros) {
 
 // accrue adds the area under the excess from the last admission to t: the
 // excess falls with slope c while nothing is admitted.
-func (bm *budgetMeter) accrue(r *ruleRT, t Micros) {
+func (m *meter) accrue(b int, r *ruleRT, t Micros) {
+	bm := &m.b[b]
 	ex := bm.lastEx
 	if ex <= 0 {
 		return
@@ -104,14 +117,14 @@ func (bm *budgetMeter) accrue(r *ruleRT, t Micros) {
 	if cut := float64(ex) / float64(r.c); d > cut {
 		d = cut
 	}
-	bm.area += float64(ex)*d - float64(r.c)*d*d/2
+	m.cold[b].area += float64(ex)*d - float64(r.c)*d*d/2
 }
 
 // finish accrues the excess up to the end of the run.
 func (m *meter) finish(w *world, end Micros) {
 	for b := range m.b {
 		if m.b[b].admitted > 0 {
-			m.b[b].accrue(w.ruleOf(b), end)
+			m.accrue(b, w.ruleOf(b), end)
 		}
 	}
 }
@@ -187,9 +200,12 @@ type series struct {
 	// from, to and at are the times [from, to) the last bin looked up
 	// holds and its index: admissions come in time order, mostly within
 	// one bin, and the division that finds a bin was a measurable part
-	// of every admission.
-	from, to Micros
-	at       int
+	// of every admission. ruleRow and regRow are that bin's rows of
+	// byRule and byReg, so that an admission indexes them without the
+	// bin's multiplications.
+	from, to        Micros
+	at              int
+	ruleRow, regRow []int64
 }
 
 func newSeries(duration Micros, nbins, nrules, nreg int) *series {
@@ -206,9 +222,14 @@ func newSeries(duration Micros, nbins, nrules, nreg int) *series {
 }
 
 func (s *series) bin(t Micros) int {
-	if t >= s.from && t < s.to {
-		return s.at
+	if t < s.from || t >= s.to {
+		s.move(t)
 	}
+	return s.at
+}
+
+// move makes the bin that holds t the current one.
+func (s *series) move(t Micros) {
 	i := int(t / s.width)
 	if i >= s.nbins {
 		i = s.nbins - 1
@@ -219,20 +240,23 @@ func (s *series) bin(t Micros) int {
 	// The times bin i holds: the first bin also holds those before 0,
 	// the last those after the end.
 	s.at, s.from, s.to = i, Micros(i)*s.width, Micros(i+1)*s.width
+	s.ruleRow = s.byRule[i*s.nrules : (i+1)*s.nrules]
+	s.regRow = s.byReg[i*s.nrules*s.nreg : (i+1)*s.nrules*s.nreg]
 	if i == 0 {
 		s.from = math.MinInt64
 	}
 	if i == s.nbins-1 {
 		s.to = math.MaxInt64
 	}
-	return i
 }
 
 func (s *series) add(t Micros, rule, region int, cost int64) {
-	i := s.bin(t)
-	s.byRule[i*s.nrules+rule] += cost
+	if t < s.from || t >= s.to {
+		s.move(t)
+	}
+	s.ruleRow[rule] += cost
 	if region >= 0 {
-		s.byReg[(i*s.nrules+rule)*s.nreg+region] += cost
+		s.regRow[rule*s.nreg+region] += cost
 	}
 }
 

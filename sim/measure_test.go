@@ -48,7 +48,7 @@ func TestMeterMatchesBruteForce(t *testing.T) {
 			cst := int64(1 + rng.IntN(5))
 			ts = append(ts, now)
 			costs = append(costs, cst)
-			m.admit(w, 0, 0, cst, now)
+			m.admit(&w.rules[0], 0, 0, cst, now)
 		}
 		want := bruteOvershoot(ts, costs, w.rules[0].c, w.rules[0].p, burst)
 		if m.b[0].peak != want {
@@ -64,13 +64,13 @@ func TestMeterTimeWeighted(t *testing.T) {
 	w.rules = []ruleRT{{c: 10, p: 1_000_000, bp: 10 * 1_000_000, keys: 1}} // 10/s, B=10
 	w.ruleIdx = []uint16{0}
 	m := newMeter(1, nil)
-	m.admit(w, 0, 0, 20, 1_000_000)
+	m.admit(&w.rules[0], 0, 0, 20, 1_000_000)
 	m.finish(w, w.end)
 	if got := m.b[0].peak / 1_000_000; got != 10 {
 		t.Fatalf("peak = %d tokens, want 10", got)
 	}
 	// B²/(2R) = 100/(2·10) = 5 token-seconds.
-	if got := m.b[0].area / 1e6 / 1e6; got < 4.999 || got > 5.001 {
+	if got := m.cold[0].area / 1e6 / 1e6; got < 4.999 || got > 5.001 {
 		t.Fatalf("area = %v token·s, want 5", got)
 	}
 }

@@ -218,7 +218,7 @@ func TestIdealMatchesBucket(t *testing.T) {
 			} else {
 				denied++
 			}
-			if got := w.idealDecide(b, now, cost); got != want {
+			if got := w.idealDecide(w.ruleOf(b), b, now, cost); got != want {
 				t.Fatalf("%d per %s burst %d: request %d (budget %d, cost %d at %d µs): ideal says %v, bucket.Decide %v (err %v)",
 					lc.count, lc.period, lc.burst, i, b, cost, now, got, want, err)
 			}

@@ -350,8 +350,8 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 	}
 	if w.idealM.tokens > 0 {
 		var used int64
-		for i := range m.u.b {
-			used += m.u.b[i].capped
+		for i := range m.cold {
+			used += m.cold[i].capped
 		}
 		sr.Utilization = round(float64(used)/float64(w.idealM.tokens), 6)
 		sr.AdmittedRatio = round(float64(m.tokens)/float64(w.idealM.tokens), 6)
@@ -378,16 +378,16 @@ func (w *world) systemResult(name string, m *meter, s system) SystemResult {
 			if bm.peak > worst {
 				worst = bm.peak
 				ro.WorstKey = k
-				ro.PeakAtS = round(float64(bm.peakAt)/1e6, 6)
+				ro.PeakAtS = round(float64(m.cold[b].peakAt)/1e6, 6)
 			}
-			if a := bm.area / dur / float64(r.p); a > tw {
+			if a := m.cold[b].area / dur / float64(r.p); a > tw {
 				tw = a
 			}
 		}
 		ro.PeakTokens = round(float64(worst)/float64(r.p), 6)
 		ro.PeakPctOfBurst = round(100*ro.PeakTokens/float64(r.spec.Burst), 4)
 		ro.TimeWeighted = round(tw, 6)
-		w.ruleUsage(&ro, &r, m.u)
+		w.ruleUsage(&ro, &r, m)
 		sr.Rules = append(sr.Rules, ro)
 	}
 	bs := m.bins

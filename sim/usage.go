@@ -22,55 +22,33 @@ const measuredShare = 0.01
 // reject for its demand to count as exceeding the budget.
 const contestedShare = 0.01
 
-// usage is one system's per-budget figures: its use capped per window at
-// the ideal bucket's admissions, its requests and its false rejects (for
-// the ideal bucket itself, its rejects).
-type usage struct {
-	b       []budgetUse // per budget
-	touched []int32     // budgets with win > 0, so a window closes in time proportional to its traffic
-}
-
-// budgetUse is one budget's figures in a usage, together so that a
-// decision touches one cache line of them, not one in each of four slices.
-type budgetUse struct {
-	win      int64 // tokens admitted in the current window
-	capped   int64 // Σ over closed windows of min(win, the ideal's win)
-	requests int64
-	rej      int64
-}
-
-func newUsage(nb int) *usage {
-	return &usage{b: make([]budgetUse, nb)}
-}
-
-// add records cost tokens admitted for budget b in the current window.
-func (u *usage) add(b int, cost int64) {
-	bu := &u.b[b]
-	if bu.win == 0 {
-		u.touched = append(u.touched, int32(b)) // #nosec G115 -- a budget index; 2^31 budgets would not fit in memory
+// use records cost tokens admitted for budget b in the current window.
+func (m *meter) use(b int, cost int64) {
+	bm := &m.b[b]
+	if bm.win == 0 {
+		m.touched = append(m.touched, int32(b)) // #nosec G115 -- a budget index; 2^31 budgets would not fit in memory
 	}
-	bu.win += cost
+	bm.win += cost
 }
 
 // closeWindow ends the current utilization window at every meter: each
 // system's use of each budget in it counts up to what the ideal admitted.
 func (w *world) closeWindow() {
-	iu := w.idealM.u
+	im := w.idealM
 	for _, m := range w.meters {
-		u := m.u
-		for _, b := range u.touched {
-			bu := &u.b[b]
-			bu.capped += min(bu.win, iu.b[b].win)
-			bu.win = 0
+		for _, b := range m.touched {
+			bm := &m.b[b]
+			m.cold[b].capped += min(bm.win, im.b[b].win)
+			bm.win = 0
 		}
-		u.touched = u.touched[:0]
+		m.touched = m.touched[:0]
 	}
-	for _, b := range iu.touched {
-		bu := &iu.b[b]
-		bu.capped += bu.win
-		bu.win = 0
+	for _, b := range im.touched {
+		bm := &im.b[b]
+		im.cold[b].capped += bm.win
+		bm.win = 0
 	}
-	iu.touched = iu.touched[:0]
+	im.touched = im.touched[:0]
 	w.winEnd += utilWindow
 }
 
@@ -90,18 +68,18 @@ type BudgetOutcome struct {
 	FalseRejectPct float64 `json:"false_reject_pct"`
 }
 
-// ruleUsage fills ro's utilization and false-reject figures from u: the
+// ruleUsage fills ro's utilization and false-reject figures from m: the
 // rule's use, and per measured budget (those carrying at least 1% of the
 // rule's ideal tokens) the worst and the mean.
-func (w *world) ruleUsage(ro *RuleOutcome, r *ruleRT, u *usage) {
-	iu := w.idealM.u
+func (w *world) ruleUsage(ro *RuleOutcome, r *ruleRT, m *meter) {
+	im := w.idealM
 	var ideal, used, req, fr int64
 	for k := 0; k < r.keys; k++ {
 		b := r.base + k
-		ideal += iu.b[b].capped
-		used += u.b[b].capped
-		req += u.b[b].requests
-		fr += u.b[b].rej
+		ideal += im.cold[b].capped
+		used += m.cold[b].capped
+		req += m.b[b].requests
+		fr += m.b[b].rej
 	}
 	if ideal > 0 {
 		ro.Utilization = round(float64(used)/float64(ideal), 6)
@@ -113,12 +91,12 @@ func (w *world) ruleUsage(ro *RuleOutcome, r *ruleRT, u *usage) {
 	var sumU, sumF float64
 	for k := 0; k < r.keys; k++ {
 		b := r.base + k
-		bu, ibu := &u.b[b], &iu.b[b]
-		it := ibu.capped
+		bu, ibu := &m.b[b], &im.b[b]
+		it := im.cold[b].capped
 		if it == 0 || float64(it) < measuredShare*float64(ideal) {
 			continue
 		}
-		bo := BudgetOutcome{Key: k, IdealTokens: it, Utilization: round(float64(bu.capped)/float64(it), 6),
+		bo := BudgetOutcome{Key: k, IdealTokens: it, Utilization: round(float64(m.cold[b].capped)/float64(it), 6),
 			Contested: float64(ibu.rej) >= contestedShare*float64(ibu.requests)}
 		if bu.requests > 0 {
 			bo.FalseRejectPct = round(100*float64(bu.rej)/float64(bu.requests), 4)

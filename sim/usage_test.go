@@ -59,20 +59,20 @@ func TestUtilizationCappedPerWindow(t *testing.T) {
 // that admits more than the ideal in a window is credited the ideal's
 // tokens, one that admits less its own.
 func TestCloseWindowCapsAtTheIdeal(t *testing.T) {
-	w := &world{nb: 2, idealM: &meter{u: newUsage(2)}}
-	over, under := &meter{u: newUsage(2)}, &meter{u: newUsage(2)}
+	w := &world{nb: 2, idealM: newMeter(2, nil)}
+	over, under := newMeter(2, nil), newMeter(2, nil)
 	w.meters = []*meter{over, under}
-	w.idealM.u.add(0, 10)
-	w.idealM.u.add(1, 4)
-	over.u.add(0, 15)
-	over.u.add(1, 4)
-	under.u.add(0, 7)
+	w.idealM.use(0, 10)
+	w.idealM.use(1, 4)
+	over.use(0, 15)
+	over.use(1, 4)
+	under.use(0, 7)
 	w.closeWindow()
 	// Second window: the ideal admits nothing for budget 1, so what the
 	// over-admitting system takes for it is overshoot.
-	w.idealM.u.add(0, 5)
-	over.u.add(1, 3)
-	under.u.add(0, 5)
+	w.idealM.use(0, 5)
+	over.use(1, 3)
+	under.use(0, 5)
 	w.closeWindow()
 	for _, c := range []struct {
 		name string
@@ -83,7 +83,7 @@ func TestCloseWindowCapsAtTheIdeal(t *testing.T) {
 		{"over", over, [2]int64{10, 4}},
 		{"under", under, [2]int64{12, 0}},
 	} {
-		if got := [2]int64{c.m.u.b[0].capped, c.m.u.b[1].capped}; got != c.want {
+		if got := [2]int64{c.m.cold[0].capped, c.m.cold[1].capped}; got != c.want {
 			t.Errorf("%s: capped use %v, want %v", c.name, got, c.want)
 		}
 	}

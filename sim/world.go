@@ -186,11 +186,11 @@ func (w *world) addSystem(s system) int {
 func (w *world) admit(si, region, b int, cost int64, t Micros, p path, lat Micros) {
 	m := w.meters[si]
 	m.requests++
-	m.u.b[b].requests++
+	m.b[b].requests++
 	if w.trace != nil {
 		w.trace(si, region, b, cost, t, p)
 	}
-	m.admit(w, b, region, cost, t)
+	m.admit(w.ruleOf(b), b, region, cost, t)
 	m.pathCount[p]++
 	m.lat[p].record(lat)
 }
@@ -202,7 +202,7 @@ func (w *world) reject(si, b int, idealOK bool, p path, lat Micros, unavailable 
 	m := w.meters[si]
 	m.requests++
 	m.rejected++
-	bu := &m.u.b[b]
+	bu := &m.b[b]
 	bu.requests++
 	if idealOK {
 		m.falseRej++
@@ -287,14 +287,15 @@ func (w *world) arrival(i int32, t Micros) {
 	b, cost := s.draw(w.trng)
 	w.arrivals++
 	// The ideal global bucket: one exact bucket per budget at true time.
-	idealOK := w.idealDecide(b, t, cost)
+	r := &w.rules[s.rule]
+	idealOK := w.idealDecide(r, b, t, cost)
 	w.idealM.requests++
-	w.idealM.u.b[b].requests++
+	w.idealM.b[b].requests++
 	if idealOK {
-		w.idealM.admit(w, b, s.region, cost, t)
+		w.idealM.admit(r, b, s.region, cost, t)
 	} else {
 		w.idealM.rejected++
-		w.idealM.u.b[b].rej++
+		w.idealM.b[b].rej++
 	}
 	w.decisions++
 	for _, sys := range w.systems {
@@ -308,8 +309,8 @@ func (w *world) arrival(i int32, t Micros) {
 }
 
 // idealDecide is the ideal global bucket's decision on cost tokens of
-// budget b at true time t: the GCRA of bucket.Decide under the rule's
-// limit, which the ideal never changes, at a time that never runs
+// budget b, of rule r, at true time t: the GCRA of bucket.Decide under the
+// rule's limit, which the ideal never changes, at a time that never runs
 // backwards, so none of bucket's carrying or capping arises. In units of
 // 1/c µs the emission interval is p and the tolerance bp; the bucket is
 // spent by tat − t·c, at least 0, and admits when that plus cost·p is
@@ -318,8 +319,7 @@ func (w *world) arrival(i int32, t Micros) {
 // arrival. newWorld keeps t·c within int64 (the meter's range check) and
 // cost ≤ burst keeps cost·p within bp < 2^52. TestIdealMatchesBucket
 // checks it against bucket.Decide.
-func (w *world) idealDecide(b int, t Micros, cost int64) bool {
-	r := w.ruleOf(b)
+func (w *world) idealDecide(r *ruleRT, b int, t Micros, cost int64) bool {
 	if cost <= 0 || cost > r.spec.Burst {
 		return false // bucket.Decide's ErrInvalidCost and ErrNeverFits
 	}
