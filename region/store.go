@@ -69,18 +69,19 @@ func (s *Store) SetNamer(n *Namer) { s.namer.Store(n) }
 // Core returns the decision core.
 func (s *Store) Core() *Core { return s.core }
 
-// Decide implements bucket.Store.
+// Decide implements bucket.Store: Admit, and Declined when Admit did not
+// decide. A request with an attempt id is never decided from a batch.
 func (s *Store) Decide(ctx context.Context, key bucket.Key, l bucket.Limit, cost bucket.Tokens, attemptID string) (bucket.Decision, error) {
-	s.namer.Load().rename(&key, &l)
-	bk := &key // the budget's key now
 	if attemptID == "" {
-		if left, ac := s.fromBatch(bk, &l, cost); ac != nil {
+		if left, lim := s.Admit(key, l, cost); lim != nil {
 			// Built in the result, not in a variable whose address the
 			// slow path takes: that one is zeroed and copied out.
-			return bucket.Decision{Allowed: true, Remaining: bucket.Tokens(left), Limit: ac.limit}, nil
+			return bucket.Decision{Allowed: true, Remaining: left, Limit: *lim}, nil
 		}
+		return s.Declined(ctx, key, l, cost)
 	}
-	return s.decide(ctx, bk, &l, cost, attemptID)
+	s.namer.Load().rename(&key, &l)
+	return s.decide(ctx, &key, &l, cost, attemptID)
 }
 
 // Declined implements bucket.Admitter: Decide without the decision from a
@@ -117,32 +118,32 @@ func (s *Store) decide(ctx context.Context, bk *bucket.Key, l *bucket.Limit, cos
 }
 
 // Admit implements bucket.Admitter: Decide's decision from a batch, on
-// the coarse clock, returned in registers. The limit is the key's cached
-// allocation's, which never changes once published.
+// the coarse clock (Core.fromBatch), returned in registers, when the store
+// uses a coarse clock. The limit is the key's cached allocation's, which
+// never changes once published.
 func (s *Store) Admit(key bucket.Key, l bucket.Limit, cost bucket.Tokens) (bucket.Tokens, *bucket.Limit) {
-	s.namer.Load().rename(&key, &l)
-	left, ac := s.fromBatch(&key, &l, cost)
-	if ac == nil {
-		return 0, nil
-	}
-	return bucket.Tokens(left), &ac.limit
-}
-
-// fromBatch is Core.fromBatch on the coarse clock, when the store uses
-// one, for the budget's key, reporting the decision it makes to observe.
-func (s *Store) fromBatch(bk *bucket.Key, l *bucket.Limit, cost bucket.Tokens) (int64, *allocCache) {
 	co := s.coarse.Load()
 	if co == nil {
 		return 0, nil
 	}
-	left, ac := s.core.fromBatch(co.NowMicro(), coarseSlack.Microseconds(), bk, l, cost)
-	if ac != nil && s.observe != nil {
-		// Timed by no clock: a decision from a batch takes tens of
-		// nanoseconds, within the latency histogram's first bucket.
-		s.observe(Result{Decision: bucket.Decision{Allowed: true, Remaining: bucket.Tokens(left), Limit: ac.limit},
-			Path: PathBatch, Hot: ac.hot, Alloc: ac.full}, 0)
+	s.namer.Load().rename(&key, &l)
+	left, ac := s.core.fromBatch(co.NowMicro(), coarseSlack.Microseconds(), &key, &l, cost)
+	if ac == nil {
+		return 0, nil
 	}
-	return left, ac
+	if s.observe != nil {
+		s.observeBatch(left, ac)
+	}
+	return bucket.Tokens(left), &ac.limit
+}
+
+// observeBatch reports a decision from a batch to observe, out of line:
+// the result it builds would otherwise enlarge Admit's frame.
+func (s *Store) observeBatch(left int64, ac *allocCache) {
+	// Timed by no clock: a decision from a batch takes tens of
+	// nanoseconds, within the latency histogram's first bucket.
+	s.observe(Result{Decision: bucket.Decision{Allowed: true, Remaining: bucket.Tokens(left), Limit: ac.limit},
+		Path: PathBatch, Hot: ac.hot, Alloc: ac.full}, 0)
 }
 
 // TakeUpTo implements bucket.Store on the key's regional bucket, at the
