@@ -221,21 +221,6 @@ func (c Condition) compile() matcher {
 	}
 }
 
-// holds is Condition.Holds on the compiled condition.
-func (m *matcher) holds(d Descriptor) bool {
-	v, ok := d.Get(m.key)
-	switch {
-	case !ok:
-		return false
-	case m.kind == matchAny:
-		return true
-	case m.kind == matchPrefix:
-		return len(v) >= len(m.lit) && SameString(v[:len(m.lit)], m.lit)
-	default:
-		return SameString(v, m.lit)
-	}
-}
-
 func matchPattern(pattern, v string) bool {
 	switch {
 	case pattern == "" || pattern == "*":
@@ -328,9 +313,23 @@ func (r *Rule) compile() {
 // Matches reports whether every condition of r holds for d.
 func (r *Rule) Matches(d Descriptor) bool {
 	if r.compiled {
+		// Condition.Holds on each compiled condition, written out here:
+		// a call per condition was a fifth of a match's cost.
 		for i := range r.matchers {
-			if !r.matchers[i].holds(d) {
+			m := &r.matchers[i]
+			v, ok := d.Get(m.key)
+			switch {
+			case !ok:
 				return false
+			case m.kind == matchAny:
+			case m.kind == matchPrefix:
+				if len(v) < len(m.lit) || !SameString(v[:len(m.lit)], m.lit) {
+					return false
+				}
+			default:
+				if !SameString(v, m.lit) {
+					return false
+				}
 			}
 		}
 		return true
