@@ -70,8 +70,36 @@ func TestResolveAsTheMap(t *testing.T) {
 			t.Errorf("%d plans: Resolve(gold) = %+v, want %+v", n, got, want)
 		}
 		fixed, _ := s.Rule("fixed")
-		if got, want := *s.Resolve(fixed, "p0"), (Resolution{Limit: bucket.PerMinute(7)}); got != want {
-			t.Errorf("%d plans: Resolve(fixed) = %+v, want %+v", n, got, want)
+		for _, plan := range []string{"p0", ""} {
+			if got, want := *s.Resolve(fixed, plan), (Resolution{Limit: bucket.PerMinute(7)}); got != want {
+				t.Errorf("%d plans: Resolve(fixed, %q) = %+v, want %+v", n, plan, got, want)
+			}
+		}
+	}
+}
+
+// TestParsedSubjectAsWritten: a parsed rule gives the subject a rule
+// written as a literal gives, for each kind of subject: the identity,
+// shared, and descriptor keys.
+func TestParsedSubjectAsWritten(t *testing.T) {
+	set, err := Parse([]byte(`rules:
+  - {name: id, match: {path: /i}, limit: "1 per second"}
+  - {name: shared, match: {path: /s}, limit: "1 per second", subject: shared}
+  - {name: keys, match: {path: /k}, limit: "1 per second", subject: [tenant]}
+`), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range set.rules {
+		written := &Rule{Name: r.Name, Shared: r.Shared, SubjectKeys: r.SubjectKeys}
+		for _, d := range []Descriptor{nil, {{Key: "tenant", Value: "t1"}}, {{Key: "tenant", Value: ""}}} {
+			for _, identity := range []string{"", "alice"} {
+				got, gotOK := r.SubjectOf(d, identity)
+				want, wantOK := written.SubjectOf(d, identity)
+				if got != want || gotOK != wantOK {
+					t.Errorf("rule %s, %s, identity %q: parsed %q %v, written %q %v", r.Name, d, identity, got, gotOK, want, wantOK)
+				}
+			}
 		}
 	}
 }

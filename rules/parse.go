@@ -136,7 +136,9 @@ func Parse(data []byte, name string) (*Set, error) {
 	if s.version == "" {
 		s.version = "sha256:" + s.digest[:12]
 	}
-	s.defaultP = s.plans[s.defaultPlan]
+	if d := s.plans[s.defaultPlan]; d != nil {
+		s.defaultRes = &d.res
+	}
 	for _, p := range s.planOrder {
 		p.res = Resolution{Limit: p.Limit, Plan: p.Name}
 	}

@@ -295,6 +295,9 @@ type Rule struct {
 	matchers []matcher
 	// fixed is a fixed rule's Resolution, set with compiled.
 	fixed Resolution
+	// byIdentity, set with compiled, is that the rule's subject is the
+	// request's identity: neither shared nor named by subject keys.
+	byIdentity bool
 }
 
 // compile compiles r's conditions into matchers and resolves its limit
@@ -307,6 +310,7 @@ func (r *Rule) compile() {
 	if r.Source == Fixed {
 		r.fixed = Resolution{Limit: r.Limit}
 	}
+	r.byIdentity = !r.Shared && len(r.SubjectKeys) == 0
 	r.compiled = true
 }
 
@@ -383,6 +387,16 @@ func (r *Rule) MaxCost() bucket.Tokens {
 // else identity. ok is false when the request has no identity: identity is
 // empty, or a subject key is missing or empty.
 func (r *Rule) SubjectOf(d Descriptor, identity string) (subject string, ok bool) {
+	// Small enough to be inlined for a parsed rule whose subject is the
+	// identity, the common case, which then costs no call.
+	if r.byIdentity {
+		return identity, identity != ""
+	}
+	return r.subjectOf(d, identity)
+}
+
+// subjectOf is SubjectOf without the shortcut of a parsed rule.
+func (r *Rule) subjectOf(d Descriptor, identity string) (subject string, ok bool) {
 	if r.Shared {
 		return SharedSubject, true
 	}
@@ -428,11 +442,11 @@ type Set struct {
 	unknownPlan UnknownPlanAction
 	plans       map[string]*Plan
 	planOrder   []*Plan
-	// defaultP is the default plan, found once the set is parsed; nil
-	// when it has none.
-	defaultP *Plan
-	rules    []*Rule
-	byName   map[string]*Rule
+	// defaultRes is the Resolution of a plan rule on the default plan,
+	// found once the set is parsed; nil when the set has no default plan.
+	defaultRes *Resolution
+	rules      []*Rule
+	byName     map[string]*Rule
 }
 
 // Version names this set in logs and metrics: the file's version label when
@@ -574,6 +588,16 @@ func (s *Set) LimitFor(r *Rule, plan string) Resolution {
 // default), the Resolution belongs to the set and must not be modified; for
 // a plan not in the set it is new.
 func (s *Set) Resolve(r *Rule, plan string) *Resolution {
+	// Small enough to be inlined for a plan rule on the default plan, the
+	// common case, which then costs no call.
+	if plan == "" && s.defaultRes != nil && r.Source != Fixed {
+		return s.defaultRes
+	}
+	return s.resolve(r, plan)
+}
+
+// resolve is Resolve past its shortcut.
+func (s *Set) resolve(r *Rule, plan string) *Resolution {
 	if r.Source == Fixed {
 		if r.compiled {
 			return &r.fixed
@@ -581,9 +605,7 @@ func (s *Set) Resolve(r *Rule, plan string) *Resolution {
 		return &Resolution{Limit: r.Limit}
 	}
 	if plan == "" {
-		if s.defaultP != nil {
-			return &s.defaultP.res
-		}
+		// Resolve has answered for a default plan in the set.
 		plan = s.defaultPlan
 	}
 	if len(s.planOrder) <= maxScannedPlans {
