@@ -252,10 +252,13 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 		}
 	}
 	d.Rule, d.Shadow = r.Name, r.Shadow
-	d.Cost = req.Cost
-	if d.Cost == 0 {
-		d.Cost = r.CostOf(req.Descriptor)
+	// What the common way out passes on is kept in locals as well as in
+	// d: reading it back from d costs a load per word, after a store.
+	cost := req.Cost
+	if cost == 0 {
+		cost = r.CostOf(req.Descriptor)
 	}
+	d.Cost = cost
 
 	// A fixed rule's limit is the same on every plan: its plan is not
 	// looked up.
@@ -281,10 +284,11 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 	// below only on the ways out that no store's answer overwrites, not
 	// on the common one.
 	d.Plan, d.Quota = res.Plan, res.Limit
-	d.Policy = r.Name
+	policy := r.Name
 	if r.Source == rules.FromPlan {
-		d.Policy = res.Plan
+		policy = res.Plan
 	}
+	d.Policy = policy
 	if res.Unknown {
 		l.stats.unknownPlan.Add(1)
 		l.event(Event{Kind: EventUnknownPlan, Rule: r.Name, Plan: res.Plan, Subject: subject, RulesVersion: d.RulesVersion})
@@ -302,9 +306,10 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 			subject = rules.UnknownPlanPrefix + subject
 		}
 	}
-	d.Key = bucket.Key{Rule: r.Name, Subject: subject}
+	key := bucket.Key{Rule: r.Name, Subject: subject}
+	d.Key = key
 
-	if !d.Quota.Fits(d.Cost) {
+	if !d.Quota.Fits(cost) {
 		// Check says why, and Fits spares the limit's copy into it when
 		// there is nothing to say.
 		d.Limit = d.Quota
@@ -319,7 +324,7 @@ func (l *StoreLimiter) allow(ctx context.Context, req *Request, d *Decision) err
 	if l.admit != nil && req.AttemptID == "" && r.Scope != rules.ScopeLocal {
 		// What Decide would answer from tokens the store holds, returned
 		// in registers rather than copied through memory.
-		if rem, lim := l.admit.Admit(d.Key, d.Quota, d.Cost); lim != nil {
+		if rem, lim := l.admit.Admit(key, d.Quota, cost); lim != nil {
 			d.Remaining, d.Limit = rem, *lim
 			d.Allowed, d.Reason = true, ReasonOK
 			return nil
