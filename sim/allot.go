@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 
 	"github.com/allot-dev/allot/breaker"
@@ -41,10 +40,6 @@ type allot struct {
 	// curBudget is the budget of the decision in progress, −1 between
 	// decisions: the store's calls for its key need not parse the key.
 	curBudget int
-	// meter and rng are w.meters[si] and w.sysRng[si], which every store
-	// call uses.
-	meter *meter
-	rng   *rand.Rand
 }
 
 // agentRT is one agent process of a region.
@@ -118,7 +113,6 @@ func newAllot(w *world) error {
 	a.failovers = make([]int, n)
 	a.starts = make([]faultStart, len(w.sc.Faults))
 	a.si = w.addSystem(a)
-	a.meter, a.rng = w.meters[a.si], w.sysRng[a.si]
 	for r := range w.regions {
 		cfg := region.DefaultConfig()
 		cfg.Region = w.regions[r].name
@@ -267,8 +261,8 @@ func pathOf(p region.Path) path {
 func (s *simStore) reach() (Micros, bool) {
 	a, w := s.a, s.a.w
 	t := w.eng.now
-	a.meter.redisOps++
-	rng := a.rng
+	w.meters[a.si].redisOps++
+	rng := w.sysRng[a.si]
 	s.outgrown = false
 	from, to := node{kind: kindAgent, region: s.region, idx: s.agent}, node{kind: kindRedis, region: s.region}
 	if len(w.net.cuts) > 0 && w.net.blocked(from, to) {

@@ -186,26 +186,7 @@ func (g *engine) retimeArrival(t Micros) {
 	g.seq++
 	k := &g.arr[0]
 	k.at, k.seq = t, g.seq
-	if len(g.arr) <= 5 {
-		siftRoot(g.arr)
-	} else {
-		siftDown(g.arr, 0)
-	}
-}
-
-// siftRoot is siftDown(h, 0) for a heap of at most five keys, where every
-// key but the root is the root's child: the root swaps with the least of
-// them when that is less. A scenario has a few traffic sources, so this
-// is the arrival heap's common case, and the general loop cost three times
-// its instructions there.
-func siftRoot(h []heapKey) {
-	m := 0
-	for j := 1; j < len(h); j++ {
-		if keyLess(h[j], h[m]) {
-			m = j
-		}
-	}
-	h[0], h[m] = h[m], h[0]
+	siftDown(g.arr, 0)
 }
 
 // dropArrival removes the earliest arrival, after topArrival.

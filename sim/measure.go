@@ -200,12 +200,9 @@ type series struct {
 	// from, to and at are the times [from, to) the last bin looked up
 	// holds and its index: admissions come in time order, mostly within
 	// one bin, and the division that finds a bin was a measurable part
-	// of every admission. ruleRow and regRow are that bin's rows of
-	// byRule and byReg, so that an admission indexes them without the
-	// bin's multiplications.
-	from, to        Micros
-	at              int
-	ruleRow, regRow []int64
+	// of every admission.
+	from, to Micros
+	at       int
 }
 
 func newSeries(duration Micros, nbins, nrules, nreg int) *series {
@@ -240,8 +237,6 @@ func (s *series) move(t Micros) {
 	// The times bin i holds: the first bin also holds those before 0,
 	// the last those after the end.
 	s.at, s.from, s.to = i, Micros(i)*s.width, Micros(i+1)*s.width
-	s.ruleRow = s.byRule[i*s.nrules : (i+1)*s.nrules]
-	s.regRow = s.byReg[i*s.nrules*s.nreg : (i+1)*s.nrules*s.nreg]
 	if i == 0 {
 		s.from = math.MinInt64
 	}
@@ -251,12 +246,10 @@ func (s *series) move(t Micros) {
 }
 
 func (s *series) add(t Micros, rule, region int, cost int64) {
-	if t < s.from || t >= s.to {
-		s.move(t)
-	}
-	s.ruleRow[rule] += cost
+	i := s.bin(t)
+	s.byRule[i*s.nrules+rule] += cost
 	if region >= 0 {
-		s.regRow[rule*s.nreg+region] += cost
+		s.byReg[(i*s.nrules+rule)*s.nreg+region] += cost
 	}
 }
 

@@ -235,15 +235,7 @@ section{border-top:2px solid #eee;margin-top:24px;padding-top:8px}small{color:#6
 <h2>Summary</h2><table><tr><th class="l">scenario</th><th>seed</th><th class="l">rule</th><th>allot overshoot</th><th>bound</th><th>verdict</th><th>allot util</th><th>allot worst util</th><th>vs static</th><th>static util</th><th>static worst util</th><th>central util</th><th>steady msg/s</th><th>independent overshoot</th><th>central p99 ms</th><th>async overshoot</th></tr>`)
 	for _, r := range results {
 		for ri := range r.Rules {
-			get := func(name string) *SystemResult {
-				for i := range r.Systems {
-					if r.Systems[i].Name == name {
-						return &r.Systems[i]
-					}
-				}
-				return nil
-			}
-			al, ind, st, ce, as := get("allot"), get("independent"), get("static"), get("central"), get("async-global")
+			al, ind, st, ce, as := r.System("allot"), r.System("independent"), r.System("static"), r.System("central"), r.System("async-global")
 			cell := func(s *SystemResult, f func(*SystemResult) string) string {
 				if s == nil {
 					return "-"

@@ -116,6 +116,16 @@ type Result struct {
 	Systems        []SystemResult `json:"systems"`
 }
 
+// System returns the named system's figures, or nil when it did not run.
+func (r *Result) System(name string) *SystemResult {
+	for i := range r.Systems {
+		if r.Systems[i].Name == name {
+			return &r.Systems[i]
+		}
+	}
+	return nil
+}
+
 // RuleInfo describes one rule.
 type RuleInfo struct {
 	Name  string  `json:"name"`

@@ -348,10 +348,8 @@ func TestFaultsTakeEffect(t *testing.T) {
 			return ""
 		}},
 		{"12-region-cut.yaml", func(r *Result) string {
-			for _, s := range r.Systems {
-				if s.Name == "central" && s.Unavailable == 0 {
-					return "the central baseline never lost its Redis"
-				}
+			if s := r.System("central"); s != nil && s.Unavailable == 0 {
+				return "the central baseline never lost its Redis"
 			}
 			return ""
 		}},
@@ -430,15 +428,7 @@ func TestSaturatedKeyAdmitsTheBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var allot, static *SystemResult
-	for i := range res.Systems {
-		switch res.Systems[i].Name {
-		case "allot":
-			allot = &res.Systems[i]
-		case "static":
-			static = &res.Systems[i]
-		}
-	}
+	allot, static := res.System("allot"), res.System("static")
 	if allot == nil || static == nil {
 		t.Fatal("allot or static missing from the results")
 	}

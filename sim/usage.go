@@ -122,12 +122,7 @@ func (w *world) ruleUsage(ro *RuleOutcome, r *ruleRT, m *meter) {
 // difference over measured budgets between its utilization and the static
 // split's on the same budget: negative where it used a budget less well.
 func vsStatic(res *Result) {
-	var st *SystemResult
-	for i := range res.Systems {
-		if res.Systems[i].Name == "static" {
-			st = &res.Systems[i]
-		}
-	}
+	st := res.System("static")
 	if st == nil {
 		return
 	}

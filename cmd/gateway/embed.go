@@ -102,7 +102,7 @@ func (e *embedded) close() {
 // Redis, client: the region's shared table and failover watch) and runs it
 // until ctx ends. The caller decides through its Store and closes it with
 // close once ctx has ended.
-func startAgent(ctx context.Context, e embedOptions, set *rules.Set, store bucket.Store, client *redis.Client,
+func startAgent(ctx context.Context, e embedOptions, set *rules.Set, store bucket.Store, client redis.UniversalClient,
 	logger *slog.Logger, reg prometheus.Registerer) (*embedded, error) {
 	out := &embedded{done: make(chan struct{})}
 	fail := func(err error) (*embedded, error) {

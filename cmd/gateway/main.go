@@ -204,13 +204,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	mem := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: o.memoryMaxKeys})
 	var store bucket.Store = mem
 	storeName := "memory"
-	var client *redis.Client
+	var client redis.UniversalClient
 	// regional is the store an embedded agent decides on: it runs its own
 	// breaker over it (agent.New), so it gets the store without the
 	// gateway's.
 	var regional bucket.Store = mem
 	if o.redisAddr != "" {
-		client = redisstore.NewUniversalClient([]string{o.redisAddr}, "", "").(*redis.Client) // one address: a plain client
+		client = redisstore.NewUniversalClient([]string{o.redisAddr}, "", "")
 		defer client.Close()
 		bc := breaker.DefaultConfig()
 		bc.Timeout, bc.MaxTimeout = o.redisTimeout, max(o.redisMaxTimeout, o.redisTimeout)
