@@ -88,6 +88,8 @@ func (c Config) Validate() error {
 	case c.Speaker.Tick <= 0 || c.Speaker.Refresh <= 0 || c.Speaker.Redial <= 0 || c.Speaker.DemandMaxAge <= 0:
 		return fmt.Errorf("%w: speaker tick=%s, refresh=%s, redial=%s and demand_max_age=%s must be > 0",
 			ErrInvalidConfig, c.Speaker.Tick, c.Speaker.Refresh, c.Speaker.Redial, c.Speaker.DemandMaxAge)
+	case c.Speaker.Drift < 0:
+		return fmt.Errorf("%w: speaker drift=%s must be ≥ 0", ErrInvalidConfig, c.Speaker.Drift)
 	}
 	return c.Core.Validate()
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -469,5 +470,16 @@ func TestLastErrorEndsWithTheOutage(t *testing.T) {
 	st.until(200, "the outage is over", func() bool { return !a.Status().LastErrorCurrent })
 	if s2 := a.Status(); s2.LastError == nil || s2.LastErrorAt.Before(s.LastErrorAt) {
 		t.Fatalf("after the outage the last error is forgotten or moved back: %v at %s", s2.LastError, s2.LastErrorAt)
+	}
+}
+
+// TestConfigRefusesNegativeSpeakerDrift: the agent's Validate sees the
+// speaker's drift margin at start, not at the speaker's first turn.
+func TestConfigRefusesNegativeSpeakerDrift(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Name, cfg.Core.Region = "a-0", "a"
+	cfg.Speaker.Drift = -time.Second
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "speaker drift=-1s must be ≥ 0") {
+		t.Fatalf("Validate() = %v, want the speaker's drift refused", err)
 	}
 }

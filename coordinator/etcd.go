@@ -30,14 +30,33 @@ func DefaultElectionConfig(prefix string) ElectionConfig {
 	return ElectionConfig{Prefix: prefix, SessionTTL: 3, Retry: 500 * time.Millisecond, Logger: slog.Default()}
 }
 
+// Validate reports the first problem with c, naming the field and value.
+func (c ElectionConfig) Validate() error {
+	switch {
+	case c.Prefix == "":
+		return fmt.Errorf("%w: election prefix is empty", ErrInvalidConfig)
+	case c.SessionTTL <= 0:
+		// etcd would take its own default (60 s) for these: a dead leader
+		// would keep its leadership a minute.
+		return fmt.Errorf("%w: election session_ttl=%d must be > 0 seconds", ErrInvalidConfig, c.SessionTTL)
+	case c.Retry <= 0:
+		return fmt.Errorf("%w: election retry=%s must be > 0", ErrInvalidConfig, c.Retry)
+	}
+	return nil
+}
+
 // RunElection campaigns for leadership of the cluster under cfg.Prefix on
 // etcd until ctx ends. While another coordinator leads, s follows and
 // redirects to it; when s wins, it leads with the revision of its leader
 // key as its term, so every later leader's term is larger. When its etcd
 // session ends (the etcd lease could not be kept alive), s steps down at
 // once. When ctx ends while leading, s expires every lease and resigns, so
-// regions drop to their floors instead of waiting out their leases.
+// regions drop to their floors instead of waiting out their leases. It
+// returns at once with cfg's problem when cfg is not valid.
 func RunElection(ctx context.Context, cli *clientv3.Client, cfg ElectionConfig, s *Server) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -339,4 +340,28 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestElectionConfigValidate: etcd takes its own 60 s for a session TTL of
+// 0 or less, so a dead leader would keep leading a minute; RunElection
+// refuses it instead, naming the field.
+func TestElectionConfigValidate(t *testing.T) {
+	for want, mod := range map[string]func(*ElectionConfig){
+		"prefix is empty":    func(c *ElectionConfig) { c.Prefix = "" },
+		"session_ttl=0":      func(c *ElectionConfig) { c.SessionTTL = 0 },
+		"session_ttl=-3":     func(c *ElectionConfig) { c.SessionTTL = -3 },
+		"retry=0s must be >": func(c *ElectionConfig) { c.Retry = 0 },
+	} {
+		c := DefaultElectionConfig("/allot")
+		mod(&c)
+		if err := c.Validate(); err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: Validate() = %v", want, err)
+		}
+		if err := RunElection(context.Background(), nil, c, nil); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: RunElection = %v, want the config refused", want, err)
+		}
+	}
+	if err := DefaultElectionConfig("/allot").Validate(); err != nil {
+		t.Fatal(err)
+	}
 }

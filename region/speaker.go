@@ -55,6 +55,8 @@ func (c SpeakerConfig) Validate() error {
 		return fmt.Errorf("%w: speaker agent is empty", ErrInvalidConfig)
 	case c.DemandMaxAge <= 0:
 		return fmt.Errorf("%w: speaker demand_max_age=%s must be > 0", ErrInvalidConfig, c.DemandMaxAge)
+	case c.Drift < 0:
+		return fmt.Errorf("%w: speaker drift=%s must be ≥ 0", ErrInvalidConfig, c.Drift)
 	}
 	return nil
 }

@@ -2,7 +2,9 @@ package region
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -408,5 +410,20 @@ func TestSpeakerResettlesAfterALapse(t *testing.T) {
 	i := slices.IndexFunc(rd.Settle, func(c Change) bool { return c.Key == spkKey })
 	if i < 0 || rd.Settle[i].To != alloc {
 		t.Fatalf("after the lapse and the renewal settle %+v, want %s/%s back to %s", rd.Settle, spkKey.Rule, spkKey.Subject, alloc)
+	}
+}
+
+// TestSpeakerConfigRefusesNegativeDrift: a negative drift margin would
+// shorten the speaker's own margin below the coordinator's; it is refused,
+// naming the field and value.
+func TestSpeakerConfigRefusesNegativeDrift(t *testing.T) {
+	cfg := DefaultSpeakerConfig()
+	cfg.Region, cfg.Agent, cfg.Drift = "a", "a-0", -time.Second
+	if err := cfg.Validate(); err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "drift=-1s") {
+		t.Fatalf("Validate() = %v, want drift=-1s refused", err)
+	}
+	cfg.Drift = 0
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("drift 0: %v", err)
 	}
 }

@@ -49,7 +49,7 @@ func (b *boundary) register(fs *flag.FlagSet) {
 	fs.Int64Var(&b.maxBody, "max-body-bytes", 256<<10, "largest /v1/allow body; beyond it 413")
 	fs.StringVar(&b.rlsUnknownDomain, "rls-unknown-domain", string(rls.AllowUnknownDomain), "RLS requests for a domain the rules do not serve: allow (logged and counted) or deny (over the limit)")
 	fs.IntVar(&b.rlsMaxDescriptors, "rls-max-descriptors", rls.MaxDescriptors, "most descriptors in one RLS request")
-	fs.IntVar(&b.memoryMaxKeys, "memory-max-keys", 1_000_000, "most buckets the in-process store holds (without -redis); at the bound new keys get the rule's failure policy")
+	fs.IntVar(&b.memoryMaxKeys, "memory-max-keys", 1_000_000, "most buckets the in-process store holds (without -redis); at the bound new keys get the rule's failure policy; < 0: no bound")
 	b.http = httpserver.DefaultConfig()
 	b.http.RegisterFlags(fs)
 }
@@ -61,6 +61,9 @@ func (b *boundary) validate(o options) error {
 	}
 	if err := b.bounds.Validate(); err != nil {
 		return err
+	}
+	if b.memoryMaxKeys == 0 {
+		return fmt.Errorf("-memory-max-keys=0: give the most buckets (> 0), or < 0 for no bound")
 	}
 	if b.maxBody <= 0 {
 		return fmt.Errorf("-max-body-bytes=%d must be > 0", b.maxBody)

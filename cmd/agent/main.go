@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -120,7 +121,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.StringVar(&o.redisPass, "redis-password", "", "Redis password")
 	fs.StringVar(&o.redisPrefix, "redis-prefix", "allot:", "prefix of every Redis key the agent writes")
 	fs.DurationVar(&o.redisTimeout, "redis-timeout", cc.Timeout, "shortest deadline of a Redis call; it follows the latency Redis answers with, up to -redis-max-timeout, then the rule's failure policy applies")
-	fs.DurationVar(&o.redisMaxTimeout, "redis-max-timeout", cc.MaxTimeout, "longest deadline of a Redis call: a Redis slower than this counts as down")
+	fs.DurationVar(&o.redisMaxTimeout, "redis-max-timeout", cc.MaxTimeout, "longest deadline of a Redis call: a Redis slower than this counts as down (when not given, at least -redis-timeout)")
 	fs.StringVar(&o.coordinators, "coordinators", "", "coordinator addresses, comma-separated; empty: floors alone")
 	fs.BoolVar(&o.redisTLS, "redis-tls", false, "connect to Redis over TLS (server verified against -tls-ca; -tls-cert/-tls-key as client certificate when given)")
 	fs.BoolVar(&o.coordTLS, "coordinator-tls", false, "TLS to the coordinators, verified against -coordinator-ca (else -tls-ca, else the system roots); with -tls-cert/-tls-key the certificate proves the region (mutual TLS)")
@@ -164,6 +165,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 			if err := fs.Set(f.Name, v); err != nil && envErr == nil {
 				envErr = fmt.Errorf("%s=%q: %w", env, v, err)
 			}
+			set[f.Name] = true
 		}
 	})
 	if envErr != nil {
@@ -188,6 +190,18 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	}
 	if o.heapFloorMiB < 0 {
 		return o, fmt.Errorf("-heap-floor-mib=%d must be ≥ 0 (0: GOGC alone)", o.heapFloorMiB)
+	}
+	// Flags that an agent alone ignores are still checked, so that a
+	// mistake shows at the first start and not when the region is joined.
+	switch {
+	case math.IsNaN(o.reserve) || o.reserve < 0 || o.reserve >= 1:
+		return o, fmt.Errorf("-reserve=%v must be in [0, 1)", o.reserve)
+	case o.weights != "" && o.regions == "":
+		return o, fmt.Errorf("-weights=%q needs -regions (the weights are in its order)", o.weights)
+	case o.leaseDrift < 0:
+		return o, fmt.Errorf("-lease-drift=%s must be ≥ 0", o.leaseDrift)
+	case set["redis-max-timeout"] && o.redisMaxTimeout < o.redisTimeout:
+		return o, fmt.Errorf("-redis-max-timeout=%s must be ≥ -redis-timeout=%s", o.redisMaxTimeout, o.redisTimeout)
 	}
 	return o, o.b.validate(o)
 }

@@ -243,6 +243,32 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 	if _, err := parse([]string{"-region", "eu", "-rules", "r", "-heap-floor-mib", "-1"}, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), "-heap-floor-mib=-1") {
 		t.Fatalf("negative heap floor: %v", err)
 	}
+	// Flags an agent alone ignores are checked too, and contradictions
+	// are refused rather than resolved one way.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-reserve", "1.5"}, "-reserve=1.5 must be in [0, 1)"},
+		{[]string{"-reserve", "NaN"}, "-reserve=NaN must be in [0, 1)"},
+		{[]string{"-weights", "1,2"}, `-weights="1,2" needs -regions`},
+		{[]string{"-lease-drift", "-1s"}, "-lease-drift=-1s must be ≥ 0"},
+		{[]string{"-redis-timeout", "200ms", "-redis-max-timeout", "100ms"}, "-redis-max-timeout=100ms must be ≥ -redis-timeout=200ms"},
+		{[]string{"-memory-max-keys", "0"}, "-memory-max-keys=0"},
+	} {
+		if _, err := parse(append([]string{"-region", "eu", "-rules", "r"}, c.args...), func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("parse(%q) = %v, want an error saying %q", c.args, err, c.want)
+		}
+	}
+	// A minimum above the default maximum raises the maximum, as before;
+	// only a maximum given below it is a contradiction (also from the
+	// environment).
+	if o, err := parse([]string{"-region", "eu", "-rules", "r", "-redis-timeout", "1s"}, func(string) string { return "" }, io.Discard); err != nil || o.redisTimeout != time.Second {
+		t.Errorf("-redis-timeout 1s alone: %v", err)
+	}
+	if _, err := parse([]string{"-region", "eu", "-rules", "r", "-redis-timeout", "1s"}, func(k string) string { return map[string]string{"ALLOT_REDIS_MAX_TIMEOUT": "500ms"}[k] }, io.Discard); err == nil || !strings.Contains(err.Error(), "-redis-max-timeout=500ms") {
+		t.Errorf("ALLOT_REDIS_MAX_TIMEOUT below -redis-timeout: %v", err)
+	}
 	env["ALLOT_RESERVE"] = "lots"
 	if _, err := parse(nil, func(k string) string { return env[k] }, io.Discard); err == nil || !strings.Contains(err.Error(), "ALLOT_RESERVE") {
 		t.Fatalf("bad environment value: %v", err)

@@ -130,6 +130,16 @@ func serve(args []string) error {
 	if len(endpoints) == 0 && *budgets == "" {
 		return errors.New("serve: give -budgets (standalone) or -etcd (HA)")
 	}
+	if _, _, err := net.SplitHostPort(*advertise); err != nil {
+		return fmt.Errorf("serve: -advertise=%q must be host:port: %w", *advertise, err)
+	}
+	ecfg := coordinator.DefaultElectionConfig(*prefix)
+	ecfg.SessionTTL, ecfg.Logger = *sessionTTL, log
+	if len(endpoints) > 0 {
+		if err := ecfg.Validate(); err != nil {
+			return fmt.Errorf("serve: -session-ttl, -prefix: %w", err)
+		}
+	}
 
 	switch {
 	case *clientCA == "" && *tokensFile == "" && !*insecure:
@@ -247,8 +257,6 @@ func serve(args []string) error {
 				}
 			})
 		}()
-		ecfg := coordinator.DefaultElectionConfig(*prefix)
-		ecfg.SessionTTL, ecfg.Logger = *sessionTTL, log
 		_ = coordinator.RunElection(ctx, cli, ecfg, s) // returns when ctx ends, after resigning
 		log.Info("coordinator: left the election")
 	} else {

@@ -135,6 +135,21 @@ func TestServeNeedsRegionAuth(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "would send tokens in clear") {
 		t.Fatalf("serve with tokens and no TLS: %v\n%s", err, out)
 	}
+	// Flags that would be taken silently: etcd's own 60 s for a session TTL
+	// it does not accept, an address regions cannot dial.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-etcd", "127.0.0.1:1", "-session-ttl", "0"}, "session_ttl=0 must be > 0"},
+		{[]string{"-advertise", "nonsense"}, `-advertise="nonsense" must be host:port`},
+	} {
+		args := append([]string{"serve", "-budgets", doc, "-listen", "127.0.0.1:0", "-http", "127.0.0.1:0", "-insecure"}, c.args...)
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("serve %q: %v, want an error saying %q\n%s", c.args, err, c.want, out)
+		}
+	}
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	cmd := exec.Command(bin, "serve", "-budgets", doc, "-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "-http", httpAddr, "-insecure")
 	var log strings.Builder

@@ -106,7 +106,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.redisAddr, "redis", "", "Redis address for shared buckets; empty for in-process buckets")
 	bc := breaker.DefaultConfig()
 	fs.DurationVar(&o.redisTimeout, "redis-timeout", bc.Timeout, "shortest deadline of a Redis call; it follows the latency Redis answers with, up to -redis-max-timeout, then the circuit breaker and the rule's failure policy apply")
-	fs.DurationVar(&o.redisMaxTimeout, "redis-max-timeout", bc.MaxTimeout, "longest deadline of a Redis call: a Redis slower than this counts as down")
+	fs.DurationVar(&o.redisMaxTimeout, "redis-max-timeout", bc.MaxTimeout, "longest deadline of a Redis call: a Redis slower than this counts as down (when not given, at least -redis-timeout)")
 	fs.StringVar(&o.identity, "identity", "header", "identity source: header (X-Tenant, X-Plan) or apikey (Authorization: Bearer)")
 	fs.StringVar(&o.keys, "keys", "key-free=acme:free,key-pro=globex:pro", "API keys for -identity apikey: key=tenant:plan,...")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -118,7 +118,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	o.bounds.RegisterFlags(fs)
 	fs.StringVar(&o.rlsUnknownDomain, "rls-unknown-domain", string(rls.AllowUnknownDomain), "RLS requests for a domain the rules do not serve: allow (logged and counted) or deny (over the limit)")
 	fs.IntVar(&o.rlsMaxDescriptors, "rls-max-descriptors", rls.MaxDescriptors, "most descriptors in one RLS request")
-	fs.IntVar(&o.memoryMaxKeys, "memory-max-keys", bucket.DefaultMaxKeys, "most buckets the in-process store holds (without -redis); at the bound new keys get the rule's failure policy")
+	fs.IntVar(&o.memoryMaxKeys, "memory-max-keys", bucket.DefaultMaxKeys, "most buckets the in-process store holds (without -redis); at the bound new keys get the rule's failure policy; < 0: no bound")
 	o.http = httpserver.DefaultConfig()
 	o.http.RegisterFlags(fs)
 	fs.StringVar(&o.allowTokens, "allow-tokens", "", "tokens file of the callers allowed to use this gateway's allow API (gRPC); empty: any caller that reaches it")
@@ -129,6 +129,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	maxGiven := false
+	fs.Visit(func(f *flag.Flag) { maxGiven = maxGiven || f.Name == "redis-max-timeout" })
+	if maxGiven && o.redisMaxTimeout < o.redisTimeout {
+		return o, fmt.Errorf("-redis-max-timeout=%s must be ≥ -redis-timeout=%s", o.redisMaxTimeout, o.redisTimeout)
+	}
+	if o.memoryMaxKeys == 0 {
+		return o, fmt.Errorf("-memory-max-keys=0: give the most buckets (> 0), or < 0 for no bound")
 	}
 	if o.agentCA != "" && o.agentAddr == "" {
 		return o, fmt.Errorf("-agent-ca=%q needs -agent", o.agentCA)

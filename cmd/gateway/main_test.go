@@ -306,6 +306,18 @@ func TestBadFlags(t *testing.T) {
 			t.Errorf("run(%q) succeeded", args)
 		}
 	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-redis-timeout", "200ms", "-redis-max-timeout", "100ms"}, "-redis-max-timeout=100ms must be ≥ -redis-timeout=200ms"},
+		{[]string{"-memory-max-keys", "0"}, "-memory-max-keys=0"},
+	} {
+		err := run(context.Background(), append([]string{"-http", "127.0.0.1:0", "-grpc", ""}, c.args...), io.Discard, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("run(%q) = %v, want an error saying %q", c.args, err, c.want)
+		}
+	}
 }
 
 // TestMissingRulesFile: a rules file that is not there is named once, as
