@@ -106,6 +106,9 @@ type hotKey struct {
 	born int64
 	// starved is set while the key is in Allocator.starved.
 	starved bool
+	// short is the largest amount a region got below its target at the
+	// key's last allocation, while starved.
+	short int64
 }
 
 // slot is one region's allocation for one key. hist lists the values the
@@ -451,6 +454,7 @@ func (a *Allocator) report(now time.Time, r *region, m Message) {
 
 func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	r.heard = now
+	acked := r.acked
 	if m.Version <= r.version {
 		r.acked = max(r.acked, m.Version)
 		if r.acked < r.version {
@@ -475,9 +479,51 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 		a.learned(now)
 	}
 	// An acknowledged decrease may free what another region waits for; the
-	// next Tick rebalances the keys waiting, once for all acks since.
+	// next Tick rebalances the keys waiting, once for all acks since. A key
+	// whose waiting region is short by a quarter of the budget or more (the
+	// demand moved) is rebalanced at once when the ack acknowledges a new
+	// version: the region waiting has no other way to get it before the
+	// next Tick (up to the driver's tick interval, 200 ms, later), while
+	// small shortfalls (a contested budget in steady state) keep waiting for
+	// the Tick, which answers every ack since in one grant per region.
+	a.recheck = len(a.starved) > 0
+	if a.recheck && r.acked > acked {
+		a.feedMoves(now)
+	}
+}
+
+// feedMoves rebalances, of the keys where a region got less than its
+// target, those short by a quarter of their budget or more (moveShare);
+// the others stay listed for the next feed.
+func (a *Allocator) feedMoves(now time.Time) {
+	if a.expiring {
+		return
+	}
+	keys := a.starved
+	a.starved = a.starvedSpare[:0]
+	due := 0
+	for _, k := range keys {
+		if k.short*moveShare < k.bud.count {
+			a.starved = append(a.starved, k) // still listed, still starved
+			continue
+		}
+		keys[due] = k
+		due++
+	}
+	for _, k := range keys[:due] {
+		k.starved = false // allocate lists it again if a region still waits
+		if j, ok := a.keyIdx[k.key]; ok && a.keys[j] == k {
+			a.allocate(now, k)
+		}
+	}
+	clear(keys)
+	a.starvedSpare = keys[:0]
 	a.recheck = len(a.starved) > 0
 }
+
+// moveShare: a region short by at least 1/moveShare of a budget is waiting
+// for a move of demand, not for noise within a contested budget.
+const moveShare = 4
 
 // learned ends learning at now once every region of every budget has
 // acknowledged a grant sent since learning began (or released its share).
@@ -881,9 +927,11 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		}
 	}
 	waiting := false
+	k.short = 0
 	for i := range k.slots {
 		if tgt[i] > k.slots[i].cur {
 			waiting = true
+			k.short = max(k.short, tgt[i]-k.slots[i].cur)
 			if !k.starved {
 				k.starved = true
 				a.starved = append(a.starved, k)

@@ -38,6 +38,14 @@ type cluster struct {
 	prev     *Allocator
 	rate     map[string]float64 // holder clock rates (drift); 1 when absent
 	sessions uint64
+	// tickEvery, when set, ticks the Allocator only every tickEvery of the
+	// timeline, as a coordinator's driver does (200 ms), instead of at
+	// every step.
+	tickEvery time.Duration
+	lastTick  time.Time
+	// stepped, when set, is called after the Allocator steps a message and
+	// before its output is collected.
+	stepped func(m Message)
 }
 
 type envelope struct {
@@ -194,6 +202,9 @@ func (c *cluster) deliver() {
 		var err error
 		if e.to == "" {
 			err = c.alloc.Step(c.now, e.m)
+			if c.stepped != nil && err == nil {
+				c.stepped(e.m)
+			}
 		} else if h := c.holders[e.to]; h != nil {
 			err = h.Step(c.hnow(e.to), e.m)
 		}
@@ -228,7 +239,10 @@ func (c *cluster) step(d time.Duration) {
 		}
 	}
 	c.deliver()
-	c.alloc.Tick(c.now)
+	if c.tickEvery == 0 || c.now.Sub(c.lastTick) >= c.tickEvery {
+		c.alloc.Tick(c.now)
+		c.lastTick = c.now
+	}
 	for _, r := range c.regions {
 		c.holders[r].Tick(c.hnow(r))
 	}

@@ -129,7 +129,16 @@ const (
 // an allocation above its floor whose demand fell below it and by half
 // since it was last reported (it is cooling: what it no longer uses is
 // another region's to take, and its estimate may reach its new use in more
-// than one step).
+// than one step), or holding a granted part of its floor (the rest lent)
+// when its use stopped: a first reading of a fall can leave the region
+// granted less than its floor, and the second, to nothing, which the
+// coordinator answers by lending the rest at once, then waited for the
+// periodic report (once: a stop the coordinator was told of is not told
+// again while a hold keeps the share). A mere halving below the floor is
+// not reported at once:
+// the light regions of contested budgets in steady state hold such shares,
+// and reporting their halvings raised steady-skewed's lease messages to 15
+// a second at seeds 2 and 3.
 const (
 	rampNum, rampDen = 5, 4
 	dropNum, dropDen = 1, 2
@@ -296,6 +305,7 @@ func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 		return
 	}
 	c, _ := h.allocation(now, key, hb)
+	_, granted := h.table[key]
 	since := now.Sub(d.reported)
 	// base is what the demand must grow beyond to be worth a report of its
 	// own: the allocation, which the region already has, and what the
@@ -305,7 +315,7 @@ func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 	case want > c && (d.reported.IsZero() ||
 		since >= h.refresh/urgentEvery && want*rampDen >= base*rampNum ||
 		since >= h.refresh/urgentSoon && want >= 2*base):
-	case c > hb.floor && want < c && want*dropDen <= d.sent*dropNum &&
+	case (c > hb.floor || granted && want == 0 && d.sent > 0) && want < c && want*dropDen <= d.sent*dropNum &&
 		(d.reported.IsZero() || since >= h.refresh/urgentSoon):
 	default:
 		return

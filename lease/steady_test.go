@@ -2,6 +2,7 @@ package lease
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -76,13 +77,7 @@ func TestSteadyDemandSteadyAllocation(t *testing.T) {
 // by less than the hysteresis still gets the increase when free capacity
 // covers it: nobody is decreased for it.
 func TestSmallIncreaseFromFreeCapacity(t *testing.T) {
-	cfg := scenarioConfig()
-	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(3000), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
-	c := newCluster(t, cfg)
-	k := bucket.Key{Rule: "api", Subject: "t1"}
-	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 500}
-	c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 300}
-	c.demand["c"] = map[bucket.Key]bucket.Tokens{k: 300}
+	c, k := oneKeyCluster(t, 500, 300, 300)
 	for range 300 {
 		c.step(100 * time.Millisecond)
 	}
@@ -166,14 +161,8 @@ func TestHolderUrgentReports(t *testing.T) {
 // another region waits for the capacity, the key is rebalanced then, not at
 // the next report or round, which may be most of a refresh interval later.
 func TestHeldFloorFreedWhenHoldEnds(t *testing.T) {
-	cfg := scenarioConfig()
 	// Burst one second of rate: the fill time, and so the hold, is 1 s.
-	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(3000), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
-	c := newCluster(t, cfg)
-	k := bucket.Key{Rule: "api", Subject: "t1"}
-	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 6000}
-	c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 300}
-	c.demand["c"] = map[bucket.Key]bucket.Tokens{k: 300}
+	c, k := oneKeyCluster(t, 6000, 300, 300)
 	for range 100 {
 		c.step(100 * time.Millisecond)
 	}
@@ -204,4 +193,165 @@ func TestHeldFloorFreedWhenHoldEnds(t *testing.T) {
 	if err := c.checkI1(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestAckFeedsWaitingKeyAtOnce checks that an acknowledgement freeing
+// capacity a region waits for is answered with the increase at once, not at
+// the Allocator's next Tick: with the Allocator ticked every 200 ms, as the
+// coordinator's driver does, that Tick was most of a move's time.
+func TestAckFeedsWaitingKeyAtOnce(t *testing.T) {
+	c, k := tickedCluster(t, 6000, 300, 300)
+	fed, granted := watchAcks(c, k, "a", "b")
+	c.demand["a"][k] = 300
+	c.demand["b"][k] = 6000
+	for range 100 { // 1 s
+		c.step(10 * time.Millisecond)
+	}
+	if *fed == 0 {
+		t.Fatalf("no ack from a arrived while b waited: the move is not shown\n%s", c.show())
+	}
+	if *granted == 0 {
+		t.Fatalf("%d acks from a freed capacity b waited for, none answered with b's increase in the same step\n%s", *fed, c.show())
+	}
+	if got, want := allocated(c, "b", k), bucket.Tokens(3000-700-315); got < want {
+		t.Fatalf("b holds %d 1 s after the move, want at least %d (3000 − a's held floor − c's 315)\n%s", got, want, c.show())
+	}
+	if err := c.checkI1(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAckLeavesSmallShortfallToTick checks the other side of the feed at
+// once: a region short by less than a quarter of the budget (a contested
+// budget whose demand wanders) is not answered at the ack but at the
+// Allocator's next Tick, which answers every ack since in one grant, so
+// that steady state does not pay a grant per ack.
+func TestAckLeavesSmallShortfallToTick(t *testing.T) {
+	c, k := tickedCluster(t, 6000, 900, 300)
+	fed, granted := watchAcks(c, k, "b", "a")
+	c.demand["b"][k] = 600 // b gives up 300, a tenth of the budget, that a wants
+	for range 300 {        // 3 s
+		c.step(10 * time.Millisecond)
+	}
+	if *fed == 0 {
+		t.Fatalf("no ack from b arrived while a waited: the shortfall is not shown\n%s", c.show())
+	}
+	if *granted != 0 {
+		t.Fatalf("%d of %d acks from b answered with a's increase at once, want the Tick's\n%s", *granted, *fed, c.show())
+	}
+	if got := allocated(c, "a", k); got < 3000-630-315-30 {
+		t.Fatalf("a holds %d 3 s after b's fall: the Tick did not give it what b freed\n%s", got, c.show())
+	}
+	if err := c.checkI1(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tickedCluster is oneKeyCluster with the Allocator ticked every 200 ms, as
+// the coordinator's driver does, run for 10 s of 10 ms steps.
+func tickedCluster(t *testing.T, a, b, c bucket.Tokens) (*cluster, bucket.Key) {
+	t.Helper()
+	cl, k := oneKeyCluster(t, a, b, c)
+	cl.tickEvery = 200 * time.Millisecond
+	for range 1000 {
+		cl.step(10 * time.Millisecond)
+	}
+	return cl, k
+}
+
+// watchAcks counts, from now on, the acknowledgements from region from of a
+// new version while region waiter wants more of k than it holds (fed), and
+// those answered in the same step with a grant raising waiter's
+// allocation of k (granted).
+func watchAcks(c *cluster, k bucket.Key, from, waiter string) (fed, granted *int) {
+	fed, granted = new(int), new(int)
+	rf := c.alloc.byName[from]
+	w := slices.Index([]string{"a", "b", "c"}, waiter)
+	c.stepped = func(m Message) {
+		if m.Type != MsgAck || m.Region != from {
+			return
+		}
+		hk := c.alloc.keys[c.alloc.keyIdx[k]]
+		if m.Version != rf.acked || hk.slots[w].want <= hk.slots[w].cur {
+			return
+		}
+		*fed++
+		for _, o := range c.alloc.out {
+			if o.Type != MsgGrant || o.Region != waiter {
+				continue
+			}
+			for _, e := range o.Entries {
+				if e.Key == k && int64(e.Count) > hk.slots[w].hist[0].count {
+					*granted++
+					return
+				}
+			}
+		}
+	}
+	return fed, granted
+}
+
+// allocated is what region holds of k now.
+func allocated(c *cluster, region string, k bucket.Key) bucket.Tokens {
+	l, _ := c.holders[region].Allocation(c.now, k)
+	return l.Count()
+}
+
+// TestHolderReportsStopBelowFloor: a region granted part of its floor (the
+// rest lent) reports at once when its use of the key stops, since the
+// coordinator lends the rest at once to a region that stopped; it does not
+// report a mere halving below its floor (contested budgets in steady state
+// hold such shares), nor the same stop twice.
+func TestHolderReportsStopBelowFloor(t *testing.T) {
+	h := newTestHolder(t) // refresh 3 s; floor 133
+	hello := h.Ready()[0]
+	if err := h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 100, Burst: 10})); err != nil {
+		t.Fatal(err)
+	}
+	h.Ready() // the acknowledgement
+	steps := []struct {
+		at     time.Duration
+		want   bucket.Tokens
+		report bool
+	}{
+		{3000 * time.Millisecond, 90, true},  // the periodic report
+		{3500 * time.Millisecond, 40, false}, // halved, below its floor: noise the next report carries
+		{3600 * time.Millisecond, 0, true},   // stopped: at once
+		{3800 * time.Millisecond, 0, false},  // stopped, already told
+		{4500 * time.Millisecond, 0, false},  // still
+		{6600 * time.Millisecond, 0, true},   // the periodic report
+		{6800 * time.Millisecond, 50, false}, // back, within its allocation
+		{9600 * time.Millisecond, 50, true},  // the periodic report
+		{9700 * time.Millisecond, 0, true},   // stopped again: at once
+	}
+	for _, s := range steps {
+		now := t0.Add(s.at)
+		h.Demand(now, hk, s.want)
+		h.Tick(now)
+		var got *Message
+		for _, m := range h.Ready() {
+			if m.Type == MsgReport {
+				got = &m
+			}
+		}
+		if (got != nil) != s.report {
+			t.Fatalf("at %s with demand %d: report sent %v, want %v", s.at, s.want, got != nil, s.report)
+		}
+	}
+}
+
+// oneKeyCluster is a cluster of regions a, b and c sharing a budget of
+// 3,000 a second with a burst of one second of rate (so a fill time, and
+// a held floor's hold, of 1 s) and a reserve of 0.3 (floors of 700), with
+// demand for one key, which it returns, of a, b and c a second.
+func oneKeyCluster(t *testing.T, a, b, c bucket.Tokens) (*cluster, bucket.Key) {
+	t.Helper()
+	cfg := scenarioConfig()
+	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(3000), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
+	cl := newCluster(t, cfg)
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	cl.demand["a"] = map[bucket.Key]bucket.Tokens{k: a}
+	cl.demand["b"] = map[bucket.Key]bucket.Tokens{k: b}
+	cl.demand["c"] = map[bucket.Key]bucket.Tokens{k: c}
+	return cl, k
 }

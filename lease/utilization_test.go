@@ -114,13 +114,7 @@ func TestLearningEndsWhenEveryRegionHasTheTerm(t *testing.T) {
 // floors are not returned and lent again every refresh, which would cost
 // the borrowing region burst each time.
 func TestLentFloorsStayLent(t *testing.T) {
-	cfg := scenarioConfig()
-	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(3000), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
-	c := newCluster(t, cfg)
-	k := bucket.Key{Rule: "api", Subject: "t1"}
-	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 5000}
-	c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 300}
-	c.demand["c"] = map[bucket.Key]bucket.Tokens{k: 200}
+	c, k := oneKeyCluster(t, 5000, 300, 200)
 	for range 300 {
 		c.step(100 * time.Millisecond)
 	}
