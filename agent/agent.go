@@ -85,13 +85,17 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: agent coarse_clock=%s must be ≥ 0", ErrInvalidConfig, c.CoarseClock)
 	case c.SpeakerLease <= c.Tick:
 		return fmt.Errorf("%w: agent speaker_lease=%s must exceed tick=%s (it is renewed every tick)", ErrInvalidConfig, c.SpeakerLease, c.Tick)
-	case c.Speaker.Tick <= 0 || c.Speaker.Refresh <= 0 || c.Speaker.Redial <= 0 || c.Speaker.DemandMaxAge <= 0:
-		return fmt.Errorf("%w: speaker tick=%s, refresh=%s, redial=%s and demand_max_age=%s must be > 0",
-			ErrInvalidConfig, c.Speaker.Tick, c.Speaker.Refresh, c.Speaker.Redial, c.Speaker.DemandMaxAge)
-	case c.Speaker.Drift < 0:
-		return fmt.Errorf("%w: speaker drift=%s must be ≥ 0", ErrInvalidConfig, c.Speaker.Drift)
+	case c.Speaker.Tick <= 0 || c.Speaker.Refresh <= 0 || c.Speaker.Redial <= 0:
+		return fmt.Errorf("%w: speaker tick=%s, refresh=%s and redial=%s must be > 0",
+			ErrInvalidConfig, c.Speaker.Tick, c.Speaker.Refresh, c.Speaker.Redial)
 	}
-	return c.Core.Validate()
+	if err := c.Core.Validate(); err != nil {
+		return err
+	}
+	// The region's part of the speaker's config, with the names New gives it.
+	sc := c.Speaker.SpeakerConfig
+	sc.Region, sc.Agent = c.Core.Region, c.Name
+	return sc.Validate()
 }
 
 // Deps are what an Agent runs on. Store is required; the rest is

@@ -488,37 +488,8 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	// the Tick, which answers every ack since in one grant per region.
 	a.recheck = len(a.starved) > 0
 	if a.recheck && r.acked > acked {
-		a.feedMoves(now)
+		a.feed(now, true)
 	}
-}
-
-// feedMoves rebalances, of the keys where a region got less than its
-// target, those short by a quarter of their budget or more (moveShare);
-// the others stay listed for the next feed.
-func (a *Allocator) feedMoves(now time.Time) {
-	if a.expiring {
-		return
-	}
-	keys := a.starved
-	a.starved = a.starvedSpare[:0]
-	due := 0
-	for _, k := range keys {
-		if k.short*moveShare < k.bud.count {
-			a.starved = append(a.starved, k) // still listed, still starved
-			continue
-		}
-		keys[due] = k
-		due++
-	}
-	for _, k := range keys[:due] {
-		k.starved = false // allocate lists it again if a region still waits
-		if j, ok := a.keyIdx[k.key]; ok && a.keys[j] == k {
-			a.allocate(now, k)
-		}
-	}
-	clear(keys)
-	a.starvedSpare = keys[:0]
-	a.recheck = len(a.starved) > 0
 }
 
 // moveShare: a region short by at least 1/moveShare of a budget is waiting
@@ -548,8 +519,10 @@ func (a *Allocator) learned(now time.Time) {
 	a.roundNow = true // renew every lease now rather than a Refresh later
 }
 
-// feed rebalances the keys where a region got less than its target.
-func (a *Allocator) feed(now time.Time) {
+// feed rebalances the keys where a region got less than its target; with
+// movesOnly, only those short by a quarter of their budget or more
+// (moveShare), the others staying listed for the next Tick's feed.
+func (a *Allocator) feed(now time.Time, movesOnly bool) {
 	a.recheck = false
 	if a.expiring {
 		return
@@ -557,7 +530,12 @@ func (a *Allocator) feed(now time.Time) {
 	keys := a.starved
 	a.starved = a.starvedSpare[:0]
 	for _, k := range keys {
-		k.starved = false
+		if movesOnly && k.short*moveShare < k.bud.count {
+			a.starved = append(a.starved, k) // still starved
+			a.recheck = true
+			continue
+		}
+		k.starved = false // allocate lists it again if a region still waits
 		if j, ok := a.keyIdx[k.key]; ok && a.keys[j] == k {
 			a.allocate(now, k)
 		}
@@ -622,7 +600,7 @@ func (a *Allocator) Tick(now time.Time) {
 	}
 	if now.Sub(a.lastRound) < a.cfg.Refresh && !a.roundNow {
 		if a.recheck {
-			a.feed(now)
+			a.feed(now, false)
 		}
 		a.flush(now)
 		return

@@ -305,7 +305,6 @@ func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 		return
 	}
 	c, _ := h.allocation(now, key, hb)
-	_, granted := h.table[key]
 	since := now.Sub(d.reported)
 	// base is what the demand must grow beyond to be worth a report of its
 	// own: the allocation, which the region already has, and what the
@@ -315,13 +314,20 @@ func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 	case want > c && (d.reported.IsZero() ||
 		since >= h.refresh/urgentEvery && want*rampDen >= base*rampNum ||
 		since >= h.refresh/urgentSoon && want >= 2*base):
-	case (c > hb.floor || granted && want == 0 && d.sent > 0) && want < c && want*dropDen <= d.sent*dropNum &&
+	case (c > hb.floor || want == 0 && d.sent > 0 && h.granted(key)) && want < c && want*dropDen <= d.sent*dropNum &&
 		(d.reported.IsZero() || since >= h.refresh/urgentSoon):
 	default:
 		return
 	}
 	d.reported = now
 	h.urgent = true
+}
+
+// granted reports whether the coordinator's table gives the region an
+// entry for key.
+func (h *Holder) granted(key bucket.Key) bool {
+	_, ok := h.table[key]
+	return ok
 }
 
 // Step applies a message from the coordinator. Messages for another

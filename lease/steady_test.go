@@ -113,11 +113,7 @@ func TestHolderUrgentReports(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.Ready() // the acknowledgement
-	steps := []struct {
-		at     time.Duration
-		want   bucket.Tokens
-		report bool
-	}{
+	checkReports(t, h, hk, []reportStep{
 		{1000 * time.Millisecond, 250, false},  // within its allocation
 		{1100 * time.Millisecond, 400, true},   // presses: at once
 		{1200 * time.Millisecond, 410, false},  // steady
@@ -136,24 +132,7 @@ func TestHolderUrgentReports(t *testing.T) {
 		{6800 * time.Millisecond, 100, true},   // the periodic report, a refresh interval after the last
 		{7000 * time.Millisecond, 330, false},  // presses again, by less than a quarter: noise the next report carries
 		{7100 * time.Millisecond, 380, true},   // presses by a quarter of its allocation
-	}
-	for _, s := range steps {
-		now := t0.Add(s.at)
-		h.Demand(now, hk, s.want)
-		h.Tick(now)
-		var got *Message
-		for _, m := range h.Ready() {
-			if m.Type == MsgReport {
-				got = &m
-			}
-		}
-		if (got != nil) != s.report {
-			t.Fatalf("at %s with demand %d: report sent %v, want %v", s.at, s.want, got != nil, s.report)
-		}
-		if got != nil && (len(got.Demand) != 1 || got.Demand[0].Want != s.want) {
-			t.Fatalf("at %s: report %v, want demand %d", s.at, got.Demand, s.want)
-		}
-	}
+	})
 }
 
 // TestHeldFloorFreedWhenHoldEnds: a region whose use fell keeps its floor
@@ -195,55 +174,50 @@ func TestHeldFloorFreedWhenHoldEnds(t *testing.T) {
 	}
 }
 
-// TestAckFeedsWaitingKeyAtOnce checks that an acknowledgement freeing
-// capacity a region waits for is answered with the increase at once, not at
-// the Allocator's next Tick: with the Allocator ticked every 200 ms, as the
-// coordinator's driver does, that Tick was most of a move's time.
-func TestAckFeedsWaitingKeyAtOnce(t *testing.T) {
-	c, k := tickedCluster(t, 6000, 300, 300)
-	fed, granted := watchAcks(c, k, "a", "b")
-	c.demand["a"][k] = 300
-	c.demand["b"][k] = 6000
-	for range 100 { // 1 s
-		c.step(10 * time.Millisecond)
-	}
-	if *fed == 0 {
-		t.Fatalf("no ack from a arrived while b waited: the move is not shown\n%s", c.show())
-	}
-	if *granted == 0 {
-		t.Fatalf("%d acks from a freed capacity b waited for, none answered with b's increase in the same step\n%s", *fed, c.show())
-	}
-	if got, want := allocated(c, "b", k), bucket.Tokens(3000-700-315); got < want {
-		t.Fatalf("b holds %d 1 s after the move, want at least %d (3000 − a's held floor − c's 315)\n%s", got, want, c.show())
-	}
-	if err := c.checkI1(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// TestAckLeavesSmallShortfallToTick checks the other side of the feed at
-// once: a region short by less than a quarter of the budget (a contested
-// budget whose demand wanders) is not answered at the ack but at the
-// Allocator's next Tick, which answers every ack since in one grant, so
-// that steady state does not pay a grant per ack.
-func TestAckLeavesSmallShortfallToTick(t *testing.T) {
-	c, k := tickedCluster(t, 6000, 900, 300)
-	fed, granted := watchAcks(c, k, "b", "a")
-	c.demand["b"][k] = 600 // b gives up 300, a tenth of the budget, that a wants
-	for range 300 {        // 3 s
-		c.step(10 * time.Millisecond)
-	}
-	if *fed == 0 {
-		t.Fatalf("no ack from b arrived while a waited: the shortfall is not shown\n%s", c.show())
-	}
-	if *granted != 0 {
-		t.Fatalf("%d of %d acks from b answered with a's increase at once, want the Tick's\n%s", *granted, *fed, c.show())
-	}
-	if got := allocated(c, "a", k); got < 3000-630-315-30 {
-		t.Fatalf("a holds %d 3 s after b's fall: the Tick did not give it what b freed\n%s", got, c.show())
-	}
-	if err := c.checkI1(); err != nil {
-		t.Fatal(err)
+// TestAckFeedsMovesAtOnce: with the Allocator ticked every 200 ms, as the
+// coordinator's driver does, an acknowledgement freeing capacity a region
+// waits for is answered with the increase in the same step when the region
+// is short by a quarter of the budget or more (the demand moved: that Tick
+// was most of a move's time), and at the next Tick when it is short by
+// less (a contested budget whose demand wanders: the Tick answers every
+// ack since in one grant, so steady state does not pay a grant per ack).
+func TestAckFeedsMovesAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		a, b, c      bucket.Tokens // demand before
+		from, waiter string        // the region whose ack frees capacity, the one waiting for it
+		fromWant     bucket.Tokens // from's demand after
+		waiterWant   bucket.Tokens // waiter's demand after
+		steps        int           // of 10 ms
+		atOnce       bool
+		held         bucket.Tokens // the least waiter holds at the end
+	}{
+		// a's demand moves to b: b waits for most of the budget.
+		{"move", 6000, 300, 300, "a", "b", 300, 6000, 100, true, 3000 - 700 - 315},
+		// b gives up 300 (a tenth of the budget) that a wants.
+		{"wander", 6000, 900, 300, "b", "a", 600, 6000, 300, false, 3000 - 630 - 315 - 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, k := tickedCluster(t, tc.a, tc.b, tc.c)
+			fed, granted := watchAcks(c, k, tc.from, tc.waiter)
+			c.demand[tc.from][k], c.demand[tc.waiter][k] = tc.fromWant, tc.waiterWant
+			for range tc.steps {
+				c.step(10 * time.Millisecond)
+			}
+			if *fed == 0 {
+				t.Fatalf("no ack from %s arrived while %s waited: the shortfall is not shown\n%s", tc.from, tc.waiter, c.show())
+			}
+			if (*granted > 0) != tc.atOnce {
+				t.Fatalf("%d of %d acks from %s answered with %s's increase in the same step, want at once %v\n%s",
+					*granted, *fed, tc.from, tc.waiter, tc.atOnce, c.show())
+			}
+			if got := allocated(c, tc.waiter, k); got < tc.held {
+				t.Fatalf("%s holds %d at the end, want at least %d\n%s", tc.waiter, got, tc.held, c.show())
+			}
+			if err := c.checkI1(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
@@ -301,19 +275,20 @@ func allocated(c *cluster, region string, k bucket.Key) bucket.Tokens {
 // rest lent) reports at once when its use of the key stops, since the
 // coordinator lends the rest at once to a region that stopped; it does not
 // report a mere halving below its floor (contested budgets in steady state
-// hold such shares), nor the same stop twice.
+// hold such shares), nor the same stop twice, nor the stop of a key it was
+// granted nothing for (its floor, which nobody else is lent).
 func TestHolderReportsStopBelowFloor(t *testing.T) {
-	h := newTestHolder(t) // refresh 3 s; floor 133
-	hello := h.Ready()[0]
-	if err := h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 100, Burst: 10})); err != nil {
-		t.Fatal(err)
+	run := func(key bucket.Key, grant []Entry, steps []reportStep) {
+		t.Helper()
+		h := newTestHolder(t) // refresh 3 s; floor 133
+		hello := h.Ready()[0]
+		if err := h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, grant...)); err != nil {
+			t.Fatal(err)
+		}
+		h.Ready() // the acknowledgement
+		checkReports(t, h, key, steps)
 	}
-	h.Ready() // the acknowledgement
-	steps := []struct {
-		at     time.Duration
-		want   bucket.Tokens
-		report bool
-	}{
+	run(hk, []Entry{{Key: hk, Count: 100, Burst: 10}}, []reportStep{
 		{3000 * time.Millisecond, 90, true},  // the periodic report
 		{3500 * time.Millisecond, 40, false}, // halved, below its floor: noise the next report carries
 		{3600 * time.Millisecond, 0, true},   // stopped: at once
@@ -323,21 +298,13 @@ func TestHolderReportsStopBelowFloor(t *testing.T) {
 		{6800 * time.Millisecond, 50, false}, // back, within its allocation
 		{9600 * time.Millisecond, 50, true},  // the periodic report
 		{9700 * time.Millisecond, 0, true},   // stopped again: at once
-	}
-	for _, s := range steps {
-		now := t0.Add(s.at)
-		h.Demand(now, hk, s.want)
-		h.Tick(now)
-		var got *Message
-		for _, m := range h.Ready() {
-			if m.Type == MsgReport {
-				got = &m
-			}
-		}
-		if (got != nil) != s.report {
-			t.Fatalf("at %s with demand %d: report sent %v, want %v", s.at, s.want, got != nil, s.report)
-		}
-	}
+	})
+	cold := bucket.Key{Rule: hk.Rule, Subject: "cold"}
+	run(cold, nil, []reportStep{
+		{3000 * time.Millisecond, 90, true}, // the periodic report
+		{3600 * time.Millisecond, 0, false}, // stopped, on its floor: the next report carries it
+		{6000 * time.Millisecond, 0, true},  // the periodic report
+	})
 }
 
 // oneKeyCluster is a cluster of regions a, b and c sharing a budget of
@@ -354,4 +321,36 @@ func oneKeyCluster(t *testing.T, a, b, c bucket.Tokens) (*cluster, bucket.Key) {
 	cl.demand["b"] = map[bucket.Key]bucket.Tokens{k: b}
 	cl.demand["c"] = map[bucket.Key]bucket.Tokens{k: c}
 	return cl, k
+}
+
+// reportStep is a demand given a Holder at a time after t0, and whether a
+// report goes out then.
+type reportStep struct {
+	at     time.Duration
+	want   bucket.Tokens
+	report bool
+}
+
+// checkReports gives h key's demand at each step, ticks it, and checks
+// that a report, carrying that demand, goes out exactly at the steps that
+// say so.
+func checkReports(t *testing.T, h *Holder, key bucket.Key, steps []reportStep) {
+	t.Helper()
+	for _, s := range steps {
+		now := t0.Add(s.at)
+		h.Demand(now, key, s.want)
+		h.Tick(now)
+		var got *Message
+		for _, m := range h.Ready() {
+			if m.Type == MsgReport {
+				got = &m
+			}
+		}
+		if (got != nil) != s.report {
+			t.Fatalf("%s at %s with demand %d: report sent %v, want %v", key.Subject, s.at, s.want, got != nil, s.report)
+		}
+		if got != nil && (len(got.Demand) != 1 || got.Demand[0].Key != key || got.Demand[0].Want != s.want) {
+			t.Fatalf("%s at %s: report %v, want demand %d", key.Subject, s.at, got.Demand, s.want)
+		}
+	}
 }

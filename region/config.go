@@ -145,7 +145,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 	}
-	if err := validateFloors(c.Floors, c.Region); err != nil {
+	if err := ValidateFloors(c.Floors, c.Region); err != nil {
 		return err
 	}
 	if err := c.DefaultRule.validate("default"); err != nil {
@@ -159,8 +159,9 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// validateFloors reports the first problem with a Config's split.
-func validateFloors(f lease.Split, region string) error {
+// ValidateFloors reports the first problem with split f as region's
+// Config would (Config.Validate).
+func ValidateFloors(f lease.Split, region string) error {
 	if math.IsNaN(f.Reserve) || f.Reserve < 0 || f.Reserve >= 1 {
 		return fmt.Errorf("%w: floors reserve=%v must be in [0, 1)", ErrInvalidConfig, f.Reserve)
 	}

@@ -30,7 +30,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"os"
@@ -89,6 +88,8 @@ type options struct {
 	gossipAdvertise                    string
 	coordinators, regions, weights     string
 	reserve                            float64
+	floors                             lease.Split // -regions, -weights and -reserve, as agent.Floors gives them
+	alone                              bool        // no coordinator and no other region: floors are whole budgets
 	policy                             string
 	gossipBind, gossipJoin             string
 	grpcListen, httpListen             string
@@ -191,22 +192,20 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	if o.heapFloorMiB < 0 {
 		return o, fmt.Errorf("-heap-floor-mib=%d must be ≥ 0 (0: GOGC alone)", o.heapFloorMiB)
 	}
-	// Flags that an agent alone ignores are still checked, so that a
-	// mistake shows at the first start and not when the region is joined.
-	switch {
-	case math.IsNaN(o.reserve) || o.reserve < 0 || o.reserve >= 1:
-		return o, fmt.Errorf("-reserve=%v must be in [0, 1)", o.reserve)
-	case o.weights != "" && o.regions == "":
-		return o, fmt.Errorf("-weights=%q needs -regions (the weights are in its order)", o.weights)
-	case o.leaseDrift < 0:
-		return o, fmt.Errorf("-lease-drift=%s must be ≥ 0", o.leaseDrift)
-	case set["redis-max-timeout"] && o.redisMaxTimeout < o.redisTimeout:
+	if set["redis-max-timeout"] && o.redisMaxTimeout < o.redisTimeout {
 		return o, fmt.Errorf("-redis-max-timeout=%s must be ≥ -redis-timeout=%s", o.redisMaxTimeout, o.redisTimeout)
+	}
+	var err error
+	if o.floors, o.alone, err = floorSplit(o); err != nil {
+		return o, err
 	}
 	return o, o.b.validate(o)
 }
 
-// floorSplit is agent.Floors over the flags, -weights parsed.
+// floorSplit is agent.Floors over the flags, -weights parsed. An agent
+// alone drops -reserve and -weights; they are checked first as a region's
+// split is (region.ValidateFloors), so that a mistake shows at the first
+// start and not when the region is joined.
 func floorSplit(o options) (lease.Split, bool, error) {
 	var weights []int64
 	for _, w := range split(o.weights) {
@@ -217,6 +216,12 @@ func floorSplit(o options) (lease.Split, bool, error) {
 		weights = append(weights, n)
 	}
 	spec, alone := agent.Floors(o.region, split(o.regions), weights, o.reserve, o.coordinators != "")
+	if alone {
+		dropped := lease.Split{Regions: []string{o.region}, Weights: weights, Reserve: o.reserve}
+		if err := region.ValidateFloors(dropped, o.region); err != nil {
+			return lease.Split{}, false, fmt.Errorf("-reserve=%v, -weights=%q: %w", o.reserve, o.weights, err)
+		}
+	}
 	return spec, alone, nil
 }
 
@@ -244,10 +249,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	spec, alone, err := floorSplit(o)
-	if err != nil {
-		return err
-	}
+	spec, alone := o.floors, o.alone
 	policy, err := lease.ParseAllocationPolicy(o.policy)
 	if err != nil {
 		return fmt.Errorf("-allocation-policy: %w", err)

@@ -249,10 +249,10 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"-reserve", "1.5"}, "-reserve=1.5 must be in [0, 1)"},
-		{[]string{"-reserve", "NaN"}, "-reserve=NaN must be in [0, 1)"},
-		{[]string{"-weights", "1,2"}, `-weights="1,2" needs -regions`},
-		{[]string{"-lease-drift", "-1s"}, "-lease-drift=-1s must be ≥ 0"},
+		{[]string{"-reserve", "1.5"}, "floors reserve=1.5 must be in [0, 1)"},
+		{[]string{"-reserve", "NaN"}, "floors reserve=NaN must be in [0, 1)"},
+		{[]string{"-weights", "1,2"}, "floors has 2 weights for 1 regions"},
+		{[]string{"-weights", "0"}, `floors weight=0 for region "eu" must be in [1, 2^20]`},
 		{[]string{"-redis-timeout", "200ms", "-redis-max-timeout", "100ms"}, "-redis-max-timeout=100ms must be ≥ -redis-timeout=200ms"},
 		{[]string{"-memory-max-keys", "0"}, "-memory-max-keys=0"},
 	} {
@@ -272,6 +272,24 @@ func TestParseFlagsAndEnvironment(t *testing.T) {
 	env["ALLOT_RESERVE"] = "lots"
 	if _, err := parse(nil, func(k string) string { return env[k] }, io.Discard); err == nil || !strings.Contains(err.Error(), "ALLOT_RESERVE") {
 		t.Fatalf("bad environment value: %v", err)
+	}
+}
+
+// TestAgentRefusesNegativeDriftAtStart: the speaker's drift margin is
+// checked at start (agent.Config.Validate), also for an agent alone, which
+// never speaks, so that the mistake shows before the region is joined.
+func TestAgentRefusesNegativeDriftAtStart(t *testing.T) {
+	rulesFile := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(rulesFile, []byte(testRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// An agent that started anyway serves until this ends, and returns nil.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := run(ctx, []string{"-region", "eu", "-name", "eu-1", "-rules", rulesFile, "-http-listen", "127.0.0.1:0", "-grpc-listen", "127.0.0.1:0",
+		"-lease-drift", "-1s"}, func(string) string { return "" }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "speaker drift=-1s must be ≥ 0") {
+		t.Fatalf("run = %v, want -lease-drift -1s refused", err)
 	}
 }
 
