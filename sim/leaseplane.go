@@ -38,6 +38,9 @@ type leasePlane struct {
 	tracked    []int // per rule: the budget whose allocation is charted
 	allocBins  [][][]float64
 	stepErrors int64
+	// published counts the tables the speakers published, refused those
+	// the shared store refused as not newer than its own.
+	published, refused int64
 	// rng draws the control plane's own randomness (sessions, the shared
 	// store's losses), apart from the decision path's stream.
 	rng *rand.Rand
@@ -250,8 +253,10 @@ func (p *leasePlane) carry(w *world, r int, t Micros) {
 		if tb := rd.Publish; tb != nil {
 			p.checkSettled(w, r, t, tb, o.Unsettled)
 			rp.last = tb
-			if stored, ok := rp.shared.publish(w, p, r, rp.speaker, t, tb); ok && stored >= tb.Pub {
+			p.published++
+			if refused, stored, ok := rp.shared.publish(w, p, r, rp.speaker, t, tb); ok && refused {
 				o.Refused, o.StoredPub = true, stored
+				p.refused++
 			}
 			ag.view.Set(tb)
 			rp.view.Set(tb)

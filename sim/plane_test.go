@@ -87,3 +87,20 @@ func TestSpeakerTakeoverKeepsTheLease(t *testing.T) {
 		t.Fatalf("after its wait agent %d speaks, want 0 with a live lease", rp.speaker)
 	}
 }
+
+// TestPublicationsAreNotRefused: with one speaker per region and no split
+// membership, the shared store takes every table a speaker publishes. A
+// publication taken for refused makes the Speaker publish again above it
+// at every Ready, which the agents' adoption then chases.
+func TestPublicationsAreNotRefused(t *testing.T) {
+	w, a := smallWorld(t, "scenarios/02-demand-shift.yaml", 0.05)
+	w.idealM = newMeter(w.nb, w.newSeries())
+	w.end = us(20 * time.Second)
+	w.run()
+	if a.plane.published < 10 {
+		t.Fatalf("%d tables published in 20 s, want some", a.plane.published)
+	}
+	if a.plane.refused != 0 {
+		t.Fatalf("%d of %d publications refused, want none", a.plane.refused, a.plane.published)
+	}
+}

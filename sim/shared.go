@@ -46,21 +46,21 @@ func (p *leasePlane) reachShared(w *world, r, i int, t Micros) bool {
 }
 
 // publish stores tb from agent i unless the store holds a table numbered
-// at least as high, and returns the stored number; ok is false when the
-// agent could not reach the store.
-func (s *sharedStore) publish(w *world, p *leasePlane, r, i int, t Micros, tb *region.Table) (stored uint64, ok bool) {
+// at least as high, whose number it then returns with refused set; ok is
+// false when the agent could not reach the store.
+func (s *sharedStore) publish(w *world, p *leasePlane, r, i int, t Micros, tb *region.Table) (refused bool, stored uint64, ok bool) {
 	if !p.reachShared(w, r, i, t) {
-		return 0, false
+		return false, 0, false
 	}
 	if s.table != nil && s.table.Pub >= tb.Pub {
-		return s.table.Pub, true
+		return true, s.table.Pub, true
 	}
 	s.table = tb
 	if p.a.redis[r].replica != nil {
 		s.writes = append(s.writes, tableWrite{at: t, t: tb})
 		s.replicate(t - us(w.sc.Redis.Lag))
 	}
-	return tb.Pub, true
+	return false, tb.Pub, true
 }
 
 // replicate moves the writes made by until into the replica's copy.
