@@ -254,6 +254,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer t.Stop()
 	var lastPoll time.Time
 	a.tick(ctx, &lastPoll)
+	// After the first round: a subscription to a store that does not
+	// answer waits for its timeout.
+	tables := watch(ctx, a.deps.Shared, NoticeTable)
 	for {
 		select {
 		case <-ctx.Done():
@@ -262,7 +265,42 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-t.C():
 			a.tick(ctx, &lastPoll)
 			t.Reset(a.cfg.Tick)
+		case <-tables:
+			a.adopt(ctx)
 		}
+	}
+}
+
+// adopt loads the table the speaking agent announced, and when it is
+// newer than the view's, decides with it, stores the agent's report
+// (its demand as of now) as adopting it, and announces that: the speaking agent
+// then acknowledges the grant the table carries without waiting for this
+// agent's next tick. The speaking agent adopts its tables as it publishes
+// them.
+func (a *Agent) adopt(ctx context.Context) {
+	a.mu.Lock()
+	speaking := a.speaking
+	a.mu.Unlock()
+	if speaking {
+		return
+	}
+	t, err := a.deps.Shared.LoadTable(ctx)
+	if err != nil {
+		a.noteErr(err)
+		return
+	}
+	if t == nil || !a.view.Set(t) {
+		return
+	}
+	now := a.deps.Clock.Now()
+	rep := region.ReportOf(a.cfg.Name, now, a.core.Demand(now))
+	rep.Pub, rep.Speaker = t.Pub, t.Speaker
+	if err := a.deps.Shared.PutDemand(ctx, rep); err != nil {
+		a.noteErr(err)
+		return
+	}
+	if err := announce(ctx, a.deps.Shared, NoticeAdoption); err != nil {
+		a.noteErr(err)
 	}
 }
 

@@ -167,19 +167,30 @@ func (s stepper) until(max int, what string, cond func() bool) {
 	s.t.Fatalf("%s: not within %d steps of %s", what, max, tick)
 }
 
-func TestRegionsShareABudgetThroughTheCoordinator(t *testing.T) {
-	global := bucket.PerSecond(600)
-	regions := []string{"r1", "r2", "r3"}
-	spec := lease.Split{Regions: regions, Reserve: 1.0 / 3}
-	budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: regions, Reserve: spec.Reserve}}
-	clk := clock.NewManual(t0)
+// localBudget is one budget, "api" at 600 a second over regions with
+// reserve kept by the coordinator, and an in-process coordinator serving
+// it on a manual clock at t0, ticking every tick until the test ends.
+func localBudget(t *testing.T, regions []string, reserve float64) (global bucket.Limit, spec lease.Split, budgets []lease.Budget, clk *clock.Manual, coord *LocalCoordinator) {
+	t.Helper()
+	global = bucket.PerSecond(600)
+	spec = lease.Split{Regions: regions, Reserve: reserve}
+	budgets = []lease.Budget{{Rule: "api", Limit: global, Regions: regions, Reserve: reserve}}
+	clk = clock.NewManual(t0)
 	coord, err := NewLocalCoordinator(testLeaseConfig(budgets), clk)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go coord.Run(ctx, tick)
+	done := make(chan struct{})
+	go func() { defer close(done); coord.Run(ctx, tick) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return global, spec, budgets, clk, coord
+}
+
+func TestRegionsShareABudgetThroughTheCoordinator(t *testing.T) {
+	regions := []string{"r1", "r2", "r3"}
+	global, spec, budgets, clk, coord := localBudget(t, regions, 1.0/3)
+	ctx := context.Background()
 
 	var trs []*testRegion
 	for _, r := range regions {

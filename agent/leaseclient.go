@@ -93,6 +93,8 @@ type LeaseClient struct {
 	// cost; Run alone uses them.
 	down, downLogged time.Time
 	downTries        int
+	// adoptions wakes Run when an agent announced an adoption.
+	adoptions <-chan struct{}
 }
 
 // noCoordinatorLogEvery spaces the log lines of a coordinator outage: one
@@ -162,6 +164,7 @@ func (c *LeaseClient) Run(ctx context.Context) error {
 	// its own, so a test on a manual clock can tell when a round is done.
 	tick := c.deps.Clock.NewTimer(c.cfg.Tick)
 	defer tick.Stop()
+	c.adoptions = watch(ctx, c.deps.Shared, NoticeAdoption)
 	for ctx.Err() == nil {
 		if _, held := c.deps.Fence(); !held {
 			// Not the region's speaker (the lease is lost, or not yet
@@ -317,6 +320,8 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 		case <-tick.C():
 			err = c.round(ctx, st)
 			tick.Reset(c.cfg.Tick)
+		case <-c.adoptions:
+			err = c.adopted(ctx, st)
 		}
 		if err != nil {
 			_ = st.Close() // the send failed; the stream is dropped either way
@@ -342,6 +347,27 @@ func (c *LeaseClient) round(ctx context.Context, st lease.Stream) error {
 	if st == nil {
 		return nil
 	}
+	return c.send(st, out)
+}
+
+// adopted reads the agents' reports when an agent announced an adoption
+// while acknowledgements wait for one, and sends those the reports
+// release on st.
+func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream) error {
+	c.mu.Lock()
+	waiting := c.sp.PendingAcks() > 0
+	c.mu.Unlock()
+	if !waiting {
+		return nil
+	}
+	reports, err := c.deps.Shared.Demands(ctx)
+	if err != nil {
+		return nil // the next round reads them again
+	}
+	c.mu.Lock()
+	c.sp.Adopted(c.deps.Clock.Now(), reports)
+	out := c.carryLocked(ctx)
+	c.mu.Unlock()
 	return c.send(st, out)
 }
 
@@ -403,6 +429,12 @@ func (c *LeaseClient) carryLocked(ctx context.Context) []lease.Message {
 		if t := rd.Publish; t != nil {
 			f, _ := c.deps.Fence()
 			ok, err := c.deps.Shared.PublishTable(ctx, t, f)
+			if ok {
+				// The other agents load it now rather than at their ticks.
+				if aerr := announce(ctx, c.deps.Shared, NoticeTable); aerr != nil {
+					c.log.Debug("agent: announce table", "region", c.cfg.Region, "err", aerr)
+				}
+			}
 			if err == nil && !ok {
 				if cur, lerr := c.deps.Shared.LoadTable(ctx); lerr == nil && cur != nil && cur.Pub >= t.Pub {
 					o.Refused, o.StoredPub = true, cur.Pub

@@ -47,6 +47,70 @@ type Shared interface {
 	Demands(ctx context.Context) ([]region.DemandReport, error)
 }
 
+// Notifier is a Shared that passes notices between a region's agents, so
+// a table or an adoption is acted on when it is stored rather than at the
+// next tick: the speaking agent announces each table it stores
+// (NoticeTable) and every other agent loads it at once and stores its
+// report again with it (NoticeAdoption), which lets the speaking agent
+// acknowledge a grant without waiting for the agents' ticks and its own.
+// A notice carries nothing but the wake-up; one lost (a subscription down
+// or reconnecting) costs only that wait, since the ticks still read the
+// store. RedisShared and MemShared implement it.
+type Notifier interface {
+	// Announce sends a notice of kind n to the region's agents that watch
+	// for it.
+	Announce(ctx context.Context, n Notice) error
+	// Watch returns a channel that receives a wake-up after notices of
+	// kind n, until ctx ends. Wake-ups are coalesced: the channel holds at
+	// most one.
+	Watch(ctx context.Context, n Notice) <-chan struct{}
+}
+
+// Notice is a kind of notice between a region's agents.
+type Notice uint8
+
+const (
+	// NoticeTable: the speaking agent stored a new table.
+	NoticeTable Notice = iota + 1
+	// NoticeAdoption: an agent stored a report that adopts a new table.
+	NoticeAdoption
+)
+
+func (n Notice) String() string {
+	switch n {
+	case NoticeTable:
+		return "table"
+	case NoticeAdoption:
+		return "adoption"
+	}
+	return "notice(" + strconv.Itoa(int(n)) + ")"
+}
+
+// watch is sh's Watch for n, or nil (a channel that never receives) when
+// sh passes no notices.
+func watch(ctx context.Context, sh Shared, n Notice) <-chan struct{} {
+	if nf, ok := sh.(Notifier); ok {
+		return nf.Watch(ctx, n)
+	}
+	return nil
+}
+
+// announce is sh's Announce of n, when sh passes notices.
+func announce(ctx context.Context, sh Shared, n Notice) error {
+	if nf, ok := sh.(Notifier); ok {
+		return nf.Announce(ctx, n)
+	}
+	return nil
+}
+
+// wake puts a wake-up on c unless one waits there already.
+func wake(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
 // Fence is a speaker lease as its holder knows it: the agent and the
 // token the store gave it when it took the lease (tokens increase with
 // every new lease). The zero Fence is no lease.
@@ -90,9 +154,14 @@ type MemShared struct {
 	lease  Fence
 	until  time.Time // the lease's expiry
 	tokens uint64
+	// watchers are the channels watching each kind of notice.
+	watchers map[Notice][]chan struct{}
 }
 
-var _ Shared = (*MemShared)(nil)
+var (
+	_ Shared   = (*MemShared)(nil)
+	_ Notifier = (*MemShared)(nil)
+)
 
 // NewMemShared returns an empty MemShared on the real clock.
 func NewMemShared() *MemShared { return NewMemSharedOn(nil) }
@@ -180,24 +249,56 @@ func (m *MemShared) Demands(context.Context) ([]region.DemandReport, error) {
 	return out, nil
 }
 
+// Announce implements Notifier.
+func (m *MemShared) Announce(_ context.Context, n Notice) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, c := range m.watchers[n] {
+		wake(c)
+	}
+	return nil
+}
+
+// Watch implements Notifier.
+func (m *MemShared) Watch(ctx context.Context, n Notice) <-chan struct{} {
+	c := make(chan struct{}, 1)
+	m.mu.Lock()
+	if m.watchers == nil {
+		m.watchers = map[Notice][]chan struct{}{}
+	}
+	m.watchers[n] = append(m.watchers[n], c)
+	m.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.watchers[n] = slices.DeleteFunc(m.watchers[n], func(w chan struct{}) bool { return w == c })
+	})
+	return c
+}
+
 // RedisShared is Shared in the regional Redis: the speaker lease in a
 // string (SET NX PX, its value the Fence, tokens from a counter beside
 // it), the table in one hash and the demand reports in another, all
 // hash-tagged by region so Cluster keeps them in one slot. The table is
 // replaced by one script that checks the publisher's fence against the
 // lease and compares publication numbers, so neither an agent that lost
-// the lease nor a stale speaker overwrites the table.
+// the lease nor a stale speaker overwrites the table. Notices go over
+// Redis pub/sub, one channel per kind and region.
 type RedisShared struct {
 	c        redis.UniversalClient
 	tableKey string
 	demKey   string
 	leaseKey string
 	tokenKey string
+	noticeCh string // the channel prefix; the kind's name follows
 	timeout  time.Duration
 	ttl      time.Duration
 }
 
-var _ Shared = (*RedisShared)(nil)
+var (
+	_ Shared   = (*RedisShared)(nil)
+	_ Notifier = (*RedisShared)(nil)
+)
 
 // NewRedisShared returns region's shared state in c under prefix. Keys
 // expire after ttl without writes (a region whose agents are all gone
@@ -208,7 +309,45 @@ func NewRedisShared(c redis.UniversalClient, prefix, region string, timeout, ttl
 	}
 	base := prefix + "region:{" + region + "}:"
 	return &RedisShared{c: c, tableKey: base + "table", demKey: base + "demand", leaseKey: base + "speaker",
-		tokenKey: base + "speaker-token", timeout: timeout, ttl: ttl}
+		tokenKey: base + "speaker-token", noticeCh: base + "notice:", timeout: timeout, ttl: ttl}
+}
+
+// Announce implements Notifier: a PUBLISH on the kind's channel.
+func (r *RedisShared) Announce(ctx context.Context, n Notice) error {
+	ctx, cancel := r.ctx(ctx)
+	defer cancel()
+	if err := r.c.Publish(ctx, r.noticeCh+n.String(), "1").Err(); err != nil {
+		return fmt.Errorf("%w: agent: announce %s on %s: %w", bucket.ErrUnavailable, n, r.noticeCh+n.String(), err)
+	}
+	return nil
+}
+
+// Watch implements Notifier: a subscription to the kind's channel, which
+// the client re-establishes after a lost connection (notices sent
+// meanwhile are lost). It returns once Redis confirmed the subscription,
+// or after the timeout.
+func (r *RedisShared) Watch(ctx context.Context, n Notice) <-chan struct{} {
+	out := make(chan struct{}, 1)
+	ps := r.c.Subscribe(ctx, r.noticeCh+n.String())
+	cctx, cancel := r.ctx(ctx)
+	_, _ = ps.Receive(cctx) // the confirmation; a failure is retried by the client
+	cancel()
+	msgs := ps.Channel()
+	go func() {
+		defer ps.Close()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-msgs:
+				if !ok {
+					return
+				}
+				wake(out)
+			}
+		}
+	}()
+	return out
 }
 
 // publishScript: KEYS table, lease; ARGV pub, body, ttl ms, fence ("":

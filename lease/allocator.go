@@ -31,7 +31,8 @@ type Allocator struct {
 	learnUntil time.Time
 	learnFrom  time.Time // when learning began: grants sent since are in the new term and budgets
 	lastRound  time.Time
-	roundNow   bool // run a round at the next Tick
+	lastFeed   time.Time // the last Tick between rounds to feed every key waiting
+	roundNow   bool      // run a round at the next Tick
 	expiring   bool
 
 	regions []*region // sorted by name
@@ -70,6 +71,7 @@ type Stats struct {
 	Blocked     uint64 // renewals withheld until a decrease is acknowledged
 	Expired     uint64 // region leases that lapsed at the coordinator
 	Urgent      uint64 // keys rebalanced between rounds on a report
+	Fed         uint64 // Ticks between rounds that rebalanced every key waiting
 	Rounds      uint64
 	HotKeys     int  // keys with allocations now
 	Learning    bool // no increases yet
@@ -496,6 +498,17 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 // for a move of demand, not for noise within a contested budget.
 const moveShare = 4
 
+// feedShare: between rounds, acknowledgements make a Tick rebalance every
+// key waiting at most once per Refresh/feedShare; in between it feeds only
+// moves (moveShare). Capacity freed otherwise (a lease or a hold that
+// ended) is fed at the Tick that finds it.
+// Acknowledgements arrive within a few milliseconds of their grants once
+// the region's agents adopt tables on notice, and a feed at every Tick
+// after each one split a contested budget's steady churn into more,
+// smaller grants (steady-skewed: 13.6 lease messages a second on average
+// over ten seeds, 15.8 at most, against 13.1 and 15.1 with it).
+const feedShare = 8
+
 // learned ends learning at now once every region of every budget has
 // acknowledged a grant sent since learning began (or released its share).
 // Each such region has taken the Allocator's term, so it ignores whatever
@@ -584,22 +597,34 @@ func (a *Allocator) slotFor(now time.Time, key bucket.Key, r *region, want int64
 // Tick moves the Allocator to now and runs a round when Refresh has passed
 // since the last one.
 func (a *Allocator) Tick(now time.Time) {
+	// freed: capacity came free here (a lease or a hold ended), not by an
+	// acknowledgement; the keys waiting for it are fed now.
+	freed := false
 	for _, r := range a.regions {
 		if !r.lapsed && !now.Before(r.leaseEnd) {
 			a.lapse(now, r)
 			a.recheck = len(a.starved) > 0 // what it held may be free now
+			freed = freed || a.recheck
 		}
 		if r.lapsed && !r.floored && !now.Before(r.commitEnd) {
 			a.restoreFloors(r)
 			a.recheck = len(a.starved) > 0
+			freed = freed || a.recheck
 		}
 	}
 	if a.heldUntil != 0 && now.UnixNano() >= a.heldUntil {
 		a.heldUntil = 0
 		a.recheck = len(a.starved) > 0
+		freed = freed || a.recheck
 	}
 	if now.Sub(a.lastRound) < a.cfg.Refresh && !a.roundNow {
-		if a.recheck {
+		switch {
+		case !a.recheck:
+		case !freed && now.Sub(a.lastFeed) < a.cfg.Refresh/feedShare:
+			a.feed(now, true) // small shortfalls wait for the next feed
+		default:
+			a.lastFeed = now
+			a.stats.Fed++
 			a.feed(now, false)
 		}
 		a.flush(now)

@@ -354,3 +354,36 @@ func checkReports(t *testing.T, h *Holder, key bucket.Key, steps []reportStep) {
 		}
 	}
 }
+
+// TestTickFeedsSmallShortfallsSparingly: ticked every 10 ms while a
+// contested budget's demand wanders (b's want moves by a fifth of the
+// budget every 100 ms, a wants more than the rest), the Allocator
+// rebalances the keys waiting by less than a quarter of the budget
+// between rounds at most once per Refresh/feedShare, not at the first
+// Tick after each acknowledgement; and it still does so.
+func TestTickFeedsSmallShortfallsSparingly(t *testing.T) {
+	c, k := tickedCluster(t, 6000, 900, 300)
+	c.tickEvery = 10 * time.Millisecond
+	every := c.alloc.cfg.Refresh / feedShare
+	var feeds []time.Time
+	fed := c.alloc.Stats(c.now).Fed
+	for i := range 1000 { // 10 s
+		if i%10 == 0 {
+			c.demand["b"][k] = []bucket.Tokens{300, 900}[i/10%2]
+		}
+		c.step(10 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+		if st := c.alloc.Stats(c.now); st.Fed > fed {
+			fed = st.Fed
+			if n := len(feeds); n > 0 && c.now.Sub(feeds[n-1]) < every {
+				t.Fatalf("feeds at +%s and +%s, less than %s apart\n%s", feeds[n-1].Sub(t0), c.now.Sub(t0), every, c.show())
+			}
+			feeds = append(feeds, c.now)
+		}
+	}
+	if len(feeds) < 10 {
+		t.Fatalf("%d feeds between rounds in 10 s, want the waits fed at least every second\n%s", len(feeds), c.show())
+	}
+}

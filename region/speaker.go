@@ -218,13 +218,8 @@ func (s *Speaker) Step(now time.Time, m lease.Message) error {
 // nil reports (the shared store did not answer) change neither demand nor
 // adoption.
 func (s *Speaker) Tick(now time.Time, reports []DemandReport, live []string) {
-	s.now = now
 	s.live = append(make([]string, 0, len(live)), live...)
-	for _, r := range reports {
-		if now.Sub(r.At) <= s.cfg.DemandMaxAge {
-			s.adopted[r.Agent] = adoption{pub: r.Pub, speaker: r.Speaker}
-		}
-	}
+	s.Adopted(now, reports)
 	if reports != nil {
 		s.sum, s.tmp = sumDemand(s.sum[:0], s.tmp[:0], reports, live, now, s.cfg.DemandMaxAge)
 		for _, d := range s.sum {
@@ -232,6 +227,20 @@ func (s *Speaker) Tick(now time.Time, reports []DemandReport, live []string) {
 		}
 	}
 	s.holder.Tick(now)
+}
+
+// Adopted takes, between ticks, the tables the agents' reports say they
+// decide with (reports older than DemandMaxAge are not counted): an agent
+// told of a publication adopts it and reports so at once, and the
+// acknowledgements that waited for it go at the next Ready rather than
+// after the next Tick. Demand is left to Tick.
+func (s *Speaker) Adopted(now time.Time, reports []DemandReport) {
+	s.now = now
+	for _, r := range reports {
+		if now.Sub(r.At) <= s.cfg.DemandMaxAge {
+			s.adopted[r.Agent] = adoption{pub: r.Pub, speaker: r.Speaker}
+		}
+	}
 }
 
 // Connected tells the Speaker its driver opened a new stream (perhaps to

@@ -89,17 +89,7 @@ func TestSpeakerAckWaitsForEveryAgent(t *testing.T) {
 		t.Fatalf("sent %d acks, %d pending, before the other agent adopted the table", count(rd.Send, lease.MsgAck), s.PendingAcks())
 	}
 	s.Tick(t0, nil, live)
-	steps := []struct {
-		report DemandReport
-		acks   int
-		why    string
-	}{
-		{DemandReport{Agent: "a-1", At: t0, Pub: pub - 1, Speaker: "a-0"}, 0, "the other agent decides with an older table"},
-		{DemandReport{Agent: "a-1", At: t0, Pub: pub + 5, Speaker: "a-9"}, 0, "the other agent decides with another speaker's table"},
-		{DemandReport{Agent: "a-1", At: t0.Add(-time.Minute), Pub: pub, Speaker: "a-0"}, 0, "the report adopting it is stale"},
-		{DemandReport{Agent: "a-1", At: t0, Pub: pub, Speaker: "a-0"}, 1, "every agent adopted the table"},
-	}
-	for _, st := range steps {
+	for _, st := range adoptionSteps(pub, t0) {
 		s.Tick(t0, []DemandReport{st.report}, live)
 		rd := s.Ready()
 		s.Advance(Outcome{})
@@ -114,6 +104,57 @@ func TestSpeakerAckWaitsForEveryAgent(t *testing.T) {
 	s.Tick(t0, nil, []string{"a-0"})
 	if got := count(s.Ready().Send, lease.MsgAck); got != 1 {
 		t.Fatalf("alone: %d acks, want 1", got)
+	}
+}
+
+// adoptionStep is a report of agent a-1 and the acks it releases.
+type adoptionStep struct {
+	report DemandReport
+	acks   int
+	why    string
+}
+
+// adoptionSteps are a-1's reports at at, in turn, while an ack waits for
+// a-0's publication pub: only the last releases it. Its want, far above
+// any allocation, would make a Tick report at once.
+func adoptionSteps(pub uint64, at time.Time) []adoptionStep {
+	return []adoptionStep{
+		{DemandReport{Agent: "a-1", At: at, Pub: pub - 1, Speaker: "a-0"}, 0, "the other agent decides with an older table"},
+		{DemandReport{Agent: "a-1", At: at, Pub: pub + 5, Speaker: "a-9"}, 0, "the other agent decides with another speaker's table"},
+		{DemandReport{Agent: "a-1", At: at.Add(-time.Minute), Pub: pub, Speaker: "a-0"}, 0, "the report adopting it is stale"},
+		{DemandReport{Agent: "a-1", At: at, Pub: pub, Speaker: "a-0",
+			Keys: []DemandItem{{Rule: spkKey.Rule, Subject: spkKey.Subject, Want: 1_000_000}}}, 1, "every agent adopted the table"},
+	}
+}
+
+// TestSpeakerAdoptedReleasesAcksBetweenTicks: an agent's report of the
+// table it adopted, taken between ticks (the agent was told of the
+// publication), releases the acknowledgement waiting for it at the next
+// Ready, under the same rules as a Tick's; it moves no demand.
+func TestSpeakerAdoptedReleasesAcksBetweenTicks(t *testing.T) {
+	s, _ := speakerFixture(t)
+	live := []string{"a-0", "a-1"}
+	h := hello(t, s, t0)
+	if err := s.Step(t0, grant(h, 1, 50)); err != nil {
+		t.Fatal(err)
+	}
+	s.Tick(t0, nil, live)
+	rd := s.Ready()
+	s.Advance(Outcome{})
+	if rd.Publish == nil || s.PendingAcks() != 1 {
+		t.Fatalf("published %v with %d acks pending, want the grant's table and its ack held", rd.Publish, s.PendingAcks())
+	}
+	at := t0.Add(10 * time.Millisecond)
+	for _, st := range adoptionSteps(rd.Publish.Pub, at) {
+		s.Adopted(at, []DemandReport{st.report})
+		rd := s.Ready()
+		s.Advance(Outcome{})
+		if got := count(rd.Send, lease.MsgAck); got != st.acks {
+			t.Fatalf("%s: %d acks, want %d", st.why, got, st.acks)
+		}
+		if got := count(rd.Send, lease.MsgReport); got != 0 {
+			t.Fatalf("%s: %d reports sent; Adopted moves no demand", st.why, got)
+		}
 	}
 }
 

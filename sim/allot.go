@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/allot-dev/allot/breaker"
 	"github.com/allot-dev/allot/bucket"
@@ -49,7 +50,8 @@ type agentRT struct {
 	core  *region.Core
 	store *simStore
 	// view is the agent's view of the region's table: the speaking agent
-	// sets it as it publishes, the others load it at their ticks.
+	// sets it as it publishes, the others load it on its notice
+	// (leasePlane.notify) and at their ticks.
 	view *region.TableView
 	// speakAfter is when the agent may speak for the region: an agent
 	// that restarts waits first, as the agent's SpeakerWait.
@@ -365,6 +367,13 @@ func (a *allot) tick(w *world, r, ai int, t Micros) {
 			ag.view.Set(tb)
 		}
 	}
+	a.report(w, r, ai, t, now)
+}
+
+// report stores agent ai of region r's demand report at t, with the
+// publication it decides with, and reports whether the store took it.
+func (a *allot) report(w *world, r, ai int, t Micros, now time.Time) bool {
+	ag := a.agents[r][ai]
 	ag.demand = ag.core.AppendDemand(ag.demand[:0], now)
 	ag.flip ^= 1
 	rep := region.AppendReport(ag.items[ag.flip], ag.name, now, ag.demand)
@@ -372,9 +381,11 @@ func (a *allot) tick(w *world, r, ai int, t Micros) {
 	if tb := ag.view.Table(); tb != nil {
 		rep.Pub, rep.Speaker = tb.Pub, tb.Speaker
 	}
-	if !rp.shared.putDemand(w, a.plane, r, ai, t, rep) {
+	if !a.plane.regions[r].shared.putDemand(w, a.plane, r, ai, t, rep) {
 		ag.flip ^= 1 // not stored: the stored report keeps its buffer
+		return false
 	}
+	return true
 }
 
 func (a *allot) handle(w *world, e *event) {

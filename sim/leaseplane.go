@@ -92,6 +92,8 @@ const (
 	plToRegion
 	plElected
 	plReconnect
+	plAdopt // an agent told of a publication loads it
+	plWake  // the speaking agent told of an adoption reads the reports
 )
 
 // tickEvery is how often the coordinator's driver ticks the Allocator.
@@ -260,6 +262,9 @@ func (p *leasePlane) carry(w *world, r int, t Micros) {
 			}
 			ag.view.Set(tb)
 			rp.view.Set(tb)
+			if !o.Refused {
+				p.notify(w, r, t)
+			}
 		}
 		rp.sp.Advance(o)
 		for _, m := range rd.Send {
@@ -350,11 +355,47 @@ func (p *leasePlane) handle(w *world, e *event) {
 				w.at(at, p.a.si, event{sub: alPlane, flag: plReconnect, aux: int32(r)})
 			}
 		}
+	case plAdopt:
+		r, ai := int(e.aux), int(e.agt)
+		ag, rp := p.a.agents[r][ai], p.regions[r]
+		if !ag.alive || ai == rp.speaker {
+			return
+		}
+		tb, ok := rp.shared.loadTable(w, p, r, ai, t)
+		if !ok || tb == nil || !ag.view.Set(tb) {
+			return
+		}
+		if p.a.report(w, r, ai, t, p.regionNow(w, r, t)) {
+			// The report's write and the notice reach the store, the
+			// notice the speaking agent, which reads the reports.
+			w.at(t+4*w.net.lat[r][r], p.a.si, event{sub: alPlane, flag: plWake, aux: e.aux})
+		}
+	case plWake:
+		r := int(e.aux)
+		if rp := p.regions[r]; rp.sp != nil && rp.sp.PendingAcks() > 0 {
+			if reports, ok := rp.shared.demands(w, p, r, rp.speaker, t); ok {
+				rp.sp.Adopted(p.regionNow(w, r, t), reports)
+				p.carry(w, r, t)
+			}
+		}
 	case plReconnect:
 		r := int(e.aux)
 		if rp := p.regions[r]; rp.sp != nil {
 			rp.sp.Connected(p.regionNow(w, r, t))
 			p.carry(w, r, t)
+		}
+	}
+}
+
+// notify is the notice of region r's publication at t (agent.Notifier):
+// every other live agent hears of it one round trip after the table was
+// stored (the speaking agent's announce, the store's push), and has loaded
+// it after another (plAdopt loads it then, from the store as it is then).
+func (p *leasePlane) notify(w *world, r int, t Micros) {
+	rp := p.regions[r]
+	for ai, ag := range p.a.agents[r] {
+		if ag.alive && ai != rp.speaker {
+			w.at(t+4*w.net.lat[r][r], p.a.si, event{sub: alPlane, flag: plAdopt, aux: int32(r), agt: int32(ai)}) // #nosec G115 -- indexes
 		}
 	}
 }
