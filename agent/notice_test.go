@@ -239,3 +239,35 @@ func TestGrantAcknowledgedWithoutTheAgentsTicks(t *testing.T) {
 		t.Fatalf("reports %+v %v: want eu-1's, written after its one tick at %s, adopting %d", reps, err, t0, spk.Pub)
 	}
 }
+
+// TestRedisSharedNoticesAfterARestart: a watch outlives its Redis: after
+// the server is killed and started again, empty, notices reach the
+// watcher again once the client has subscribed anew (those sent while it
+// had not are lost, which the ticks make good).
+func TestRedisSharedNoticesAfterARestart(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub, sub := srv.Client(t), srv.Client(t)
+	from := NewRedisShared(pub, "allot-test:", "eu", 5*time.Second, time.Minute)
+	tables := NewRedisShared(sub, "allot-test:", "eu", 5*time.Second, time.Minute).Watch(ctx, NoticeTable)
+	if err := from.Announce(ctx, NoticeTable); err != nil {
+		t.Fatal(err)
+	}
+	woken(t, tables, "before the restart")
+	srv.Restart(t)
+	// The subscriber reconnects on its own schedule: announce until one
+	// arrives, for at most 20 s of real time.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_ = from.Announce(ctx, NoticeTable) // fails until the publisher has reconnected too
+		select {
+		case <-tables:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no notice reached the watcher within 20 s of the restart")
+		}
+	}
+}
