@@ -206,6 +206,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	outs := make([]Outcome, len(patches))
 	var wg sync.WaitGroup
+	var logMu sync.Mutex // stderr may be any writer (a test's buffer): one line at a time
 	sem := make(chan struct{}, o.parallel)
 	for i, p := range patches {
 		wg.Add(1)
@@ -219,7 +220,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 			out.Survivor = survivors[out.Mutant]
 			outs[i] = out
+			logMu.Lock()
 			fmt.Fprintf(stderr, "mutants: %s: caught=%v (%.0fs)\n", out.Mutant, out.Caught, out.Seconds)
+			logMu.Unlock()
 		}()
 	}
 	wg.Wait()
