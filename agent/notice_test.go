@@ -271,3 +271,26 @@ func TestRedisSharedNoticesAfterARestart(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisSharedNoticesOnACluster: on a real three-node Redis Cluster, a
+// notice announced through one cluster client (seeded with one node)
+// reaches a watcher on another (seeded with another node).
+func TestRedisSharedNoticesOnACluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node cluster")
+	}
+	addrs := testenv.StartRedisCluster(t, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var shared []*RedisShared
+	for _, seed := range [][]string{{addrs[0]}, {addrs[2]}} {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: seed, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		shared = append(shared, NewRedisShared(c, "allot-test:", "eu", 5*time.Second, time.Minute))
+	}
+	adoptions := shared[1].Watch(ctx, NoticeAdoption)
+	if err := shared[0].Announce(ctx, NoticeAdoption); err != nil {
+		t.Fatal(err)
+	}
+	woken(t, adoptions, "the watcher on the cluster")
+}
