@@ -142,6 +142,9 @@ type Agent struct {
 	rng   *rand.Rand
 
 	started time.Time // when Run began, by the agent's clock
+	// noticesDown is set while announcing fails; Run's goroutine alone
+	// uses it.
+	noticesDown bool
 
 	mu        sync.Mutex
 	speaking  bool
@@ -299,8 +302,22 @@ func (a *Agent) adopt(ctx context.Context) {
 		a.noteErr(err)
 		return
 	}
-	if err := announce(ctx, a.deps.Shared, NoticeAdoption); err != nil {
-		a.noteErr(err)
+	a.announced(announce(ctx, a.deps.Shared, NoticeAdoption))
+}
+
+// announced logs, once until one goes through again, that a notice could
+// not be sent: the region then works at its ticks' pace, and a notice
+// refused for good (a Redis user without the channels' permission) would
+// otherwise log at every table.
+func (a *Agent) announced(err error) {
+	switch {
+	case err != nil && !a.noticesDown:
+		a.noticesDown = true
+		a.log.Warn("agent: cannot announce to the region's agents; tables and adoptions wait for the ticks",
+			"region", a.Region(), "agent", a.cfg.Name, "err", err)
+	case err == nil && a.noticesDown:
+		a.noticesDown = false
+		a.log.Info("agent: announcing to the region's agents again", "region", a.Region(), "agent", a.cfg.Name)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -293,4 +294,55 @@ func TestRedisSharedNoticesOnACluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	woken(t, adoptions, "the watcher on the cluster")
+}
+
+// TestRefusedNoticesWarnOnce: a Redis user without the notice channels'
+// permission (an ACL with resetchannels) cannot announce. The region
+// still works, at its ticks' pace, and the speaking agent warns once,
+// not at every table it publishes.
+func TestRefusedNoticesWarnOnce(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	ctx := context.Background()
+	if err := srv.Client(t).Do(ctx, "ACL", "SETUSER", "agent", "on", ">agent-secret-1234", "~*", "+@all", "resetchannels").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "agent", Password: "agent-secret-1234", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	sh := NewRedisShared(c, "allot:", "eu", 5*time.Second, time.Minute)
+	if err := sh.Announce(ctx, NoticeTable); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("announce as a user without channels: %v, want NOPERM", err)
+	}
+
+	global, spec, budgets, clk, coord := localBudget(t, []string{"eu"}, 0.5)
+	var log syncBuffer
+	cfg := DefaultConfig()
+	cfg.Name, cfg.Core.Region, cfg.Core.Floors = "eu-0", "eu", spec
+	cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Tick = 400*time.Millisecond, 100*time.Millisecond, tick
+	cfg.Speaker.Budgets = budgets
+	cfg.Tick, cfg.SpeakerWait = tick, 0
+	a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), Shared: sh,
+		Transport: coord.Transport("eu"), Clock: clk, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(actx) }()
+	defer func() { cancel(); <-done }()
+	st := stepper{t: t, clk: clk, timers: 3} // the coordinator, the agent, its lease client
+	k := bucket.Key{Rule: "api", Subject: "tenant-1"}
+	var pubs []uint64
+	st.until(80, "five tables published", func() bool {
+		for range 45 {
+			_, _ = a.Store().Decide(ctx, k, global, 1, "")
+		}
+		if tb := a.View().Table(); tb != nil && (len(pubs) == 0 || tb.Pub != pubs[len(pubs)-1]) {
+			pubs = append(pubs, tb.Pub)
+		}
+		return len(pubs) >= 5
+	})
+	msg := "agent: cannot announce tables to the region's agents; they load them at their ticks"
+	if n := log.count(msg); n != 1 {
+		t.Fatalf("%d warnings that tables cannot be announced over %d publications, want 1\n%s", n, len(pubs), log.String())
+	}
 }
