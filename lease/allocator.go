@@ -1185,10 +1185,19 @@ func (a *Allocator) set(k *hotKey, i int, v int64) {
 }
 
 // setWant records a demand reported at t (Unix ns), and the largest one
-// reported within hold.
+// reported within hold. A reading lower than the one before it, once the
+// last peak's hold has ended, starts no hold of its own: the region is
+// coming down from a level it reported longer ago than the fill time (its
+// demand moved away), not pausing within a burst, and a hold from its
+// first reading of the fall kept its floor from the region the demand
+// moved to for the whole fill time.
 func (s *slot) setWant(t, want, hold int64) {
+	prev := s.want
 	s.want, s.wantAt = want, t
-	if want >= s.peak || t-s.peakAt > hold {
+	switch {
+	case t-s.peakAt > hold && want < prev:
+		s.peak = want // the hold stays ended
+	case want >= s.peak || t-s.peakAt > hold:
 		s.peak, s.peakAt = want, t
 	}
 }

@@ -387,3 +387,36 @@ func TestTickFeedsSmallShortfallsSparingly(t *testing.T) {
 		t.Fatalf("%d feeds between rounds in 10 s, want the waits fed at least every second\n%s", len(feeds), c.show())
 	}
 }
+
+// TestFallingReadingStartsNoHold: a region's peak holds its floor for the
+// fill time from the reading that set it. A reading lower than the one
+// before, once that hold has ended, starts none of its own (the demand
+// moved away from a level held longer than the fill time); a rise does,
+// and a fall within a hold keeps it.
+func TestFallingReadingStartsNoHold(t *testing.T) {
+	const hold = int64(time.Second)
+	held := func(s *slot, t int64) bool { return t-s.peakAt <= hold }
+	var s slot
+	steps := []struct {
+		at   time.Duration
+		want int64
+		held bool
+		peak int64
+		why  string
+	}{
+		{0, 6000, true, 6000, "the first reading"},
+		{2 * time.Second, 6000, true, 6000, "the level, reported again after the hold ended: a new hold"},
+		{3500 * time.Millisecond, 1054, false, 1054, "the first reading of a fall, the hold ended: none"},
+		{3600 * time.Millisecond, 312, false, 312, "falling further: none"},
+		{4 * time.Second, 900, true, 900, "a rise: a new hold"},
+		{4100 * time.Millisecond, 100, true, 900, "a fall within that hold keeps it"},
+		{5200 * time.Millisecond, 50, false, 50, "falling after it ended: none"},
+	}
+	for _, st := range steps {
+		at := int64(st.at)
+		s.setWant(at, st.want, hold)
+		if held(&s, at) != st.held || s.peak != st.peak {
+			t.Fatalf("at %s, want %d (%s): held %v peak %d, want held %v peak %d", st.at, st.want, st.why, held(&s, at), s.peak, st.held, st.peak)
+		}
+	}
+}
