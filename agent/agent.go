@@ -142,9 +142,8 @@ type Agent struct {
 	rng   *rand.Rand
 
 	started time.Time // when Run began, by the agent's clock
-	// noticesDown is set while announcing fails; Run's goroutine alone
-	// uses it.
-	noticesDown bool
+	// notices logs failed announces; Run's goroutine alone uses it.
+	notices announceLog
 
 	mu        sync.Mutex
 	speaking  bool
@@ -302,23 +301,7 @@ func (a *Agent) adopt(ctx context.Context) {
 		a.noteErr(err)
 		return
 	}
-	a.announced(announce(ctx, a.deps.Shared, NoticeAdoption))
-}
-
-// announced logs, once until one goes through again, that a notice could
-// not be sent: the region then works at its ticks' pace, and a notice
-// refused for good (a Redis user without the channels' permission) would
-// otherwise log at every table.
-func (a *Agent) announced(err error) {
-	switch {
-	case err != nil && !a.noticesDown:
-		a.noticesDown = true
-		a.log.Warn("agent: cannot announce to the region's agents; tables and adoptions wait for the ticks",
-			"region", a.Region(), "agent", a.cfg.Name, "err", err)
-	case err == nil && a.noticesDown:
-		a.noticesDown = false
-		a.log.Info("agent: announcing to the region's agents again", "region", a.Region(), "agent", a.cfg.Name)
-	}
+	a.notices.note(a.log, announce(ctx, a.deps.Shared, NoticeAdoption), "adoptions", "region", a.Region(), "agent", a.cfg.Name)
 }
 
 // tick is one round of the agent's periodic work.

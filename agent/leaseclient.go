@@ -87,8 +87,8 @@ type LeaseClient struct {
 
 	mu sync.Mutex // serializes sp and cfg.Budgets
 	sp *region.Speaker
-	// noticesDown is set while announcing tables fails; under mu.
-	noticesDown bool
+	// notices logs failed announces of tables; under mu.
+	notices announceLog
 
 	// down is when the current coordinator outage began (zero: none),
 	// downLogged when it was last logged and downTries the attempts it has
@@ -433,7 +433,7 @@ func (c *LeaseClient) carryLocked(ctx context.Context) []lease.Message {
 			ok, err := c.deps.Shared.PublishTable(ctx, t, f)
 			if ok {
 				// The other agents load it now rather than at their ticks.
-				c.announcedLocked(announce(ctx, c.deps.Shared, NoticeTable))
+				c.notices.note(c.log, announce(ctx, c.deps.Shared, NoticeTable), "tables", "region", c.cfg.Region)
 			}
 			if err == nil && !ok {
 				if cur, lerr := c.deps.Shared.LoadTable(ctx); lerr == nil && cur != nil && cur.Pub >= t.Pub {
@@ -457,20 +457,6 @@ func (c *LeaseClient) carryLocked(ctx context.Context) []lease.Message {
 		}
 	}
 	return send
-}
-
-// announcedLocked logs, once until one goes through again, that a table
-// could not be announced (see Agent.announced). Requires c.mu.
-func (c *LeaseClient) announcedLocked(err error) {
-	switch {
-	case err != nil && !c.noticesDown:
-		c.noticesDown = true
-		c.log.Warn("agent: cannot announce tables to the region's agents; they load them at their ticks",
-			"region", c.cfg.Region, "err", err)
-	case err == nil && c.noticesDown:
-		c.noticesDown = false
-		c.log.Info("agent: announcing tables again", "region", c.cfg.Region)
-	}
 }
 
 // SetBudgets replaces the Speaker's budgets (after a rules change).

@@ -341,7 +341,7 @@ func TestRefusedNoticesWarnOnce(t *testing.T) {
 		}
 		return len(pubs) >= 5
 	})
-	msg := "agent: cannot announce tables to the region's agents; they load them at their ticks"
+	msg := "agent: cannot announce tables; the region waits for its ticks"
 	if n := log.count(msg); n != 1 {
 		t.Fatalf("%d warnings that tables cannot be announced over %d publications, want 1\n%s", n, len(pubs), log.String())
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -101,6 +102,25 @@ func announce(ctx context.Context, sh Shared, n Notice) error {
 		return nf.Announce(ctx, n)
 	}
 	return nil
+}
+
+// announceLog logs, once until one goes through again, that notices could
+// not be announced: the region then works at its ticks' pace,
+// and a notice refused for good (a Redis user without the channels'
+// permission) would otherwise log at every table. Its owner serializes
+// its calls.
+type announceLog struct{ down bool }
+
+// note takes the outcome of an announce of what.
+func (l *announceLog) note(log *slog.Logger, err error, what string, attrs ...any) {
+	switch {
+	case err != nil && !l.down:
+		l.down = true
+		log.Warn("agent: cannot announce "+what+"; the region waits for its ticks", append(attrs, "err", err)...)
+	case err == nil && l.down:
+		l.down = false
+		log.Info("agent: announcing "+what+" again", attrs...)
+	}
 }
 
 // wake puts a wake-up on c unless one waits there already.

@@ -597,25 +597,26 @@ func (a *Allocator) slotFor(now time.Time, key bucket.Key, r *region, want int64
 // Tick moves the Allocator to now and runs a round when Refresh has passed
 // since the last one.
 func (a *Allocator) Tick(now time.Time) {
-	// freed: capacity came free here (a lease or a hold ended), not by an
-	// acknowledgement; the keys waiting for it are fed now.
+	// freed: capacity came free here (a lease, a lend or a hold ended),
+	// not by an acknowledgement; the keys waiting for it are fed now.
 	freed := false
 	for _, r := range a.regions {
 		if !r.lapsed && !now.Before(r.leaseEnd) {
 			a.lapse(now, r)
-			a.recheck = len(a.starved) > 0 // what it held may be free now
-			freed = freed || a.recheck
+			freed = true
 		}
 		if r.lapsed && !r.floored && !now.Before(r.commitEnd) {
 			a.restoreFloors(r)
-			a.recheck = len(a.starved) > 0
-			freed = freed || a.recheck
+			freed = true
 		}
 	}
 	if a.heldUntil != 0 && now.UnixNano() >= a.heldUntil {
 		a.heldUntil = 0
+		freed = true
+	}
+	if freed {
 		a.recheck = len(a.starved) > 0
-		freed = freed || a.recheck
+		freed = a.recheck
 	}
 	if now.Sub(a.lastRound) < a.cfg.Refresh && !a.roundNow {
 		switch {
