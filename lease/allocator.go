@@ -57,9 +57,9 @@ type Allocator struct {
 	heldUntil int64
 
 	// Scratch space for allocate, sized to the largest budget.
-	tgt, lb, want, base, demand []int64
-	order, free                 []int
-	small, tried                []bool
+	tgt, lb, want, bare, base, demand []int64
+	order, free                       []int
+	small, tried                      []bool
 }
 
 // Stats are cumulative counters and current gauges, for metrics.
@@ -71,7 +71,8 @@ type Stats struct {
 	Blocked     uint64 // renewals withheld until a decrease is acknowledged
 	Expired     uint64 // region leases that lapsed at the coordinator
 	Urgent      uint64 // keys rebalanced between rounds on a report
-	Fed         uint64 // Ticks between rounds that rebalanced every key waiting
+	Fed         uint64 // Ticks between rounds that rebalanced every key waiting, for acknowledgements
+	Freed       uint64 // the same, for capacity a lease, a lend or a hold that ended freed
 	Rounds      uint64
 	HotKeys     int  // keys with allocations now
 	Learning    bool // no increases yet
@@ -232,6 +233,7 @@ func (a *Allocator) setBudgets(bs []Budget) {
 	a.tgt = make([]int64, maxN)
 	a.lb = make([]int64, maxN)
 	a.want = make([]int64, maxN)
+	a.bare = make([]int64, maxN)
 	a.base = make([]int64, maxN)
 	a.order = make([]int, maxN)
 	a.small = make([]bool, maxN)
@@ -625,7 +627,11 @@ func (a *Allocator) Tick(now time.Time) {
 			a.feed(now, true) // small shortfalls wait for the next feed
 		default:
 			a.lastFeed = now
-			a.stats.Fed++
+			if freed {
+				a.stats.Freed++
+			} else {
+				a.stats.Fed++
+			}
 			a.feed(now, false)
 		}
 		a.flush(now)
@@ -799,7 +805,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	// from round to round instead of returning at every round.
 	end := now.Add(a.cfg.TTL + a.cfg.Drift)
 	learning := now.Before(a.learnUntil)
-	tgt, lb, want, base, demand := a.tgt[:n], a.lb[:n], a.want[:n], a.base[:n], a.demand[:n]
+	tgt, lb, want, bare, base, demand := a.tgt[:n], a.lb[:n], a.want[:n], a.bare[:n], a.base[:n], a.demand[:n]
 	var heldUntil int64 // the earliest end of a peak's hold on a floor
 
 	// Fixed claims of regions we cannot send to; lower bounds and wants of
@@ -830,8 +836,9 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 			// floor of it. Unreported is not the same as unused.
 			lb[i] = max(lb[i], bud.floors[i])
 		}
-		w := int64(0)
+		w, w0 := int64(0), int64(0)
 		if s.want > 0 && (r.lastReport.IsZero() || s.wantAt >= r.lastReport.UnixNano()) && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL) {
+			w0 = s.want
 			w = s.want + int64(math.Ceil(float64(s.want)*a.cfg.Headroom))
 			if now.UnixNano()-s.peakAt <= bud.fill {
 				// A region still using the key lends its floor only down
@@ -839,18 +846,21 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 				// stopped (no demand reported) lends it at once, and what
 				// it borrowed above its floor goes back at once either way.
 				p := s.peak + int64(math.Ceil(float64(s.peak)*a.cfg.Headroom))
-				if h := min(p, bud.floors[i]); h > w {
+				h := min(p, bud.floors[i])
+				if h > w {
 					w = h
 					if u := s.peakAt + bud.fill; heldUntil == 0 || u < heldUntil {
 						heldUntil = u
 					}
 				}
+				w0 = max(w0, min(s.peak, bud.floors[i]))
 			}
 		}
 		want[i] = max(w, lb[i])
+		bare[i] = max(w0, lb[i])
 		demand[i] = w
 	}
-	a.targets(k, C-fixed, tgt, lb, want, demand)
+	a.targets(k, C-fixed, tgt, lb, want, bare, demand)
 
 	// Hysteresis: a move smaller than h is not worth its cost (a rebase at
 	// the region, a grant and its acknowledgement, and for an increase the
@@ -943,7 +953,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		}
 	}
 	for i := range k.slots {
-		if heldUntil == 0 || want[i] <= tgt[i] {
+		if heldUntil == 0 || bare[i] <= tgt[i] {
 			continue
 		}
 		// Another region would take what the hold keeps: rebalance the key
@@ -980,7 +990,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 // targets fills tgt for the regions with tgt[i] < 0, sharing capacity by the
 // budget's policy, then moves what would admit nothing to where it admits
 // (concentrate).
-func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want, demand []int64) {
+func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want, bare, demand []int64) {
 	bud := k.bud
 	if bud.b.Policy == Static {
 		W := bud.b.Split().totalWeight()
@@ -997,7 +1007,7 @@ func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want, demand []i
 			free = append(free, i)
 		}
 	}
-	a.share(k, capacity, tgt, lb, want)
+	a.share(k, capacity, tgt, lb, want, bare)
 	if bud.unit > 1 {
 		spare := capacity
 		for _, i := range free {
@@ -1073,17 +1083,36 @@ func (a *Allocator) concentrate(k *hotKey, free []int, spare int64, tgt, lb, dem
 }
 
 // share fills tgt for the regions with tgt[i] < 0 by the budget's policy
-// (not Static).
-func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want []int64) {
+// (not Static). want is each region's demand with headroom, bare the same
+// without it. Headroom is only given from capacity no region's demand
+// needs: when the wants with headroom do not fit, the budget is shared by
+// the bare wants, and what is left after all of them goes to headroom in
+// proportion to it. In a contested budget the headroom of a region whose
+// demand is met is capacity the region still pressing would use, and the
+// met region's noise leaves part of it unused.
+func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare []int64) {
 	bud := k.bud
-	var extra int64
+	var extra, extra0 int64
 	for i := range tgt {
 		if tgt[i] < 0 {
 			capacity -= lb[i]
 			extra += want[i] - lb[i]
+			extra0 += bare[i] - lb[i]
 		}
 	}
 	capacity = max(capacity, 0)
+	if extra > capacity && extra0 <= capacity {
+		left, room := capacity-extra0, extra-extra0
+		for i := range tgt {
+			if tgt[i] < 0 {
+				tgt[i] = bare[i] + mulDiv(left, want[i]-bare[i], room)
+			}
+		}
+		return
+	}
+	if extra > capacity {
+		want, extra = bare, extra0
+	}
 	if extra <= capacity {
 		left := capacity - extra
 		for i := range tgt {

@@ -160,13 +160,13 @@ func TestHeldFloorFreedWhenHoldEnds(t *testing.T) {
 	for range 6 { // 600 ms: the fall is reported; a keeps its floor, 700
 		c.step(100 * time.Millisecond)
 	}
-	if got := held(); got > 3000-700-315 {
-		t.Fatalf("b holds %d 600 ms after the move, want at most 3000 − a's held floor 700 − c's 315: the hold is not shown\n%s", got, c.show())
+	if got := held(); got > 3000-700-300 {
+		t.Fatalf("b holds %d 600 ms after the move, want at most 3000 − a's held floor 700 − c's 300: the hold is not shown\n%s", got, c.show())
 	}
 	for range 9 { // 1.5 s: the hold ended about 1.1 s after the move; the next round is at 2 s
 		c.step(100 * time.Millisecond)
 	}
-	if got, want := held(), bucket.Tokens(3000-2*315); got < want {
+	if got, want := held(), bucket.Tokens(3000-2*300); got < want {
 		t.Fatalf("b holds %d 1.5 s after the move, want %d: a's floor is still held after its hold ended\n%s", got, want, c.show())
 	}
 	if err := c.checkI1(); err != nil {
@@ -193,9 +193,9 @@ func TestAckFeedsMovesAtOnce(t *testing.T) {
 		held         bucket.Tokens // the least waiter holds at the end
 	}{
 		// a's demand moves to b: b waits for most of the budget.
-		{"move", 6000, 300, 300, "a", "b", 300, 6000, 100, true, 3000 - 700 - 315},
+		{"move", 6000, 300, 300, "a", "b", 300, 6000, 100, true, 3000 - 700 - 300},
 		// b gives up 300 (a tenth of the budget) that a wants.
-		{"wander", 6000, 900, 300, "b", "a", 600, 6000, 300, false, 3000 - 630 - 315 - 30},
+		{"wander", 6000, 900, 300, "b", "a", 600, 6000, 300, false, 3000 - 600 - 300 - 30},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, k := tickedCluster(t, tc.a, tc.b, tc.c)
