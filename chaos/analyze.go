@@ -519,11 +519,12 @@ const sustain = time.Second
 
 // reachShare returns the first round at or after from (and before until)
 // from which region ri's allocation of k stays at least 95% of its fair
-// share (or capAt, when that is lower) for sustain (or until until) — with every answering agent's
+// share (or its fair share less slack, or capAt, when lower) for sustain
+// (or until until) — with every answering agent's
 // breaker closed too when closed is set, since a region whose breaker is
 // open admits nothing of its share — and the largest ratio of allocation
 // to fair share seen.
-func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration, closed bool, capAt float64) (time.Duration, float64, bool) {
+func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration, closed bool, capAt, slack float64) (time.Duration, float64, bool) {
 	peak := 0.0
 	start, in := time.Duration(0), false
 	for _, rd := range a.rounds {
@@ -536,7 +537,7 @@ func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration, cl
 			continue
 		}
 		peak = math.Max(peak, alloc/fair)
-		good := alloc >= math.Min(0.95*fair, capAt)
+		good := alloc >= math.Min(math.Min(0.95*fair, fair-slack), capAt)
 		if closed {
 			for _, s := range rd.Agents[ri] {
 				if s.Up && s.Breaker != "closed" {
@@ -606,8 +607,9 @@ func (a *analysis) speakers() []CheckResult {
 
 // recovery checks that after each Redis outage the region is back within
 // RecoverWithin: its allocation of its busiest key at what it held before
-// the outage (or 95% of its fair share now, when lower) and its agents'
-// breakers closed, held for a second.
+// the outage (or 95% of its fair share now, or its fair share less the
+// Allocator's hysteresis band, when lower) and its agents' breakers
+// closed, held for a second.
 func (a *analysis) recovery() []CheckResult {
 	var out []CheckResult
 	lim := a.sc.Block.RecoverWithin
@@ -636,7 +638,15 @@ func (a *analysis) recovery() []CheckResult {
 			if before <= 0 {
 				before = math.Inf(1)
 			}
-			t, peak, ok := a.reachShare(ri, k, h, a.end, true, before)
+			// A region whose demand is met holds its demand as its agents
+			// estimate it, within the Allocator's hysteresis band: a move
+			// smaller than Hysteresis × Count is not made. For a light
+			// region that band is wider than 5% of its share (30 of a
+			// budget of 1,000 against a demand of 150), so back within it
+			// is back.
+			rate, _ := ruleRate(a.sc.Sim.Rules[rule])
+			band := lease.DefaultConfig().Hysteresis * rate
+			t, peak, ok := a.reachShare(ri, k, h, a.end, true, before, band)
 			switch {
 			case ok:
 				c.Value = fmt.Sprintf("%.2fs", (t - h).Seconds())
@@ -797,7 +807,7 @@ func (a *analysis) shifts(arrivals map[budgetKey][]Arrival) []ShiftResult {
 		}
 		sh := ShiftResult{Region: t.Region, Rule: t.Rule, Key: keyName(key), AtS: t.Start.Seconds(),
 			Fair: a.fairShare(ri, k, t.Start)}
-		at, peak, ok := a.reachShare(ri, k, t.Start, until, false, math.Inf(1))
+		at, peak, ok := a.reachShare(ri, k, t.Start, until, false, math.Inf(1), 0)
 		sh.Peak = peak
 		if ok {
 			v := (at - t.Start).Seconds()

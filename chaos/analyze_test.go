@@ -157,6 +157,27 @@ func TestAnalyzeCatchesAStuckRegion(t *testing.T) {
 	if c := check(res, "recovery"); c == nil || !c.Pass || c.Value != "1.00s" {
 		t.Fatalf("region back at 21 s: recovery %+v, want 1.00s", c)
 	}
+	// Back within the Allocator's hysteresis band of its share (3% of the
+	// budget's 100/s: 47 of 50, below 95% of it) is back; below the band
+	// is not.
+	for _, tc := range []struct {
+		entry int64
+		pass  bool
+	}{{47, true}, {46, false}} {
+		within := func(t time.Duration) (int64, string, int) {
+			if t >= 10*time.Second && t < 21*time.Second {
+				return 0, "open", 1
+			}
+			if t >= 21*time.Second {
+				return tc.entry, "closed", 1
+			}
+			return 50, "closed", 1
+		}
+		res = Analyze(sc, hist, rounds(within), cutRecord(sc), 200*time.Millisecond)
+		if c := check(res, "recovery"); c == nil || c.Pass != tc.pass {
+			t.Fatalf("region back at %d of a share of 50: recovery %+v, want pass %v", tc.entry, c, tc.pass)
+		}
+	}
 	// Back in the table but with the breaker still open is not back.
 	open := func(t time.Duration) (int64, string, int) {
 		if t >= 10*time.Second && t < 25*time.Second {

@@ -304,7 +304,7 @@ func DefaultConfig() Config {
 		Drift:      500 * time.Millisecond, // 5% of TTL: NTP-synced clocks do far better
 		Hold:       20 * time.Second,       // 2×TTL: less its margin (1 s), > TTL+Drift+Refresh
 		DemandTTL:  7 * time.Second,        // two missed reports
-		Headroom:   0.05,                   // grow 5% before pressing again; in a contested budget more is waste
+		Headroom:   0.05,                   // grow 5% before pressing again; given only from capacity nobody needs
 		Hysteresis: 0.03,                   // 3% of the budget: smaller moves cost more than they gain
 	}
 }
