@@ -79,8 +79,9 @@ type Config struct {
 	DemandHalfLife time.Duration
 	// DemandSustain is how long a key's use must hold a rise to at least
 	// twice its demand estimate before the estimate takes that level at
-	// once rather than as an average. A fall to at most half is taken after
-	// one demand window (see demandEstimate).
+	// once rather than as an average. A rise whose one window saw 256
+	// tokens or more, and a fall to at most half, are taken after one
+	// demand window (see demandEstimate).
 	DemandSustain time.Duration
 	// IdleAfter drops a key's local state after this long without requests.
 	IdleAfter time.Duration

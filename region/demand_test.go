@@ -171,6 +171,37 @@ func TestReportedDemandFollowsASustainedLevel(t *testing.T) {
 	}
 }
 
+// TestReportedDemandTakesASurgeInOneWindow: a rise that saw surgeTokens or
+// more in one window (300 tokens a second jumping to 6,000, the move of a
+// hot region's demand) sets the level after that window, not after
+// DemandSustain: 120 ms in, the moving average alone would read about
+// 1,000. A rise below surgeTokens per window still waits (above, 120 ms
+// into a rise to 1,000 a second).
+func TestReportedDemandTakesASurgeInOneWindow(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	k := key("surge")
+	run := func(ms, every int, cost bucket.Tokens) {
+		for i := 0; i < ms; i++ {
+			if i%every == 0 {
+				_, _ = f.core.Decide(ctx, f.clk.Now(), k, global300, cost, "s"+f.clk.Now().String())
+			}
+			f.clk.Advance(time.Millisecond)
+			if i%100 == 99 {
+				f.core.Tick(ctx, f.clk.Now())
+			}
+		}
+	}
+	run(3000, 10, 3) // 300 a second
+	if w := f.want(k); w < 270 || w > 330 {
+		t.Fatalf("want %d after 3 s at 300/s, want 270..330", w)
+	}
+	run(120, 1, 6) // 6,000 a second
+	if w := f.want(k); w < 4000 {
+		t.Fatalf("want %d 120 ms into a surge to 6000/s, want ≥ 4000 (the level after one window of about 600 tokens, not the average's ~1,000)", w)
+	}
+}
+
 // TestReportedDemandTakesACollapseAtOnce: a key whose use collapses (from
 // 1,000 to 50 tokens a second) is reported at half its old level or less
 // within 130 ms of the fall, however the windows fall against it: a window
