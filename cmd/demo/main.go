@@ -340,7 +340,7 @@ func intro(drs []*demoRegion, o options, b lease.Budget, grpcAddr, httpAddr stri
 	fmt.Fprintf(out, "Each region's floor, what it may use with no lease, is %d/s: the budget less the %d/s reserve\n", floor, b.ReserveCount())
 	fmt.Fprintf(out, "the coordinator holds back, split %d ways. The coordinator leases the rest where the demand is:\n", len(drs))
 	fmt.Fprintln(out, "the busy region gets the reserve and what quiet regions lend of their floors; a quiet region")
-	fmt.Fprintln(out, "keeps its demand and some headroom, so it sits below its floor.")
+	fmt.Fprintln(out, "keeps its demand (with headroom only when the budget has room for it), so it sits below its floor.")
 	fmt.Fprintf(out, "\nTraffic: the busy region offers %.0f/s, the others %.0f/s each. The busy region is %s first,\n",
 		o.heavy*float64(o.budget), o.light*float64(o.budget), drs[0].name)
 	fmt.Fprintf(out, "through the coordinator's learning (no increase, every region on its floor; at most its first %s\n", learn.Round(100*time.Millisecond))
@@ -458,8 +458,9 @@ func summary(drs []*demoRegion, global bucket.Limit, elapsed, learnEnd time.Dura
 		100*float64(total)/ideal, (elapsed - learnEnd).Seconds(), after, idealAfter, 100*after/idealAfter)
 	fmt.Fprintln(out, "Below 100% because capacity waits while it moves: while the coordinator learns no region may pass its")
 	fmt.Fprintln(out, "floor; after the busy region changes, the new one grows only as the old one gives its lease back (the")
-	fmt.Fprintln(out, "dip in the total for a few seconds); quiet regions keep headroom above their demand; and of the")
-	fmt.Fprintln(out, "burst B, split like the budget, quiet regions leave their share undrawn.")
+	fmt.Fprintln(out, "dip in the total for a few seconds); a quiet region's allocation is its demand as its agents")
+	fmt.Fprintln(out, "estimate it, and what its arrivals leave of it is unused; and of the burst B, split like the budget,")
+	fmt.Fprintln(out, "quiet regions leave their share undrawn.")
 
 	// The largest excess over B + R·t in any window, in linear time:
 	// max over j of (A(j) − R·t_j) − min over i ≤ j of (A(i) − R·t_i) − B.
