@@ -2,9 +2,7 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/allot-dev/allot/internal/loopback"
 )
 
 // Supervisor starts and kills the run's processes. Every process is started
@@ -207,31 +207,20 @@ type Ports struct {
 }
 
 // Next returns a loopback port free for TCP and UDP a moment ago
-// (memberlist binds both).
+// (memberlist binds both), below the kernel's ephemeral range, from which
+// any connection a process opens before the server binds the port could
+// take it (loopback.Port).
 func (ps *Ports) Next() (int, error) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.given == nil {
 		ps.given = map[int]bool{}
 	}
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("chaos: free port: %w", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		_ = l.Close() // only the port number was wanted
-		if err != nil {
-			continue
-		}
-		_ = u.Close() // as above
-		if !ps.given[port] {
-			ps.given[port] = true
-			return port, nil
-		}
+	p, err := loopback.Port(ps.given)
+	if err != nil {
+		return 0, fmt.Errorf("chaos: %w", err)
 	}
-	return 0, errors.New("chaos: no free port after 100 tries")
+	return p, nil
 }
 
 // Addr returns a free loopback host:port.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -119,24 +120,68 @@ func newCluster(t *testing.T, m *manifests, bin string, secrets, external map[st
 }
 
 // freePort returns a loopback port free for TCP and UDP (memberlist
-// listens on both).
+// listens on both) a moment ago, never the same one twice in this test
+// binary, picked below the kernel's ephemeral range: the kernel hands
+// ports from that range to outgoing connections, and one opened between
+// the pick and the server's bind once took a coordinator's port ("address
+// already in use"). This module does not import the main one, so it keeps
+// its own copy of internal/loopback.Port's rule.
 func freePort(t *testing.T) int {
 	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	low := 0
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			low, _ = strconv.Atoi(f[0])
+		}
+	}
+	const lowest = 10000
+	if low-lowest >= 1000 {
+		start := rand.IntN(low - lowest)
+		for i := range 500 {
+			p := lowest + (start+i*7919)%(low-lowest)
+			if !portsGiven[p] && portFree(p) {
+				portsGiven[p] = true
+				return p
+			}
+		}
+	}
 	for range 50 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		p := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if err == nil {
-			u.Close()
-			return port
+		if !portsGiven[p] && portFree(p) {
+			portsGiven[p] = true
+			return p
 		}
 	}
 	t.Fatal("no free loopback port")
 	return 0
+}
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// portFree reports whether port p can be bound on loopback for TCP and UDP.
+func portFree(p int) bool {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	u, err := net.ListenPacket("udp", addr)
+	l.Close()
+	if err != nil {
+		return false
+	}
+	u.Close()
+	return true
 }
 
 // podsOf returns the pods of the workload named.

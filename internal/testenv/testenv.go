@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/internal/loopback"
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -175,30 +176,18 @@ var (
 // FreePort returns a loopback port that was free, for TCP and UDP (memberlist
 // binds both), a moment ago, and never the same port twice in one test
 // binary: the kernel may hand a just-closed port out again, and two servers
-// of one test must not be given the same one.
+// of one test must not be given the same one. It is picked below the
+// kernel's ephemeral range, which outgoing connections draw from
+// (loopback.Port).
 func FreePort(t testing.TB) int {
 	t.Helper()
 	portsMu.Lock()
 	defer portsMu.Unlock()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("testenv: free port: %v", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		_ = l.Close() // only the port number was wanted
-		if err != nil {
-			continue
-		}
-		_ = u.Close() // as above
-		if !given[port] {
-			given[port] = true
-			return port
-		}
+	p, err := loopback.Port(given)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
 	}
-	t.Fatal("testenv: no free port after 100 tries")
-	return 0
+	return p
 }
 
 // EtcdEndpoints returns the shared test etcd's client endpoints, starting a
