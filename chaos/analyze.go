@@ -645,7 +645,7 @@ func (a *analysis) recovery() []CheckResult {
 			// budget of 1,000 against a demand of 150), so back within it
 			// is back.
 			rate, _ := ruleRate(a.sc.Sim.Rules[rule])
-			band := lease.DefaultConfig().Hysteresis * rate
+			band := a.sc.Sim.LeaseConfig().Hysteresis * rate
 			t, peak, ok := a.reachShare(ri, k, h, a.end, true, before, band)
 			switch {
 			case ok:

@@ -130,30 +130,24 @@ func freePort(t *testing.T) int {
 	t.Helper()
 	portsMu.Lock()
 	defer portsMu.Unlock()
-	low := 0
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) > 0 {
-			low, _ = strconv.Atoi(f[0])
-		}
-	}
 	const lowest = 10000
-	if low-lowest >= 1000 {
-		start := rand.IntN(low - lowest)
-		for i := range 500 {
-			p := lowest + (start+i*7919)%(low-lowest)
-			if !portsGiven[p] && portFree(p) {
-				portsGiven[p] = true
-				return p
-			}
-		}
+	var low int
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		_, _ = fmt.Sscan(string(b), &low) // low stays 0 if it does not parse
 	}
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	n := low - lowest
+	for i := range 600 {
+		var p int
+		if i < 500 && n >= 1000 {
+			p = lowest + rand.IntN(n)
+		} else { // no room below the range: the kernel's choice
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			p = l.Addr().(*net.TCPAddr).Port
+			l.Close()
 		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l.Close()
 		if !portsGiven[p] && portFree(p) {
 			portsGiven[p] = true
 			return p

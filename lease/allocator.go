@@ -71,8 +71,7 @@ type Stats struct {
 	Blocked     uint64 // renewals withheld until a decrease is acknowledged
 	Expired     uint64 // region leases that lapsed at the coordinator
 	Urgent      uint64 // keys rebalanced between rounds on a report
-	Fed         uint64 // Ticks between rounds that rebalanced every key waiting, for acknowledgements
-	Freed       uint64 // the same, for capacity a lease, a lend or a hold that ended freed
+	Fed         uint64 // Ticks between rounds that rebalanced every key waiting on acknowledgements (not on capacity a lease, lend or hold freed)
 	Rounds      uint64
 	HotKeys     int  // keys with allocations now
 	Learning    bool // no increases yet
@@ -627,9 +626,7 @@ func (a *Allocator) Tick(now time.Time) {
 			a.feed(now, true) // small shortfalls wait for the next feed
 		default:
 			a.lastFeed = now
-			if freed {
-				a.stats.Freed++
-			} else {
+			if !freed {
 				a.stats.Fed++
 			}
 			a.feed(now, false)

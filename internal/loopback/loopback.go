@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 )
 
 // lowest is the lowest port Port picks.
@@ -26,29 +25,25 @@ const lowest = 10000
 // in use" that way). Where the range cannot be read or leaves no room below
 // it, Port falls back to the kernel's choice.
 func Port(given map[int]bool) (int, error) {
-	if low := ephemeralLow(); low-lowest >= 1000 {
-		start := lowest + rand.IntN(low-lowest)
-		for i := range 500 {
-			p := lowest + (start-lowest+i*7919)%(low-lowest)
-			if !given[p] && free(p) {
-				given[p] = true
-				return p, nil
+	n := ephemeralLow() - lowest
+	for i := range 600 {
+		var p int
+		if i < 500 && n >= 1000 {
+			p = lowest + rand.IntN(n)
+		} else { // no room below the range: the kernel's choice
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return 0, fmt.Errorf("loopback: free port: %w", err)
 			}
+			p = l.Addr().(*net.TCPAddr).Port
+			_ = l.Close() // only the port number was wanted
 		}
-	}
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("loopback: free port: %w", err)
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close() // only the port number was wanted
 		if !given[p] && free(p) {
 			given[p] = true
 			return p, nil
 		}
 	}
-	return 0, errors.New("loopback: no free port after 100 tries")
+	return 0, errors.New("loopback: no free port after 600 tries")
 }
 
 // free reports whether port p can be bound on loopback for TCP and UDP.
@@ -70,17 +65,9 @@ func free(p int) bool {
 // ephemeralLow returns the lowest port of the kernel's ephemeral range, or
 // 0 when it cannot be read.
 func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	low, err := strconv.Atoi(f[0])
-	if err != nil {
-		return 0
+	var low int
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		_, _ = fmt.Sscan(string(b), &low) // low stays 0 if it does not parse
 	}
 	return low
 }
