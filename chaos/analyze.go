@@ -519,12 +519,13 @@ const sustain = time.Second
 
 // reachShare returns the first round at or after from (and before until)
 // from which region ri's allocation of k stays at least 95% of its fair
-// share (or its fair share less slack, or capAt, when lower) for sustain
+// share (or its fair share less the fraction margin and then slack, or
+// capAt, when lower) for sustain
 // (or until until) — with every answering agent's
 // breaker closed too when closed is set, since a region whose breaker is
 // open admits nothing of its share — and the largest ratio of allocation
 // to fair share seen.
-func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration, closed bool, capAt, slack float64) (time.Duration, float64, bool) {
+func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration, closed bool, capAt, slack, margin float64) (time.Duration, float64, bool) {
 	peak := 0.0
 	start, in := time.Duration(0), false
 	for _, rd := range a.rounds {
@@ -537,7 +538,7 @@ func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration, cl
 			continue
 		}
 		peak = math.Max(peak, alloc/fair)
-		good := alloc >= math.Min(math.Min(0.95*fair, fair-slack), capAt)
+		good := alloc >= math.Min(math.Min(0.95*fair, fair*(1-margin)-slack), capAt)
 		if closed {
 			for _, s := range rd.Agents[ri] {
 				if s.Up && s.Breaker != "closed" {
@@ -639,14 +640,15 @@ func (a *analysis) recovery() []CheckResult {
 				before = math.Inf(1)
 			}
 			// A region whose demand is met holds its demand as its agents
-			// estimate it, within the Allocator's hysteresis band: a move
+			// estimate it, less the margin (Headroom) where the budget is
+			// contested, within the Allocator's hysteresis band: a move
 			// smaller than Hysteresis × Count is not made. For a light
 			// region that band is wider than 5% of its share (30 of a
 			// budget of 1,000 against a demand of 150), so back within it
 			// is back.
 			rate, _ := ruleRate(a.sc.Sim.Rules[rule])
-			band := a.sc.Sim.LeaseConfig().Hysteresis * rate
-			t, peak, ok := a.reachShare(ri, k, h, a.end, true, before, band)
+			lc := a.sc.Sim.LeaseConfig()
+			t, peak, ok := a.reachShare(ri, k, h, a.end, true, before, lc.Hysteresis*rate, lc.Headroom)
 			switch {
 			case ok:
 				c.Value = fmt.Sprintf("%.2fs", (t - h).Seconds())
@@ -807,7 +809,7 @@ func (a *analysis) shifts(arrivals map[budgetKey][]Arrival) []ShiftResult {
 		}
 		sh := ShiftResult{Region: t.Region, Rule: t.Rule, Key: keyName(key), AtS: t.Start.Seconds(),
 			Fair: a.fairShare(ri, k, t.Start)}
-		at, peak, ok := a.reachShare(ri, k, t.Start, until, false, math.Inf(1), 0)
+		at, peak, ok := a.reachShare(ri, k, t.Start, until, false, math.Inf(1), 0, 0)
 		sh.Peak = peak
 		if ok {
 			v := (at - t.Start).Seconds()

@@ -1086,7 +1086,8 @@ func (a *Allocator) concentrate(k *hotKey, free []int, spare int64, tgt, lb, dem
 // the bare wants, and what is left after all of them goes to headroom in
 // proportion to it. In a contested budget the headroom of a region whose
 // demand is met is capacity the region still pressing would use, and the
-// met region's noise leaves part of it unused.
+// met region's noise leaves part of it unused; under max-min such a budget
+// is shared by the demands less the headroom (below).
 func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare []int64) {
 	bud := k.bud
 	var extra, extra0 int64
@@ -1107,7 +1108,33 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare []int64
 		}
 		return
 	}
-	if extra > capacity {
+	if extra > capacity && bud.b.Policy != Proportional {
+		// Max-min shares a contested budget by the demands less the
+		// margin (the headroom, taken off): a region whose demand is met
+		// leaves unused what it is given above its use (the estimate's
+		// noise, and the hysteresis band its allocation may drift in),
+		// while what it is not given the regions still pressing use
+		// whole. Taken off every demand, it keeps the split monotone in
+		// demand. Where the demands less the margin fit, what is left
+		// goes back toward the demands in proportion to the margin.
+		var net int64
+		for i := range tgt {
+			if tgt[i] < 0 {
+				want[i] = max(lb[i], bare[i]-int64(math.Ceil(float64(bare[i])*a.cfg.Headroom)))
+				net += want[i] - lb[i]
+			}
+		}
+		if net <= capacity {
+			left, room := capacity-net, extra0-net
+			for i := range tgt {
+				if tgt[i] < 0 {
+					tgt[i] = want[i] + mulDiv(left, bare[i]-want[i], room)
+				}
+			}
+			return
+		}
+		extra = net
+	} else if extra > capacity {
 		want, extra = bare, extra0
 	}
 	if extra <= capacity {

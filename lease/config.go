@@ -18,7 +18,9 @@ type AllocationPolicy uint8
 const (
 	// MaxMin is max-min fair share: no region gets more than it wants, and
 	// the rest is split so that the smallest shares are as large as
-	// possible (by weight).
+	// possible (by weight). A contested budget (the demands do not fit) is
+	// shared by the demands less the headroom (Config.Headroom), so a
+	// region whose demand is met gets 95% of it by default.
 	MaxMin AllocationPolicy = iota
 	// Proportional splits a contended budget in proportion to demand.
 	Proportional
@@ -277,9 +279,13 @@ type Config struct {
 	// given only from capacity no region's demand needs: in a contested
 	// budget the headroom of the regions whose demand is met is capacity
 	// the region still pressing would use, and their noise leaves part of
-	// it unused. (With 10% for every region, the worst contested budget of
-	// steady-skewed reached 0.902 of the ideal, with 5% 0.925; with 5%
-	// given only from capacity nobody needs, 0.940 over ten seeds.)
+	// it unused. Under MaxMin a contested budget is shared by the demands
+	// less the headroom: what a met region is given above its use (the
+	// estimate's noise, the hysteresis band) is lost, what it is not given
+	// the pressing regions use. (With 10% for every region, the worst
+	// contested budget of steady-skewed reached 0.902 of the ideal, with
+	// 5% 0.925; with 5% given only from capacity nobody needs, 0.940 over
+	// ten seeds; with the demands less it where contested, 0.950.)
 	Headroom float64
 	// Hysteresis is the smallest change worth sending, as a fraction of the
 	// budget's Count; smaller moves are skipped so allocations do not flap,

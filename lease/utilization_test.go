@@ -8,9 +8,9 @@ import (
 )
 
 // TestFloorInUseIsNotLent: a region using part of its floor keeps what it
-// uses while another region presses on the budget — during
-// learning, in the moment the key becomes hot before the region's first
-// report, and after. Only what it does not use is lent.
+// uses (less the margin, once another region presses on the budget) —
+// during learning, in the moment the key becomes hot before the region's
+// first report, and after. Only what it does not use is lent.
 func TestFloorInUseIsNotLent(t *testing.T) {
 	c := newCluster(t, testConfig()) // floors of 133, reserve 200
 	k := bucket.Key{Rule: "api", Subject: "t1"}
@@ -20,8 +20,8 @@ func TestFloorInUseIsNotLent(t *testing.T) {
 		if err := c.checkI1(); err != nil {
 			t.Fatal(err)
 		}
-		if l, _ := c.holders["b"].Allocation(c.now, k); l.Count() < 60 {
-			t.Fatalf("%s: b holds %d at %s, below its demand of 60\n%s", phase, l.Count(), c.now.Sub(t0), c.show())
+		if l, _ := c.holders["b"].Allocation(c.now, k); l.Count() < 57 {
+			t.Fatalf("%s: b holds %d at %s, below its demand of 60 less the margin (57)\n%s", phase, l.Count(), c.now.Sub(t0), c.show())
 		}
 	}
 	for range 150 { // 15 s: past learning, b's demand known but not hot
@@ -38,8 +38,12 @@ func TestFloorInUseIsNotLent(t *testing.T) {
 	}
 	la, _ := c.holders["a"].Allocation(c.now, k)
 	lc, _ := c.holders["c"].Allocation(c.now, k)
-	if la.Count() != 540 || lc.Count() != 0 {
-		t.Fatalf("a holds %d, c %d; want 600−60 = 540 and 0 (b's demand met without headroom in a contested budget)\n%s", la.Count(), lc.Count(), c.show())
+	// The demands (550 and 60) do not fit, the demands less the margin
+	// (523 and 57) do: each gets that, and what is left goes back toward
+	// the demands in proportion to the margin (a 541, b 59).
+	lb, _ := c.holders["b"].Allocation(c.now, k)
+	if lb.Count() != 59 || la.Count() < 540 || lc.Count() != 0 {
+		t.Fatalf("a holds %d, b %d, c %d; want about 541, 59 and 0 (b's demand met less part of the margin in a contested budget)\n%s", la.Count(), lb.Count(), lc.Count(), c.show())
 	}
 }
 
@@ -133,8 +137,8 @@ func TestLentFloorsStayLent(t *testing.T) {
 			prev = l.Count()
 		}
 	}
-	if changes > 0 || prev != 3000-300-200 {
-		t.Fatalf("a's allocation changed %d times over 30 refresh intervals, ends at %d; want steady at 2500\n%s", changes, prev, c.show())
+	if changes > 0 || prev != 3000-285-190 { // b and c met, less the margin
+		t.Fatalf("a's allocation changed %d times over 30 refresh intervals, ends at %d; want steady at 2525\n%s", changes, prev, c.show())
 	}
 }
 
@@ -197,8 +201,8 @@ func TestLullShorterThanFillKeepsFloor(t *testing.T) {
 			t.Fatal(err)
 		}
 		l, _ := c.holders["b"].Allocation(c.now, k)
-		if i < 150 && l.Count() < 100 {
-			t.Fatalf("b holds %d %s into its lull, want its last demand of 100\n%s", l.Count(), time.Duration(i+1)*100*time.Millisecond, c.show())
+		if i < 150 && l.Count() < 95 {
+			t.Fatalf("b holds %d %s into its lull, want its last demand of 100 less the margin (95)\n%s", l.Count(), time.Duration(i+1)*100*time.Millisecond, c.show())
 		}
 		if i == 299 && l.Count() > 2 {
 			t.Fatalf("b holds %d after a 30 s lull, want its floor lent (2)\n%s", l.Count(), c.show())

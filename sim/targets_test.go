@@ -60,15 +60,19 @@ var targets = []target{
 	{file: "26-rotating-hot.yaml", contested: 0.81, all: 0.81, vsStatic: 0, converge: 3,
 		miss: "≥ 0.90 of the ideal"},
 	// Every 1.5 refresh intervals, lease messages duplicated and reordered:
-	// 0.767 (tight 0.719), 0.131 (0.173) above the static split (the floor
+	// 0.754 (tight 0.721), 0.118 (0.175) above the static split (the floor
 	// on utilization guards, no design target sets it); moves converge in
-	// 2.50 (tight 2.75) refresh intervals at this scale. The tight form's
-	// figure is the slowest of 20 moves and swings with the seed: 2.88,
-	// 4.00 and 3.00 at seeds 2–4 here (4.25 at seed 1 before tables and
-	// adoptions were announced; 2.50, 2.12, 4.50 and 5.75 at seeds 1–4
-	// before an ack fed a move at once; 2.38 and 5.62 at c44c0f5).
-	{file: "27-rotating-hot-dup-reorder.yaml", contested: 0.68, all: 0.68, vsStatic: 0, converge: 3.25,
-		miss: "moves converge within 3 refresh intervals (the tight form at seed 3)"},
+	// 4.25 (tight 3.75) refresh intervals at this scale. The figure is the
+	// slowest of 20 moves and swings with the seed: 2.50 (tight 2.75) at
+	// seed 1 before a met region's demand was shared less the headroom,
+	// while over seeds 9–40 here that change left 1 of 32 runs over 3
+	// intervals instead of 3 (one never converging), tight 8 instead of
+	// 10; 2.88, 4.00 and 3.00 at seeds 2–4 tight before it (4.25 at seed 1
+	// before tables and adoptions were announced; 2.38 and 5.62 at
+	// c44c0f5). At full scale every move converged within 2.75 at seeds
+	// 1–10.
+	{file: "27-rotating-hot-dup-reorder.yaml", contested: 0.68, all: 0.68, vsStatic: 0, converge: 4.75,
+		miss: "moves converge within 3 refresh intervals (at seed 1, quarter scale)"},
 	// Diurnal demand 8 h apart: worst 0.915 and never below the static
 	// split; tight, 0.836 and 0.112 below it on one budget.
 	{file: "28-follow-the-sun.yaml", contested: 0.80, all: 0.80, vsStatic: -0.14,
