@@ -520,11 +520,10 @@ const sustain = time.Second
 // reachShare returns the first round at or after from (and before until)
 // from which region ri's allocation of k stays at least 95% of its fair
 // share (or its fair share less the fraction margin and then slack, or
-// capAt, when lower) for sustain
-// (or until until) — with every answering agent's
-// breaker closed too when closed is set, since a region whose breaker is
-// open admits nothing of its share — and the largest ratio of allocation
-// to fair share seen.
+// capAt, when lower) for sustain (or until until) — with every answering
+// agent's breaker closed too when closed is set, since a region whose
+// breaker is open admits nothing of its share — and the largest ratio of
+// allocation to fair share seen.
 func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration, closed bool, capAt, slack, margin float64) (time.Duration, float64, bool) {
 	peak := 0.0
 	start, in := time.Duration(0), false
@@ -609,8 +608,8 @@ func (a *analysis) speakers() []CheckResult {
 // recovery checks that after each Redis outage the region is back within
 // RecoverWithin: its allocation of its busiest key at what it held before
 // the outage (or 95% of its fair share now, or its fair share less the
-// Allocator's hysteresis band, when lower) and its agents' breakers
-// closed, held for a second.
+// headroom and then the Allocator's hysteresis band, when lower) and its
+// agents' breakers closed, held for a second.
 func (a *analysis) recovery() []CheckResult {
 	var out []CheckResult
 	lim := a.sc.Block.RecoverWithin

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -24,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/internal/loopback"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -121,62 +121,25 @@ func newCluster(t *testing.T, m *manifests, bin string, secrets, external map[st
 
 // freePort returns a loopback port free for TCP and UDP (memberlist
 // listens on both) a moment ago, never the same one twice in this test
-// binary, picked below the kernel's ephemeral range: the kernel hands
-// ports from that range to outgoing connections, and one opened between
-// the pick and the server's bind once took a coordinator's port ("address
-// already in use"). This module does not import the main one, so it keeps
-// its own copy of internal/loopback.Port's rule.
+// binary, picked below the kernel's ephemeral range (loopback.Port): the
+// kernel hands ports from that range to outgoing connections, and one
+// opened between the pick and the server's bind once took a coordinator's
+// port ("address already in use").
 func freePort(t *testing.T) int {
 	t.Helper()
 	portsMu.Lock()
 	defer portsMu.Unlock()
-	const lowest = 10000
-	var low int
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		_, _ = fmt.Sscan(string(b), &low) // low stays 0 if it does not parse
+	p, err := loopback.Port(portsGiven)
+	if err != nil {
+		t.Fatal(err)
 	}
-	n := low - lowest
-	for i := range 600 {
-		var p int
-		if i < 500 && n >= 1000 {
-			p = lowest + rand.IntN(n)
-		} else { // no room below the range: the kernel's choice
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			p = l.Addr().(*net.TCPAddr).Port
-			l.Close()
-		}
-		if !portsGiven[p] && portFree(p) {
-			portsGiven[p] = true
-			return p
-		}
-	}
-	t.Fatal("no free loopback port")
-	return 0
+	return p
 }
 
 var (
 	portsMu    sync.Mutex
 	portsGiven = map[int]bool{}
 )
-
-// portFree reports whether port p can be bound on loopback for TCP and UDP.
-func portFree(p int) bool {
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return false
-	}
-	u, err := net.ListenPacket("udp", addr)
-	l.Close()
-	if err != nil {
-		return false
-	}
-	u.Close()
-	return true
-}
 
 // podsOf returns the pods of the workload named.
 func (c *cluster) podsOf(workload string) []*pod {

@@ -745,7 +745,7 @@ func (a *Allocator) restoreFloors(r *region) {
 // (below the budget's unit).
 func (a *Allocator) pressing(want int64, bud *budget, i int) bool {
 	floor := bud.floors[i]
-	return want > 0 && (want+int64(math.Ceil(float64(want)*a.cfg.Headroom)) > floor || floor < bud.unit)
+	return want > 0 && (want+a.headroom(want) > floor || floor < bud.unit)
 }
 
 // idle reports whether k can be forgotten: every region at its floor with
@@ -836,13 +836,13 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		w, w0 := int64(0), int64(0)
 		if s.want > 0 && (r.lastReport.IsZero() || s.wantAt >= r.lastReport.UnixNano()) && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL) {
 			w0 = s.want
-			w = s.want + int64(math.Ceil(float64(s.want)*a.cfg.Headroom))
+			w = s.want + a.headroom(s.want)
 			if now.UnixNano()-s.peakAt <= bud.fill {
 				// A region still using the key lends its floor only down
 				// to what it wanted over the bucket's fill time; one that
 				// stopped (no demand reported) lends it at once, and what
 				// it borrowed above its floor goes back at once either way.
-				p := s.peak + int64(math.Ceil(float64(s.peak)*a.cfg.Headroom))
+				p := s.peak + a.headroom(s.peak)
 				h := min(p, bud.floors[i])
 				if h > w {
 					w = h
@@ -1087,7 +1087,8 @@ func (a *Allocator) concentrate(k *hotKey, free []int, spare int64, tgt, lb, dem
 // proportion to it. In a contested budget the headroom of a region whose
 // demand is met is capacity the region still pressing would use, and the
 // met region's noise leaves part of it unused; under max-min such a budget
-// is shared by the demands less the headroom (below).
+// is shared by the demands less the headroom (below), which share writes
+// into want: the caller's scratch, not read after.
 func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare []int64) {
 	bud := k.bud
 	var extra, extra0 int64
@@ -1100,12 +1101,7 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare []int64
 	}
 	capacity = max(capacity, 0)
 	if extra > capacity && extra0 <= capacity {
-		left, room := capacity-extra0, extra-extra0
-		for i := range tgt {
-			if tgt[i] < 0 {
-				tgt[i] = bare[i] + mulDiv(left, want[i]-bare[i], room)
-			}
-		}
+		fillToward(tgt, bare, want, capacity-extra0, extra-extra0)
 		return
 	}
 	if extra > capacity && bud.b.Policy != Proportional {
@@ -1120,17 +1116,12 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare []int64
 		var net int64
 		for i := range tgt {
 			if tgt[i] < 0 {
-				want[i] = max(lb[i], bare[i]-int64(math.Ceil(float64(bare[i])*a.cfg.Headroom)))
+				want[i] = max(lb[i], bare[i]-a.headroom(bare[i]))
 				net += want[i] - lb[i]
 			}
 		}
 		if net <= capacity {
-			left, room := capacity-net, extra0-net
-			for i := range tgt {
-				if tgt[i] < 0 {
-					tgt[i] = want[i] + mulDiv(left, bare[i]-want[i], room)
-				}
-			}
+			fillToward(tgt, want, bare, capacity-net, extra0-net)
 			return
 		}
 		extra = net
@@ -1194,6 +1185,23 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare []int64
 			tgt[i] = lb[i] + mulDiv(left, bud.weights[i], wsum)
 		}
 		break
+	}
+}
+
+// headroom is the headroom on a demand of w: Config.Headroom of it,
+// rounded up.
+func (a *Allocator) headroom(w int64) int64 {
+	return int64(math.Ceil(float64(w) * a.cfg.Headroom))
+}
+
+// fillToward sets tgt[i] for the regions with tgt[i] < 0 to from[i] plus
+// their part of left, in proportion to how far each is from to[i]; room,
+// the sum of those distances, is more than left.
+func fillToward(tgt, from, to []int64, left, room int64) {
+	for i := range tgt {
+		if tgt[i] < 0 {
+			tgt[i] = from[i] + mulDiv(left, to[i]-from[i], room)
+		}
 	}
 }
 
