@@ -185,6 +185,13 @@ type demandEstimate struct {
 	runUS     int64
 	runTokens int64
 	runExpect float64
+	// firstUS and firstTokens are the run's first window, which began
+	// before the change: the level a run sets is read from the windows
+	// after it.
+	firstUS, firstTokens int64
+	// straddled is set when a fall was taken from its first window alone:
+	// the next window, if lower, is the level.
+	straddled bool
 }
 
 // sustainTokens is how many tokens a run of windows must have seen (when
@@ -207,11 +214,31 @@ const surgeTokens = 256
 
 // add takes in a window of w µs that saw tokens, with half-life hl µs and
 // sustain µs the time a rising run must last to set the level.
+//
+// A run that sets the level is read from its windows after the first when
+// it has them: the first began before the change, so its rate lies
+// between the old level and the new. With it counted, a fall from 900 to
+// 150 tokens a second read about 260, which the average then took a second
+// or more to bring down while another region waited for the difference,
+// and a rise read short of the level the region then pressed for. Two
+// exceptions: a fall taken from its first window alone (closed early, see
+// fell) is lowered to the next window's rate if that is lower; and a stop,
+// whose later windows saw nothing, keeps the whole run's mean and decays
+// as an average from there — read as nothing at once, the off phase of
+// on/off traffic lent floors the next burst needed (bursty-diurnal's worst
+// budget −0.011 over seeds 11–40).
 func (d *demandEstimate) add(tokens, w, hl, sustain int64) {
 	r := float64(tokens) / (float64(w) / 1e6)
 	if d.rate == 0 {
-		d.rate, d.dir = average(0, r, w, hl), 0
+		d.rate, d.dir, d.straddled = average(0, r, w, hl), 0, false
 		return
+	}
+	if d.straddled {
+		d.straddled = false
+		if r < d.rate {
+			d.rate = r
+			return
+		}
 	}
 	var dir int8
 	switch {
@@ -222,6 +249,7 @@ func (d *demandEstimate) add(tokens, w, hl, sustain int64) {
 	}
 	if dir != d.dir {
 		d.dir, d.runUS, d.runTokens, d.runExpect = dir, 0, 0, 0
+		d.firstUS, d.firstTokens = w, tokens
 	}
 	if dir != 0 {
 		d.runUS += w
@@ -230,7 +258,14 @@ func (d *demandEstimate) add(tokens, w, hl, sustain int64) {
 	}
 	d.rate = average(d.rate, r, w, hl)
 	if (dir < 0 || dir > 0 && (d.runUS >= sustain || d.runTokens >= surgeTokens)) && max(float64(d.runTokens), d.runExpect) >= sustainTokens {
-		d.rate = float64(d.runTokens) / (float64(d.runUS) / 1e6)
+		us, tok := d.runUS, d.runTokens
+		switch {
+		case us > d.firstUS && (dir > 0 || tok > d.firstTokens):
+			us, tok = us-d.firstUS, tok-d.firstTokens
+		case us == d.firstUS && dir < 0:
+			d.straddled = true
+		}
+		d.rate = float64(tok) / (float64(us) / 1e6)
 		d.dir, d.runUS, d.runTokens, d.runExpect = 0, 0, 0, 0
 	}
 }

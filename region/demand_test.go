@@ -279,3 +279,99 @@ func TestShareTooSmallForTheCostIsReported(t *testing.T) {
 		t.Fatalf("reported want %d, want about the 1,500 tokens a second it was asked", w)
 	}
 }
+
+// TestReportedDemandReadsAFallFromAfterIt: a key whose use falls to about
+// 77 tokens a second (a region's share of a demand that moved away, at an
+// agent of two) is reported near its new level within 300 ms of the fall,
+// however the windows fall against it. The run that takes a fall is read
+// from its windows after the first, which began before the fall; a fall
+// taken from that first window alone (closed early: from 1,000 a second the
+// estimate expects 64 tokens within 64 ms) is lowered to the next window's
+// rate. With the first window counted, the level read 111–148 from 500 a
+// second at three of the ten offsets, and 170 from 1,000 at one, and the
+// average took a second or more to bring it down while another region
+// waited for the difference.
+func TestReportedDemandReadsAFallFromAfterIt(t *testing.T) {
+	for _, from := range []int{2, 1} { // one token every 2 ms (500/s), every 1 ms (1,000/s)
+		for offset := 0; offset < 100; offset += 10 {
+			f := newFixture(t, func(c *Config) { c.MinBatch = 1 << 40 })
+			ctx := context.Background()
+			k := key("fall")
+			n := 0
+			run := func(ms, every int) {
+				for i := 0; i < ms; i++ {
+					if i%every == 0 {
+						_, _ = f.core.Decide(ctx, f.clk.Now(), k, global300, 1, "f"+f.clk.Now().String())
+					}
+					f.clk.Advance(time.Millisecond)
+					if n++; n%100 == offset {
+						f.core.Tick(ctx, f.clk.Now())
+					}
+				}
+			}
+			run(3000+offset, from)
+			level := bucket.Tokens(1000 / from)
+			if w := f.want(k); w < level*9/10 || w > level*11/10 {
+				t.Fatalf("from %d/s, offset %d: want %d after 3 s, want within 10%%", level, offset, w)
+			}
+			run(300, 13)
+			if w := f.want(k); w > 110 {
+				t.Errorf("from %d/s, offset %d: want %d 300 ms into a fall to 77/s, want ≤ 110", level, offset, w)
+			}
+		}
+	}
+}
+
+// TestDemandEstimateReadsTheRunAfterItsFirstWindow drives the estimate
+// window by window: a fall or a rise is read from the run's windows after
+// its first (which straddles the change); a fall taken from one window
+// closed early is lowered to the next window's rate; and a stop, whose
+// later windows saw nothing, is still read as the whole run's mean and
+// then decays as an average (read as nothing at once, the off phase of
+// on/off traffic lent floors the next burst needed: bursty-diurnal's worst
+// budget −0.011 over seeds 11–40).
+func TestDemandEstimateReadsTheRunAfterItsFirstWindow(t *testing.T) {
+	const w, hl, sustain = 100_000, 500_000, 200_000 // µs
+	steady := func(perWindow int64) *demandEstimate {
+		d := &demandEstimate{}
+		for i := 0; i < 50; i++ {
+			d.add(perWindow, w, hl, sustain)
+		}
+		return d
+	}
+	near := func(name string, got, want float64) {
+		t.Helper()
+		if got < want*0.99 || got > want*1.01 {
+			t.Errorf("%s: rate %.1f, want %.1f", name, got, want)
+		}
+	}
+	// 500/s, then a window that straddles a fall to 80/s, then one at 80/s.
+	d := steady(50)
+	d.add(20, w, hl, sustain)
+	d.add(8, w, hl, sustain)
+	near("fall", d.rate, 80)
+	// The same stop: the run's mean with its first window, 100/s, then an
+	// average toward nothing.
+	d = steady(50)
+	d.add(20, w, hl, sustain)
+	d.add(0, w, hl, sustain)
+	near("stop", d.rate, 100)
+	d.add(0, w, hl, sustain)
+	if d.rate <= 0 || d.rate >= 100 {
+		t.Errorf("stop, a window later: rate %.1f, want an average between 0 and 100", d.rate)
+	}
+	// 1,000/s, a fall taken from one window closed early at 64 ms that saw
+	// 20 tokens (312.5/s), then a whole window at 80/s: the level is 80.
+	d = steady(100)
+	d.add(20, 64_000, hl, sustain)
+	near("early-closed fall", d.rate, 312.5)
+	d.add(8, w, hl, sustain)
+	near("early-closed fall, next window", d.rate, 80)
+	// 100/s, then a window that straddles a rise to 450/s, then one at
+	// 450/s: the rise is the second window's 450/s (with the first counted,
+	// the run's mean read 350).
+	d = steady(10)
+	d.add(25, w, hl, sustain)
+	d.add(45, w, hl, sustain)
+	near("rise", d.rate, 450)
+}
