@@ -14,9 +14,12 @@ import (
 // demand window (even a little) and those with a coordinator entry. The
 // region's speaker sums the agents' lists and reports them all, so the
 // coordinator can tell a region that uses a little of its floor from one
-// that uses none: a key missing from the region's report is unused there,
-// and its floor may be lent. Keys whose demand has decayed to nothing and
-// that hold no entry are left out; a key idle for IdleAfter has no state.
+// that uses none: a key missing from the region's report is taken as
+// unused there, and its floor may be lent. A key used well within its
+// floor keeps no state on the cold path (see cold) until a sample or a
+// press gives it some, so it is missing too until then. Keys whose demand
+// has decayed to nothing and that hold no entry are left out; a key idle
+// for IdleAfter has no state.
 //
 // While the store is unavailable (the breaker not closed), a key of a rule
 // that fails closed is reported with no demand: the agent admits nothing
