@@ -222,6 +222,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		fmt.Fprintf(stdout, "\n%d runs, %d arrivals in %.2fs wall\n", len(results), arrivals, elapsed.Seconds())
+		if err := sim.WriteBehindStatic(stdout, results); err != nil {
+			return err
+		}
 	}
 	if *jsonOut != "" {
 		if err := writeFile(*jsonOut, func(w io.Writer) error { return sim.WriteJSON(w, results) }); err != nil {

@@ -1,0 +1,52 @@
+package sim
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestBehindStaticOf: a budget counts as behind where the static split's
+// utilization is strictly greater at every seed both measured it, and on
+// the mean over those seeds; a seed only one system measured is left out.
+func TestBehindStaticOf(t *testing.T) {
+	run := func(seed uint64, allot, static map[int]float64) *Result {
+		sys := func(name string, us map[int]float64) SystemResult {
+			ro := RuleOutcome{Rule: "api"}
+			for k, u := range us {
+				ro.Budgets = append(ro.Budgets, BudgetOutcome{Key: k, Utilization: u})
+			}
+			return SystemResult{Name: name, Rules: []RuleOutcome{ro}}
+		}
+		return &Result{Scenario: "s", Seed: seed, Systems: []SystemResult{sys("allot", allot), sys("static", static)}}
+	}
+	results := []*Result{
+		// k0: static ahead at both seeds (gap 0.10 and 0.02, mean 0.06).
+		// k1: ahead at seed 1 only, and on the mean (0.20 − 0.05).
+		// k2: ahead at neither (equal at seed 1).
+		// k3: measured by allot only at seed 2: only seed 1 counts.
+		// k4: measured at seed 1 only, equal there: not behind.
+		run(1, map[int]float64{0: 0.80, 1: 0.70, 2: 0.90, 3: 0.50, 4: 0.75}, map[int]float64{0: 0.90, 1: 0.90, 2: 0.90, 3: 0.60, 4: 0.75}),
+		run(2, map[int]float64{0: 0.88, 1: 0.95, 2: 0.95, 3: 0.99}, map[int]float64{0: 0.90, 1: 0.90, 2: 0.80}),
+		// A run without the static split is skipped.
+		{Scenario: "s", Seed: 3, Systems: []SystemResult{{Name: "allot", Rules: []RuleOutcome{{Rule: "api", Budgets: []BudgetOutcome{{Key: 0, Utilization: 0}}}}}}},
+	}
+	rows := BehindStaticOf(results)
+	if len(rows) != 1 {
+		t.Fatalf("rows %+v, want one", rows)
+	}
+	r := rows[0]
+	if r.Budgets != 5 || r.Seeds != 2 || r.Every != 2 || r.OnMean != 3 || r.GapKey != 3 || r.Gap < 0.0999 || r.Gap > 0.1001 {
+		t.Fatalf("row %+v, want 5 budgets over 2 seeds, 2 behind at every seed (k0, k3), 3 on the mean, largest gap 0.10 at k3", r)
+	}
+	var b strings.Builder
+	if err := WriteBehindStatic(&b, results); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "0.100 (k3)") {
+		t.Fatalf("table %q lacks the largest gap", b.String())
+	}
+	b.Reset()
+	if err := WriteBehindStatic(&b, results[2:]); err != nil || b.Len() != 0 {
+		t.Fatalf("without the static split: %q, %v; want nothing", b.String(), err)
+	}
+}
