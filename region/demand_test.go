@@ -211,25 +211,9 @@ func TestReportedDemandTakesASurgeInOneWindow(t *testing.T) {
 // next one must run its whole length).
 func TestReportedDemandTakesACollapseAtOnce(t *testing.T) {
 	for offset := 0; offset < 100; offset += 10 {
-		// Every decision exact (no batches), so every one samples the key.
-		f := newFixture(t, func(c *Config) { c.MinBatch = 1 << 40 })
-		ctx := context.Background()
 		k := key("hot")
+		f, run := exactDriver(t, k, offset)
 		want := func() bucket.Tokens { return f.want(k) }
-		// run sends one token every every ms for ms milliseconds, ticking
-		// the core every 100 ms, offset ms into each, as a driver does.
-		n := 0
-		run := func(ms, every int) {
-			for i := 0; i < ms; i++ {
-				if i%every == 0 {
-					_, _ = f.core.Decide(ctx, f.clk.Now(), k, global300, 1, "h"+f.clk.Now().String())
-				}
-				f.clk.Advance(time.Millisecond)
-				if n++; n%100 == offset {
-					f.core.Tick(ctx, f.clk.Now())
-				}
-			}
-		}
 		run(3000+offset, 1)
 		if w := want(); w < 900 || w > 1100 {
 			t.Fatalf("offset %d: want %d after 3 s at 1000/s, want 900..1100", offset, w)
@@ -241,6 +225,27 @@ func TestReportedDemandTakesACollapseAtOnce(t *testing.T) {
 		}
 		if took > 130 {
 			t.Errorf("offset %d: want %d %d ms into a fall from 1000/s to 50/s, want ≤ 500 within 130 ms", offset, want(), took)
+		}
+	}
+}
+
+// exactDriver returns a fixture whose every decision is exact (no
+// batches), so that every one samples the key, and run, which sends k one
+// token every every ms for ms milliseconds, ticking the core every 100 ms,
+// offset ms into each, as a driver does.
+func exactDriver(t *testing.T, k bucket.Key, offset int) (*fixture, func(ms, every int)) {
+	f := newFixture(t, func(c *Config) { c.MinBatch = 1 << 40 })
+	ctx := context.Background()
+	n := 0
+	return f, func(ms, every int) {
+		for i := 0; i < ms; i++ {
+			if i%every == 0 {
+				_, _ = f.core.Decide(ctx, f.clk.Now(), k, global300, 1, "d"+f.clk.Now().String())
+			}
+			f.clk.Advance(time.Millisecond)
+			if n++; n%100 == offset {
+				f.core.Tick(ctx, f.clk.Now())
+			}
 		}
 	}
 }
@@ -294,21 +299,8 @@ func TestShareTooSmallForTheCostIsReported(t *testing.T) {
 func TestReportedDemandReadsAFallFromAfterIt(t *testing.T) {
 	for _, from := range []int{2, 1} { // one token every 2 ms (500/s), every 1 ms (1,000/s)
 		for offset := 0; offset < 100; offset += 10 {
-			f := newFixture(t, func(c *Config) { c.MinBatch = 1 << 40 })
-			ctx := context.Background()
 			k := key("fall")
-			n := 0
-			run := func(ms, every int) {
-				for i := 0; i < ms; i++ {
-					if i%every == 0 {
-						_, _ = f.core.Decide(ctx, f.clk.Now(), k, global300, 1, "f"+f.clk.Now().String())
-					}
-					f.clk.Advance(time.Millisecond)
-					if n++; n%100 == offset {
-						f.core.Tick(ctx, f.clk.Now())
-					}
-				}
-			}
+			f, run := exactDriver(t, k, offset)
 			run(3000+offset, from)
 			level := bucket.Tokens(1000 / from)
 			if w := f.want(k); w < level*9/10 || w > level*11/10 {

@@ -9,13 +9,12 @@ import (
 
 // BehindStatic counts, for one scenario (form) and rule, the measured
 // budgets on which allot used less of the ideal than the static split did
-// over a set of seeds: at every seed both systems measured the budget
-// (Every), and on the mean over those seeds (OnMean), with the largest gap
-// on the mean and its key.
+// over the seeds run: at every seed (Every), and on the mean over them
+// (OnMean), with the largest gap on the mean and its key.
 type BehindStatic struct {
 	Scenario string
 	Rule     string
-	Budgets  int // budgets both systems measured at some seed
+	Budgets  int // budgets measured at some seed
 	Seeds    int // the most seeds any budget was measured at
 	Every    int // budgets where the static split is ahead at every seed it was measured at
 	OnMean   int // budgets where it is ahead on the mean over those seeds
@@ -24,70 +23,60 @@ type BehindStatic struct {
 }
 
 // BehindStaticOf compares allot with the static split budget by budget, per
-// scenario (each form its own) and rule, over every seed in results. A
-// budget counts where both systems measured it at the same seed ("What it
-// measures": a budget carrying at least 1% of the rule's ideal tokens);
-// ahead means strictly greater utilization. Results without both systems
-// are skipped; the rows are sorted by the largest gap.
+// scenario (each form its own) and rule, over every result that ran both.
+// Within a run both systems measure the same budgets (those carrying at
+// least 1% of the rule's ideal tokens, "What it measures"); a budget is
+// counted at each seed at which it was measured. Ahead means strictly
+// greater utilization. The rows are sorted by the largest gap.
 func BehindStaticOf(results []*Result) []BehindStatic {
-	type bk struct {
+	type budgetKey struct {
 		sc, rule string
 		key      int
 	}
-	type pair struct{ allot, static map[uint64]float64 }
-	per := map[bk]*pair{}
+	type tally struct {
+		n, ahead int
+		gap      float64
+	}
+	tallies := map[budgetKey]*tally{}
 	for _, r := range results {
-		for _, s := range r.Systems {
-			if s.Name != "allot" && s.Name != "static" {
-				continue
+		al, st := r.System("allot"), r.System("static")
+		if al == nil || st == nil {
+			continue
+		}
+		for j, ro := range al.Rules {
+			static := map[int]float64{}
+			for _, b := range st.Rules[j].Budgets {
+				static[b.Key] = b.Utilization
 			}
-			for _, ro := range s.Rules {
-				for _, b := range ro.Budgets {
-					k := bk{r.Scenario, ro.Rule, b.Key}
-					p := per[k]
-					if p == nil {
-						p = &pair{map[uint64]float64{}, map[uint64]float64{}}
-						per[k] = p
-					}
-					if s.Name == "allot" {
-						p.allot[r.Seed] = b.Utilization
-					} else {
-						p.static[r.Seed] = b.Utilization
-					}
+			for _, b := range ro.Budgets {
+				k := budgetKey{r.Scenario, ro.Rule, b.Key}
+				t := tallies[k]
+				if t == nil {
+					t = &tally{}
+					tallies[k] = t
 				}
+				t.n++
+				if static[b.Key] > b.Utilization {
+					t.ahead++
+				}
+				t.gap += static[b.Key] - b.Utilization
 			}
 		}
 	}
-	type rk struct{ sc, rule string }
-	rows := map[rk]*BehindStatic{}
-	for k, p := range per {
-		n, ahead := 0, 0
-		var gap float64
-		for seed, a := range p.allot {
-			st, ok := p.static[seed]
-			if !ok {
-				continue
-			}
-			n++
-			if st > a {
-				ahead++
-			}
-			gap += st - a
-		}
-		if n == 0 {
-			continue
-		}
-		row := rows[rk{k.sc, k.rule}]
+	type ruleKey struct{ sc, rule string }
+	rows := map[ruleKey]*BehindStatic{}
+	for k, t := range tallies {
+		row := rows[ruleKey{k.sc, k.rule}]
 		if row == nil {
 			row = &BehindStatic{Scenario: k.sc, Rule: k.rule, GapKey: -1}
-			rows[rk{k.sc, k.rule}] = row
+			rows[ruleKey{k.sc, k.rule}] = row
 		}
 		row.Budgets++
-		row.Seeds = max(row.Seeds, n)
-		if ahead == n {
+		row.Seeds = max(row.Seeds, t.n)
+		if t.ahead == t.n {
 			row.Every++
 		}
-		if gap /= float64(n); gap > 0 {
+		if gap := t.gap / float64(t.n); gap > 0 {
 			row.OnMean++
 			if gap > row.Gap || gap == row.Gap && (row.GapKey < 0 || k.key < row.GapKey) {
 				row.Gap, row.GapKey = gap, k.key
