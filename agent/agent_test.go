@@ -332,6 +332,13 @@ func TestRedisOutagePolicies(t *testing.T) {
 			st := stepper{t: t, clk: clk, timers: 2}
 			st.until(400, "two members", func() bool { return len(tr.agents[0].Members()) == 2 })
 			a := tr.agents[0]
+			// A restart is told by a run id that differs from the one seen
+			// before: the agent must have read it before Redis goes down.
+			st.until(200, "the agent knows Redis's run id", func() bool {
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				return a.runID != ""
+			})
 			k := bucket.Key{Rule: "api", Subject: "s"}
 			ctx := context.Background()
 			if d, err := a.Store().Decide(ctx, k, global, 1, ""); err != nil || !d.Allowed {
