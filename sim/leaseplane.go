@@ -181,22 +181,31 @@ func (p *leasePlane) coordNow(w *world, c int, t Micros) time.Time {
 }
 
 // elect makes the agent that should speak for region r at t do so, as
-// membership would: the live agent with the lowest name (region.SpeakerOf),
-// once it has waited speakerWait since it started. A new speaker restores
-// its Speaker from the newer of the shared table and its own view, under a
+// the agent does: membership makes the lowest-named live agent that
+// reaches the store stand (region.SpeakerOf over the agents whose breaker
+// is closed, or over all of them when none is), once it has waited
+// speakerWait since it started; it speaks only while it holds the speaker
+// lease in the region's store (holdSpeaker). A new speaker restores its
+// Speaker from the newer of the shared table and its own view, under a
 // new session, and opens a stream.
 func (p *leasePlane) elect(w *world, r int, t Micros) {
 	rp := p.regions[r]
 	want := -1
-	var live []string
+	var live, reach []string
 	for _, ag := range p.a.agents[r] {
 		if ag.alive {
 			live = append(live, ag.name)
+			if !ag.cut {
+				reach = append(reach, ag.name)
+			}
 		}
 	}
-	if name := region.SpeakerOf(live); name != "" {
+	if len(reach) == 0 {
+		reach = live
+	}
+	if name := region.SpeakerOf(reach); name != "" {
 		for i, ag := range p.a.agents[r] {
-			if ag.name == name && ag.speakAfter <= t {
+			if ag.name == name && ag.speakAfter <= t && rp.shared.holdSpeaker(w, p, r, i, t) {
 				want = i
 			}
 		}

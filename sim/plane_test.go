@@ -39,11 +39,13 @@ func runUntil(t *testing.T, end time.Duration) (*world, *allot) {
 }
 
 // TestSpeakerTakeoverKeepsTheLease: when the speaking agent crashes,
-// another live agent restores a Speaker from the shared table under a new
-// session; the lease does not lapse, and the other agents decide with the
-// new speaker's tables. When the crashed agent comes back it is live at
-// once, so the speaker stops, but it speaks only after its wait: for that
-// while nobody speaks, and the lease still lives.
+// another live agent stands to speak, and speaks once the crashed agent's
+// speaker lease has ended in the store (within speakerLease of the crash,
+// as agent.holdSpeaker has it): it restores a Speaker from the shared
+// table under a new session; the lease does not lapse, and the other
+// agents decide with the new speaker's tables. When the crashed agent
+// comes back it is live at once, so the speaker stops, but it speaks only
+// after its wait: for that while nobody speaks, and the lease still lives.
 func TestSpeakerTakeoverKeepsTheLease(t *testing.T) {
 	w, before := runUntil(t, 14*time.Second)
 	rp := before.plane.regions[0]
@@ -53,6 +55,15 @@ func TestSpeakerTakeoverKeepsTheLease(t *testing.T) {
 	first := rp.sp.Status(w.regions[0].agent.at(w.end)).Session
 
 	w, a := runUntil(t, 16*time.Second)
+	rp = a.plane.regions[0]
+	if rp.speaker != -1 || rp.sp != nil {
+		t.Fatalf("while the crashed agent's speaker lease lives agent %d speaks", rp.speaker)
+	}
+	if tb := rp.view.Table(); !tb.Live(w.regions[0].agent.at(w.end)) {
+		t.Fatal("the lease lapsed while the next agent waited for the speaker lease")
+	}
+
+	w, a = runUntil(t, 17500*time.Millisecond)
 	rp = a.plane.regions[0]
 	now := w.regions[0].agent.at(w.end)
 	if rp.speaker != 1 || rp.sp == nil {
@@ -85,6 +96,42 @@ func TestSpeakerTakeoverKeepsTheLease(t *testing.T) {
 	rp = a.plane.regions[0]
 	if rp.speaker != 0 || rp.sp == nil || !rp.sp.Status(w.regions[0].agent.at(w.end)).Live {
 		t.Fatalf("after its wait agent %d speaks, want 0 with a live lease", rp.speaker)
+	}
+}
+
+// TestNoSpeakerWhileTheStoreIsOut: a region whose every agent is cut
+// from its Redis has no agent that can renew the speaker lease (the
+// redis-cut scenarios cut us-east's agents from it at 15 s for 10 s): its
+// speaker stops once its own view of the lease ends, nobody speaks while
+// the store is out, and the same agent speaks again, under a new session,
+// once the store answers.
+func TestNoSpeakerWhileTheStoreIsOut(t *testing.T) {
+	run := func(end time.Duration) (*world, *allot) {
+		w, a := smallWorld(t, "scenarios/08-redis-cut-closed.yaml", 0.05)
+		w.idealM = newMeter(w.nb, w.newSeries())
+		w.end = us(end)
+		w.run()
+		return w, a
+	}
+	w, a := run(14 * time.Second)
+	rp := a.plane.regions[0]
+	if rp.speaker != 0 || rp.sp == nil {
+		t.Fatalf("before the cut agent %d speaks, want 0", rp.speaker)
+	}
+	first := rp.sp.Status(w.regions[0].agent.at(w.end)).Session
+	for _, end := range []time.Duration{17 * time.Second, 20 * time.Second, 24900 * time.Millisecond} {
+		_, a = run(end)
+		if rp := a.plane.regions[0]; rp.speaker != -1 || rp.sp != nil {
+			t.Fatalf("at %s, with the store out, agent %d speaks", end, rp.speaker)
+		}
+	}
+	w, a = run(27 * time.Second)
+	rp = a.plane.regions[0]
+	if rp.speaker != 0 || rp.sp == nil {
+		t.Fatalf("after the cut agent %d speaks, want 0", rp.speaker)
+	}
+	if s := rp.sp.Status(w.regions[0].agent.at(w.end)).Session; s == first {
+		t.Fatalf("the speaker after the cut kept session %d: want a new one", s)
 	}
 }
 

@@ -21,6 +21,11 @@ type sharedStore struct {
 	reports    []region.DemandReport // by agent index
 	has        []bool
 	buf        []region.DemandReport
+	// holder is the agent holding the speaker lease (−1: none) until
+	// leaseEnd in the store; holderTill is when the holder's own view of
+	// it ends (agent.holdSpeaker: a tenth of the lease before the store's).
+	holder               int
+	leaseEnd, holderTill Micros
 }
 
 type tableWrite struct {
@@ -29,7 +34,7 @@ type tableWrite struct {
 }
 
 func newSharedStore(agents int) *sharedStore {
-	return &sharedStore{reports: make([]region.DemandReport, agents), has: make([]bool, agents)}
+	return &sharedStore{reports: make([]region.DemandReport, agents), has: make([]bool, agents), holder: -1}
 }
 
 // reachShared reports whether agent i of region r reaches the region's
@@ -43,6 +48,29 @@ func (p *leasePlane) reachShared(w *world, r, i int, t Micros) bool {
 		return false
 	}
 	return p.a.redis[r].up(t + w.net.lat[r][r])
+}
+
+// speakerLease is the speaker lease's time to live in the regional store,
+// as agent.Config's SpeakerLease default.
+const speakerLease = 2_000_000 // µs
+
+// holdSpeaker is agent i's renewal of the speaker lease at t
+// (agent.Shared.HoldSpeaker, at every tick of the agent standing to
+// speak): taken when no other agent's lease is live in the store,
+// renewed when it is i's own; it reports whether i holds the lease by its
+// own view at t. An agent that cannot reach the store cannot renew, and
+// stops speaking once its view of the lease ends, a tenth of it before the
+// store's: a region whose store is out has no speaker, so its coordinator
+// lease lapses and its agents decide at their floors. The renewal is one
+// call per tick against a lease of twenty ticks, so the link's random loss
+// is not drawn for it; a cut or a store down is.
+func (s *sharedStore) holdSpeaker(w *world, p *leasePlane, r, i int, t Micros) bool {
+	from, to := node{kind: kindAgent, region: r, idx: i}, node{kind: kindRedis, region: r}
+	reach := !(len(w.net.cuts) > 0 && w.net.blocked(from, to)) && p.a.redis[r].up(t+w.net.lat[r][r])
+	if reach && (s.holder == i || s.holder < 0 || s.leaseEnd <= t) {
+		s.holder, s.leaseEnd, s.holderTill = i, t+speakerLease, t+speakerLease-speakerLease/10
+	}
+	return s.holder == i && t < s.holderTill
 }
 
 // publish stores tb from agent i unless the store holds a table numbered
