@@ -1159,30 +1159,62 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare []int64
 		}
 		return
 	}
-	// Max-min fair by weight: water-fill the extra wants.
+	// Max-min fair by weight: water-fill the budget, each region's share
+	// at least its lower bound and at most its want. A region held at its
+	// lower bound (its floor returning within the window) is not given an
+	// equal part of the rest on top of it: the level passes it only once
+	// the others reach it. Water-fill without the lower bounds; a region
+	// left below its own is set to it and the rest filled again, the level
+	// only falling, so no region set at its lower bound would have got more.
 	ord := a.order[:0]
 	for i := range tgt {
 		if tgt[i] < 0 {
 			ord = append(ord, i)
+			capacity += lb[i]
 		}
 	}
-	e := func(i int) int64 { return want[i] - lb[i] }
-	slices.SortFunc(ord, func(x, y int) int { return cmpRatio(e(x), bud.weights[x], e(y), bud.weights[y]) })
+	for len(ord) > 0 {
+		waterFill(ord, capacity, tgt, want, bud.weights)
+		under := false
+		for j := 0; j < len(ord); {
+			if i := ord[j]; tgt[i] < lb[i] {
+				tgt[i], under = lb[i], true
+				capacity -= lb[i]
+				ord = append(ord[:j], ord[j+1:]...)
+				continue
+			}
+			j++
+		}
+		if !under {
+			break
+		}
+		for _, i := range ord {
+			tgt[i] = -1
+		}
+	}
+}
+
+// waterFill shares capacity among the regions ord by weight, max-min: a
+// region wanting less than its part gets its want, and the rest share
+// what it leaves.
+func waterFill(ord []int, capacity int64, tgt, want, weights []int64) {
+	capacity = max(capacity, 0)
+	slices.SortFunc(ord, func(x, y int) int { return cmpRatio(want[x], weights[x], want[y], weights[y]) })
 	var wsum int64
 	for _, i := range ord {
-		wsum += bud.weights[i]
+		wsum += weights[i]
 	}
 	left := capacity
 	for j, i := range ord {
-		// e(i)/w(i) ≤ left/wsum: region i is satisfied.
-		if cmpRatio(e(i), bud.weights[i], left, wsum) <= 0 {
+		// want(i)/w(i) ≤ left/wsum: region i is satisfied.
+		if cmpRatio(want[i], weights[i], left, wsum) <= 0 {
 			tgt[i] = want[i]
-			left -= e(i)
-			wsum -= bud.weights[i]
+			left -= want[i]
+			wsum -= weights[i]
 			continue
 		}
 		for _, i := range ord[j:] {
-			tgt[i] = lb[i] + mulDiv(left, bud.weights[i], wsum)
+			tgt[i] = mulDiv(left, weights[i], wsum)
 		}
 		break
 	}

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -94,6 +95,40 @@ func TestSmallBurstSplitsInUnits(t *testing.T) {
 	for r, want := range map[string]int64{"a": 300, "b": 300, "c": 0} {
 		if l, _ := c.holders[r].Allocation(c.now, k); int64(l.Count()) != want || int64(l.Burst()) != want/300 {
 			t.Errorf("%s holds %v, want %d with burst %d\n%s", r, l, want, want/300, c.show())
+		}
+	}
+}
+
+// TestMaxMinFillsTheBudgetFromLowerBounds: max-min water-fills the budget
+// with each region's lower bound as a minimum. Three regions press far
+// beyond a budget of 600; c's lower bound is its floor (133: its lend
+// commitment ends within the window, so its floor comes back to it), a's
+// and b's are 0. Each gets 200: c's bound is below the level. Filling
+// only what lies above the bounds gave c 133 plus an equal part of the
+// other 467 (289) and a and b 155 each. A bound above the level is kept,
+// and the others share the rest.
+func TestMaxMinFillsTheBudgetFromLowerBounds(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerMinute(600).WithBurst(60), Regions: []string{"a", "b", "c"}}}
+	a, err := NewAllocator(cfg, 1, time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &hotKey{bud: a.budgets["api"]}
+	for _, c := range []struct {
+		lb, want, tgt []int64
+	}{
+		{lb: []int64{0, 0, 133}, want: []int64{1000, 1000, 1000}, tgt: []int64{200, 200, 200}},
+		{lb: []int64{0, 0, 300}, want: []int64{1000, 1000, 1000}, tgt: []int64{150, 150, 300}},
+		// a's demand less the headroom (95) is met; b and c share the rest.
+		{lb: []int64{0, 0, 133}, want: []int64{100, 1000, 1000}, tgt: []int64{95, 252, 252}},
+		{lb: []int64{0, 0, 0}, want: []int64{1000, 1000, 1000}, tgt: []int64{200, 200, 200}},
+	} {
+		tgt := []int64{-1, -1, -1}
+		bare := slices.Clone(c.want)
+		a.share(k, 600, tgt, c.lb, slices.Clone(c.want), bare)
+		if !slices.Equal(tgt, c.tgt) {
+			t.Errorf("lower bounds %v, wants %v: targets %v, want %v", c.lb, c.want, tgt, c.tgt)
 		}
 	}
 }
