@@ -65,6 +65,14 @@ type agentRT struct {
 	cut bool
 }
 
+// setBreaker gives cfg the scenario's breaker settings: the agents' cores
+// and the store-backed baselines' agents (storeFaults) open, back off and
+// probe alike.
+func setBreaker(cfg *region.Config, ag AgentSpec) {
+	cfg.BreakerFailures, cfg.BreakerBackoff = ag.BreakerFailures, ag.BreakerBackoff
+	cfg.BreakerMaxBackoff = max(cfg.BreakerMaxBackoff, ag.BreakerBackoff)
+}
+
 // simStore is an agent's bucket.Store: the regional Redis model reached
 // over the simulated link. A call is answered at once in virtual time, at
 // the primary's clock one one-way latency later, and its round trip is
@@ -131,8 +139,7 @@ func newAllot(w *world) error {
 		}
 		ag := w.sc.Agent
 		cfg.BatchWindow, cfg.BatchMaxFraction, cfg.BatchTTL = ag.BatchWindow, ag.BatchMaxFraction, ag.BatchTTL
-		cfg.BreakerFailures, cfg.BreakerBackoff = ag.BreakerFailures, ag.BreakerBackoff
-		cfg.BreakerMaxBackoff = max(cfg.BreakerMaxBackoff, ag.BreakerBackoff)
+		setBreaker(&cfg, ag)
 		cfg.Shards = 1 // one goroutine drives it
 		a.cfg = append(a.cfg, cfg)
 		var ags []*agentRT

@@ -1,17 +1,28 @@
 package sim
 
 import (
+	"math/rand/v2"
+	"time"
+
+	"github.com/allot-dev/allot/breaker"
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/region"
 )
 
 // storeFaults is what a baseline that decides in a Redis suffers of the
 // scenario's faults, handled as allot's agents handle them: requests go to
-// the region's agents in turn (a crashed agent takes none), a request or
-// answer lost or cut away, or a store without a primary during a failover,
-// is decided by the rule's failure policy. "closed" rejects; "open"
-// admits; "emergency" decides in an in-process bucket per agent holding
-// the region's share of the rule divided among its live agents, as
-// region.emergencyLimit divides a region's allocation.
+// the region's agents in turn (a crashed agent takes none); each agent
+// calls the store behind a circuit breaker with the agents' settings
+// (setBreaker); a request or answer lost or cut away, a store without a
+// primary during a failover, or a call failed or timed out on a slow link
+// (redis_slow) counts against the breaker and is decided by the rule's
+// failure policy, as is every request while the breaker is open.
+// "closed" rejects; "open" admits; "emergency" decides, while the breaker
+// is open, in an in-process bucket per agent holding the region's share of
+// the rule divided among its live agents, empty at the instant the breaker
+// opened, as region's fallback does (a failure while it is closed is
+// denied), and the region's other agents take a cut agent's share out of
+// the store's bucket (cutShare), as region.Core.SetPeersCut does.
 type storeFaults struct {
 	regions int
 	// share is the region's share of every rule, num/den: a static split
@@ -22,6 +33,9 @@ type storeFaults struct {
 	rr       []int                    // [region] the last agent picked
 	down     []Micros                 // [region] no primary answers before
 	emerg    []map[int32]bucket.State // [region*maxAgents+agent] budget → emergency bucket
+	from     []int64                  // [region*maxAgents+agent] the opening (µs) emerg is empty at
+	brk      []*breaker.Breaker       // [region*maxAgents+agent]
+	slow     []*slowLink              // [region*maxAgents+agent] a redis_slow fault on the agent's link
 	maxAg    int
 }
 
@@ -40,7 +54,19 @@ func newStoreFaults(w *world, num, den int64) *storeFaults {
 	}
 	f.rr = make([]int, f.regions)
 	f.down = make([]Micros, f.regions)
-	f.emerg = make([]map[int32]bucket.State, f.regions*f.maxAg)
+	n := f.regions * f.maxAg
+	f.emerg = make([]map[int32]bucket.State, n)
+	f.from = make([]int64, n)
+	f.slow = make([]*slowLink, n)
+	cfg := region.DefaultConfig()
+	setBreaker(&cfg, w.sc.Agent)
+	for i := 0; i < n; i++ {
+		b, err := breaker.New(cfg.BreakerConfig())
+		if err != nil {
+			panic(err) // the scenario's agent settings were validated
+		}
+		f.brk = append(f.brk, b)
+	}
 	return f
 }
 
@@ -60,8 +86,79 @@ func (f *storeFaults) pick(r int) int {
 // up reports whether region r's store has a primary at t.
 func (f *storeFaults) up(r int, t Micros) bool { return t >= f.down[r] }
 
-// fault applies the faults a store-backed baseline suffers: agent crashes
-// and Redis failovers. Cuts and loss act through the network.
+// breaker returns agent ag of region r's breaker.
+func (f *storeFaults) breaker(r, ag int) *breaker.Breaker { return f.brk[r*f.maxAg+ag] }
+
+// call is the slow part of agent ag of region r's store call begun at t,
+// whose request took out and whose answer takes back: none unless a
+// redis_slow fault is on the agent's link, which adds its delay each way
+// and fails its share of the calls; a call longer than the breaker's
+// deadline times out, as breaker.Timed has it. It reports the delay added
+// to the request's way and whether the call failed; the breaker hears of
+// it. Calls on a healthy link report only their end (answered).
+func (f *storeFaults) call(w *world, rng *rand.Rand, t Micros, r, ag int, out, back Micros) (extra Micros, failed bool) {
+	s := f.slow[r*f.maxAg+ag]
+	if s == nil {
+		return 0, false
+	}
+	b, clk := f.breaker(r, ag), w.regions[r].agent
+	rtt := out + back + 2*s.delay
+	if d := b.Deadline(); rtt > us(d) {
+		// Under a deadline since raised it is not counted (ErrOutgrown).
+		if b.TimedOut(clk.at(t+us(d)), d) {
+			b.Failure(clk.at(t))
+		} else {
+			b.Cancel()
+		}
+		return s.delay, true
+	}
+	if s.loss > 0 && rng.Float64() < s.loss {
+		b.Failure(clk.at(t))
+		return s.delay, true
+	}
+	b.Observe(clk.at(t+rtt), time.Duration(rtt)*time.Microsecond)
+	return s.delay, false
+}
+
+// delay is the delay a redis_slow fault adds each way to agent ag of
+// region r's calls (0 when none is on its link).
+func (f *storeFaults) delay(r, ag int) Micros {
+	if s := f.slow[r*f.maxAg+ag]; s != nil {
+		return s.delay
+	}
+	return 0
+}
+
+// failed counts a call of agent ag of region r begun at t that got no
+// answer (cut, lost, no primary) against its breaker.
+func (f *storeFaults) failed(w *world, r, ag int, t Micros) {
+	f.breaker(r, ag).Failure(w.regions[r].agent.at(t))
+}
+
+// answered tells agent ag of region r's breaker that its call begun at t
+// was answered.
+func (f *storeFaults) answered(w *world, r, ag int, t Micros) {
+	f.breaker(r, ag).Success(w.regions[r].agent.at(t))
+}
+
+// cutShare is the fraction num/den of its share a region's store bucket
+// holds for the agents whose breaker is closed, for a rule with the
+// emergency policy: each agent whose breaker is not closed decides its
+// part (1/live) in its emergency bucket, so the others take it out.
+func (f *storeFaults) cutShare(w *world, r int, t Micros) (num, den int64) {
+	live := int64(max(f.live[r], 1))
+	now := w.regions[r].agent.at(t)
+	cut := int64(0)
+	for ag, ok := range f.alive[r] {
+		if ok && f.breaker(r, ag).State(now) != breaker.Closed {
+			cut++
+		}
+	}
+	return live - min(cut, live), live
+}
+
+// fault applies the faults a store-backed baseline suffers: agent crashes,
+// Redis failovers and slow links. Cuts and loss act through the network.
 func (f *storeFaults) fault(w *world, fs *FaultSpec, start bool) {
 	r := w.sc.regionIndex(fs.Region)
 	switch fs.Kind {
@@ -83,6 +180,16 @@ func (f *storeFaults) fault(w *world, fs *FaultSpec, start bool) {
 		if start {
 			f.down[r] = max(f.down[r], us(fs.At+w.sc.Redis.Failover))
 		}
+	case FaultRedisSlow:
+		for ai := range f.alive[r] {
+			if fs.Agent != nil && *fs.Agent != ai {
+				continue
+			}
+			f.slow[r*f.maxAg+ai] = nil
+			if start {
+				f.slow[r*f.maxAg+ai] = &slowLink{delay: us(fs.Delay), loss: fs.Loss}
+			}
+		}
 	}
 }
 
@@ -98,20 +205,28 @@ func (f *storeFaults) fallback(w *world, si int, t Micros, r, ag, b int, cost in
 		l := share(rule.limit, f.num, f.den)
 		live := int64(max(f.live[r], 1))
 		c, burst := int64(l.Count())/live, int64(l.Burst())/live
-		if c > 0 && burst > 0 && cost <= burst {
+		since, open := f.breaker(r, ag).OpenSince()
+		if open && c > 0 && burst > 0 && cost <= burst {
 			el := bucket.Per(bucket.Tokens(c), l.Period()).WithBurst(bucket.Tokens(burst))
-			m := f.emerg[r*f.maxAg+ag]
-			if m == nil {
+			i := r*f.maxAg + ag
+			m := f.emerg[i]
+			if m == nil || f.from[i] != since.UnixMicro() {
+				// A new outage: every bucket empty at its start.
 				m = map[int32]bucket.State{}
-				f.emerg[r*f.maxAg+ag] = m
+				f.emerg[i], f.from[i] = m, since.UnixMicro()
 			}
 			key := int32(b) // #nosec G115 -- a budget index; 2^31 budgets would not fit in memory
-			d, ns, err := bucket.Decide(m[key], w.regions[r].agent.at(t), el, bucket.Tokens(cost))
+			st, seen := m[key]
+			if !seen {
+				_, _, st, _ = bucket.TakeUpTo(bucket.State{}, since, el, el.Burst())
+			}
+			d, ns, err := bucket.Decide(st, w.regions[r].agent.at(t), el, bucket.Tokens(cost))
 			if err == nil && d.Allowed {
 				m[key] = ns
 				w.admit(si, r, b, cost, t, pathEmergency, lat)
 				return
 			}
+			m[key] = st
 		}
 		w.reject(si, b, idealOK, pathEmergency, lat, false)
 		return

@@ -52,15 +52,31 @@ func (s *localBuckets) arrive(w *world, t Micros, region, b int, cost int64, ide
 	an, rd := node{kind: kindAgent, region: region, idx: ag}, node{kind: kindRedis, region: region}
 	timeout := us(w.sc.Agent.Timeout)
 	w.decisions++
+	if !s.faults.breaker(region, ag).Allow(w.regions[region].agent.at(t)) {
+		s.faults.fallback(w, s.si, t, region, ag, b, cost, idealOK, 0) // decided at once
+		return
+	}
 	at, ok := w.net.send(rng, an, rd, t)
 	if !ok || !s.faults.up(region, at) {
+		s.faults.failed(w, region, ag, t)
 		s.faults.fallback(w, s.si, t, region, ag, b, cost, idealOK, timeout)
 		return
 	}
+	extra, failed := s.faults.call(w, rng, t, region, ag, at-t, w.net.lat[region][region])
+	if failed {
+		s.faults.fallback(w, s.si, t, region, ag, b, cost, idealOK, timeout)
+		return
+	}
+	at += extra
 	st := &s.states[region][b]
 	l := s.limits[w.ruleIdx[b]]
+	if w.ruleOf(b).spec.Policy == PolicyEmergency {
+		if num, den := s.faults.cutShare(w, region, at); num < den {
+			l = share(l, num, den)
+		}
+	}
 	w.meters[s.si].redisOps++
-	d, ns, err := bucket.Decide(*st, w.regions[region].redis.at(t), l, bucket.Tokens(cost))
+	d, ns, err := bucket.Decide(*st, w.regions[region].redis.at(t+extra), l, bucket.Tokens(cost))
 	allowed := err == nil && d.Allowed
 	if allowed {
 		*st = ns
@@ -69,9 +85,12 @@ func (s *localBuckets) arrive(w *world, t Micros, region, b int, cost int64, ide
 	if !ok {
 		// The answer was lost: the store took the tokens, the agent
 		// decides by the policy.
+		s.faults.failed(w, region, ag, t)
 		s.faults.fallback(w, s.si, t, region, ag, b, cost, idealOK, timeout)
 		return
 	}
+	back += extra
+	s.faults.answered(w, region, ag, t)
 	if !allowed {
 		w.reject(s.si, b, idealOK, pathRedis, back-t, false)
 		return
@@ -113,9 +132,20 @@ func (c *central) arrive(w *world, t Micros, region, b int, cost int64, idealOK 
 		w.reject(c.si, b, idealOK, pathClosed, 0, true)
 		return
 	}
+	if !c.faults.breaker(region, ag).Allow(w.regions[region].agent.at(t)) {
+		w.decisions++
+		c.faults.fallback(w, c.si, t, region, ag, b, cost, idealOK, 0) // decided at once
+		return
+	}
 	rng := w.sysRng[c.si]
 	at, ok := w.net.send(rng, node{kind: kindAgent, region: region, idx: ag}, node{kind: kindRedis, region: c.home}, t)
 	if !ok || !c.faults.up(c.home, at) {
+		c.faults.failed(w, region, ag, t)
+		c.faults.fallback(w, c.si, t, region, ag, b, cost, idealOK, us(w.sc.Agent.Timeout))
+		return
+	}
+	extra, failed := c.faults.call(w, rng, t, region, ag, at-t, w.net.lat[min(region, c.home)][max(region, c.home)])
+	if failed {
 		c.faults.fallback(w, c.si, t, region, ag, b, cost, idealOK, us(w.sc.Agent.Timeout))
 		return
 	}
@@ -123,7 +153,7 @@ func (c *central) arrive(w *world, t Micros, region, b int, cost int64, idealOK 
 	if idealOK {
 		ok8 = 1
 	}
-	w.at(at, c.si, event{j: int32(b), k: cost, aux: int32(region), agt: int32(ag), sent: t, flag: int8(ok8)}) // #nosec G115 -- an index into a slice the simulator holds; 2^31 entries would not fit in memory
+	w.at(at+extra, c.si, event{j: int32(b), k: cost, aux: int32(region), agt: int32(ag), sent: t, flag: int8(ok8)}) // #nosec G115 -- an index into a slice the simulator holds; 2^31 entries would not fit in memory
 }
 
 func (c *central) handle(w *world, e *event) {
@@ -131,7 +161,11 @@ func (c *central) handle(w *world, e *event) {
 	w.decisions++
 	w.meters[c.si].redisOps++
 	r := w.ruleOf(b)
-	d, ns, err := bucket.Decide(c.states[b], w.regions[c.home].redis.at(e.at), r.limit, bucket.Tokens(cost))
+	l := r.limit
+	if r.spec.Policy == PolicyEmergency {
+		l = c.peersLimit(w, l, e.at)
+	}
+	d, ns, err := bucket.Decide(c.states[b], w.regions[c.home].redis.at(e.at), l, bucket.Tokens(cost))
 	if err == nil && d.Allowed {
 		c.states[b] = ns
 	}
@@ -139,14 +173,39 @@ func (c *central) handle(w *world, e *event) {
 	if !ok {
 		// The answer was lost: the store took the tokens, the agent
 		// decides by the policy.
+		c.faults.failed(w, region, ag, t0)
 		c.faults.fallback(w, c.si, e.at, region, ag, b, cost, idealOK, us(w.sc.Agent.Timeout))
 		return
 	}
+	back += c.faults.delay(region, ag) // a slow link's delay, on the way back too
+	c.faults.answered(w, region, ag, t0)
 	if err != nil || !d.Allowed {
 		w.reject(c.si, b, idealOK, pathWAN, back-t0, false)
 		return
 	}
 	w.admit(c.si, region, b, cost, e.at, pathWAN, back-t0)
+}
+
+// peersLimit is the central bucket's limit l less the emergency shares of
+// the agents whose breaker is not closed (a static split's share of the
+// rule ÷ the region's live agents each), which they decide on their own.
+func (c *central) peersLimit(w *world, l bucket.Limit, t Micros) bucket.Limit {
+	count, burst := int64(l.Count()), int64(l.Burst())
+	n := int64(len(w.regions))
+	for r := range w.regions {
+		num, den := c.faults.cutShare(w, r, t)
+		if cut := den - num; cut > 0 {
+			count -= (int64(l.Count())*cut + n*den - 1) / (n * den)
+			burst -= (int64(l.Burst())*cut + n*den - 1) / (n * den)
+		}
+	}
+	if count <= 0 || burst <= 0 {
+		return bucket.Limit{}
+	}
+	if count == int64(l.Count()) && burst == int64(l.Burst()) {
+		return l
+	}
+	return bucket.Per(bucket.Tokens(count), l.Period()).WithBurst(bucket.Tokens(burst))
 }
 
 func (c *central) fault(w *world, f *FaultSpec, start bool) {
