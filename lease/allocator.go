@@ -749,12 +749,16 @@ func (a *Allocator) pressing(want int64, bud *budget, i int) bool {
 }
 
 // idle reports whether k can be forgotten: every region at its floor with
-// nothing outstanding, and none pressing on it.
+// nothing outstanding, none pressing on it, and none still using it whose
+// peak within the fill time pressed (that peak holds its floor; a key
+// forgotten and hot again would start without it).
 func (a *Allocator) idle(now time.Time, k *hotKey) bool {
 	for i := range k.slots {
 		s := &k.slots[i]
+		fresh := now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL)
 		if s.n != 1 || s.cur != k.bud.floors[i] || s.hist[0].count != s.cur || s.queued ||
-			(a.pressing(s.want, k.bud, i) && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL)) {
+			(a.pressing(s.want, k.bud, i) && fresh) ||
+			(s.want > 0 && fresh && a.pressing(s.peak, k.bud, i) && now.UnixNano()-s.peakAt <= k.bud.fill) {
 			return false
 		}
 	}
