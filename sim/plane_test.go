@@ -27,15 +27,34 @@ func smallWorld(t *testing.T, path string, scale float64) (*world, *allot) {
 	return w, w.systems[0].(*allot)
 }
 
-// runUntil runs the agent-crash scenario (us-east's speaking agent 0
-// crashes at 15 s for 10 s), at a twentieth of its load, until end.
-func runUntil(t *testing.T, end time.Duration) (*world, *allot) {
+// runScenario runs scenario path at a twentieth of its load until end.
+func runScenario(t *testing.T, path string, end time.Duration) (*world, *allot) {
 	t.Helper()
-	w, a := smallWorld(t, "scenarios/14-agent-crash.yaml", 0.05)
+	w, a := smallWorld(t, path, 0.05)
 	w.idealM = newMeter(w.nb, w.newSeries())
 	w.end = us(end)
 	w.run()
 	return w, a
+}
+
+// runUntil runs the agent-crash scenario (us-east's speaking agent 0
+// crashes at 15 s for 10 s) until end.
+func runUntil(t *testing.T, end time.Duration) (*world, *allot) {
+	t.Helper()
+	return runScenario(t, "scenarios/14-agent-crash.yaml", end)
+}
+
+// nobodySpeaks fails t unless, at the end of w, no agent speaks for
+// us-east while its lease, as its last table has it, still lives.
+func nobodySpeaks(t *testing.T, w *world, a *allot, while string) {
+	t.Helper()
+	rp := a.plane.regions[0]
+	if rp.speaker != -1 || rp.sp != nil {
+		t.Fatalf("%s, agent %d speaks", while, rp.speaker)
+	}
+	if tb := rp.view.Table(); !tb.Live(w.regions[0].agent.at(w.end)) {
+		t.Fatalf("%s, the lease lapsed", while)
+	}
 }
 
 // TestSpeakerTakeoverKeepsTheLease: when the speaking agent crashes,
@@ -55,13 +74,7 @@ func TestSpeakerTakeoverKeepsTheLease(t *testing.T) {
 	first := rp.sp.Status(w.regions[0].agent.at(w.end)).Session
 
 	w, a := runUntil(t, 16*time.Second)
-	rp = a.plane.regions[0]
-	if rp.speaker != -1 || rp.sp != nil {
-		t.Fatalf("while the crashed agent's speaker lease lives agent %d speaks", rp.speaker)
-	}
-	if tb := rp.view.Table(); !tb.Live(w.regions[0].agent.at(w.end)) {
-		t.Fatal("the lease lapsed while the next agent waited for the speaker lease")
-	}
+	nobodySpeaks(t, w, a, "while the crashed agent's speaker lease lives")
 
 	w, a = runUntil(t, 17500*time.Millisecond)
 	rp = a.plane.regions[0]
@@ -84,13 +97,7 @@ func TestSpeakerTakeoverKeepsTheLease(t *testing.T) {
 	}
 
 	w, a = runUntil(t, 26*time.Second) // agent 0 is back at 25 s and waits 1.5 s
-	rp = a.plane.regions[0]
-	if rp.speaker != -1 || rp.sp != nil {
-		t.Fatalf("while the returning agent waits, agent %d speaks", rp.speaker)
-	}
-	if tb := rp.view.Table(); !tb.Live(w.regions[0].agent.at(w.end)) {
-		t.Fatal("the lease lapsed while nobody spoke")
-	}
+	nobodySpeaks(t, w, a, "while the returning agent waits")
 
 	w, a = runUntil(t, 27*time.Second)
 	rp = a.plane.regions[0]
@@ -107,11 +114,7 @@ func TestSpeakerTakeoverKeepsTheLease(t *testing.T) {
 // once the store answers.
 func TestNoSpeakerWhileTheStoreIsOut(t *testing.T) {
 	run := func(end time.Duration) (*world, *allot) {
-		w, a := smallWorld(t, "scenarios/08-redis-cut-closed.yaml", 0.05)
-		w.idealM = newMeter(w.nb, w.newSeries())
-		w.end = us(end)
-		w.run()
-		return w, a
+		return runScenario(t, "scenarios/08-redis-cut-closed.yaml", end)
 	}
 	w, a := run(14 * time.Second)
 	rp := a.plane.regions[0]
