@@ -152,8 +152,13 @@ type region struct {
 	reqAt time.Time
 	heard time.Time
 	// lastReport is when the latest report arrived: each report carries all
-	// of the region's demand, so a key not in it wants nothing.
+	// of the region's demand, so a key not in it wants nothing. A hello
+	// counts as one only when it carries demand: a Holder just restored
+	// (a new speaking agent) says hello before it has read any.
 	lastReport time.Time
+	// helloAt is when the latest hello arrived: until a report follows
+	// it, the region keeps its floors (unreported is not unused).
+	helloAt time.Time
 
 	version uint64 // latest version sent
 	acked   uint64
@@ -420,7 +425,10 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 			}
 		}
 	}
-	r.lastReport = now
+	r.helloAt = now
+	if len(m.Demand) > 0 {
+		r.lastReport = now
+	}
 	for _, d := range m.Demand {
 		if k, i := a.slotFor(now, d.Key, r, int64(d.Want)); k != nil {
 			k.slots[i].setWant(now.UnixNano(), int64(d.Want), k.bud.fill)
@@ -832,9 +840,11 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 			// ends: a floor lent now would only be lost.
 			lb[i] = max(lb[i], min(s.cur, bud.floors[i]))
 		}
-		if s.wantAt == 0 && r.lastReport.UnixNano() <= k.born {
-			// No report since the key became hot: the region may use its
-			// floor of it. Unreported is not the same as unused.
+		if s.wantAt == 0 && r.lastReport.UnixNano() <= k.born || r.lastReport.Before(r.helloAt) {
+			// No report since the key became hot, or since the region's
+			// last hello (a new speaking agent that has read no demand
+			// yet): the region may use its floor of it. Unreported is not
+			// the same as unused.
 			lb[i] = max(lb[i], bud.floors[i])
 		}
 		w, w0 := int64(0), int64(0)
