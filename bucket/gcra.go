@@ -271,6 +271,17 @@ func TakeUpTo(s State, now time.Time, l Limit, n Tokens) (Tokens, Decision, Stat
 	return got, d, ns, nil
 }
 
+// Empty is the state of a bucket of limit l holding nothing at now: it
+// refills from then at l's rate. A limit that fails Check gives the zero
+// state.
+func Empty(now time.Time, l Limit) State {
+	if Check(l, 1) != nil {
+		return State{}
+	}
+	_, _, s := takeUpTo(State{}, now.UnixMicro(), &l, l.Burst())
+	return s
+}
+
 func takeUpTo(s State, now int64, l *Limit, n Tokens) (Tokens, Decision, State) {
 	g := load(&s, now, l)
 	got := min(n, g.available())

@@ -201,3 +201,24 @@ func TestStateWrittenUnder(t *testing.T) {
 		t.Fatal("a bucket 100 tokens down at 100/s is not full a second later")
 	}
 }
+
+// TestEmptyHoldsNothingThenRefills: Empty(now, l) admits nothing at now,
+// one token an interval later, and is full a burst's worth of intervals
+// after; an invalid limit gives the zero state.
+func TestEmptyHoldsNothingThenRefills(t *testing.T) {
+	l := PerSecond(10).WithBurst(5)
+	now := time.Unix(100, 0)
+	s := Empty(now, l)
+	if d, _ := Peek(s, now, l); d.Remaining != 0 {
+		t.Fatalf("at now: %d remaining, want 0", d.Remaining)
+	}
+	if d, _ := Peek(s, now.Add(100*time.Millisecond), l); d.Remaining != 1 {
+		t.Fatalf("an interval later: %d remaining, want 1", d.Remaining)
+	}
+	if !s.Full(now.Add(500 * time.Millisecond)) {
+		t.Fatal("not full five intervals later")
+	}
+	if s := Empty(now, Limit{}); s != (State{}) {
+		t.Fatalf("an invalid limit: %+v, want the zero state", s)
+	}
+}

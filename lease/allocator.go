@@ -756,17 +756,23 @@ func (a *Allocator) pressing(want int64, bud *budget, i int) bool {
 	return want > 0 && (want+a.headroom(want) > floor || floor < bud.unit)
 }
 
+// using reports whether region r still uses the key of slot s at now: its
+// latest report, within DemandTTL, wanted some of it.
+func (a *Allocator) using(now time.Time, r *region, s *slot) bool {
+	return s.want > 0 && (r.lastReport.IsZero() || s.wantAt >= r.lastReport.UnixNano()) &&
+		now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL)
+}
+
 // idle reports whether k can be forgotten: every region at its floor with
 // nothing outstanding, none pressing on it, and none still using it whose
-// peak within the fill time pressed (that peak holds its floor; a key
-// forgotten and hot again would start without it).
+// peak within the fill time pressed (that peak holds its floor in
+// allocate; a key forgotten and hot again would start without it).
 func (a *Allocator) idle(now time.Time, k *hotKey) bool {
 	for i := range k.slots {
 		s := &k.slots[i]
-		fresh := now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL)
 		if s.n != 1 || s.cur != k.bud.floors[i] || s.hist[0].count != s.cur || s.queued ||
-			(a.pressing(s.want, k.bud, i) && fresh) ||
-			(s.want > 0 && fresh && a.pressing(s.peak, k.bud, i) && now.UnixNano()-s.peakAt <= k.bud.fill) {
+			(a.pressing(s.want, k.bud, i) && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL)) ||
+			(a.using(now, k.bud.regions[i], s) && a.pressing(s.peak, k.bud, i) && now.UnixNano()-s.peakAt <= k.bud.fill) {
 			return false
 		}
 	}
@@ -848,7 +854,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 			lb[i] = max(lb[i], bud.floors[i])
 		}
 		w, w0 := int64(0), int64(0)
-		if s.want > 0 && (r.lastReport.IsZero() || s.wantAt >= r.lastReport.UnixNano()) && now.UnixNano()-s.wantAt <= int64(a.cfg.DemandTTL) {
+		if a.using(now, r, s) {
 			w0 = s.want
 			w = s.want + a.headroom(s.want)
 			if now.UnixNano()-s.peakAt <= bud.fill {
@@ -1187,33 +1193,26 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare []int64
 			capacity += lb[i]
 		}
 	}
-	for len(ord) > 0 {
+	slices.SortFunc(ord, func(x, y int) int { return cmpRatio(want[x], bud.weights[x], want[y], bud.weights[y]) })
+	for n := -1; n != len(ord); {
+		n = len(ord)
 		waterFill(ord, capacity, tgt, want, bud.weights)
-		under := false
-		for j := 0; j < len(ord); {
-			if i := ord[j]; tgt[i] < lb[i] {
-				tgt[i], under = lb[i], true
-				capacity -= lb[i]
-				ord = append(ord[:j], ord[j+1:]...)
-				continue
+		ord = slices.DeleteFunc(ord, func(i int) bool {
+			if tgt[i] >= lb[i] {
+				return false
 			}
-			j++
-		}
-		if !under {
-			break
-		}
-		for _, i := range ord {
-			tgt[i] = -1
-		}
+			tgt[i] = lb[i]
+			capacity -= lb[i]
+			return true
+		})
 	}
 }
 
-// waterFill shares capacity among the regions ord by weight, max-min: a
-// region wanting less than its part gets its want, and the rest share
-// what it leaves.
+// waterFill shares capacity among the regions ord, sorted by want per
+// weight, max-min by weight: a region wanting less than its part gets its
+// want, and the rest share what it leaves. It sets tgt for each of them.
 func waterFill(ord []int, capacity int64, tgt, want, weights []int64) {
 	capacity = max(capacity, 0)
-	slices.SortFunc(ord, func(x, y int) int { return cmpRatio(want[x], weights[x], want[y], weights[y]) })
 	var wsum int64
 	for _, i := range ord {
 		wsum += weights[i]

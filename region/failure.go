@@ -95,7 +95,7 @@ func (c *Core) fallback(now time.Time, ks *keyState, ac *allocCache, cost bucket
 		return nil
 	case rules.Emergency:
 		since, open := c.breaker.OpenSince()
-		el := emergencyLimit(ac.full, rc, c.Live())
+		el := EmergencyLimit(ac.full, rc, c.Live())
 		res.Path = PathEmergency
 		if !open || el.IsZero() || cost > el.Burst() {
 			res.Decision = bucket.Decision{Limit: el, RetryAfter: c.cfg.DenyRetry}
@@ -106,7 +106,7 @@ func (c *Core) fallback(now time.Time, ks *keyState, ac *allocCache, cost bucket
 		if at := since.UnixMicro(); ks.emergencyFrom != at {
 			// A new outage: empty at its start.
 			ks.emergencyFrom = at
-			_, _, ks.emergency, _ = bucket.TakeUpTo(bucket.State{}, since, el, el.Burst())
+			ks.emergency = bucket.Empty(since, el)
 		}
 		d, ns, err := bucket.Decide(ks.emergency, now, el, cost)
 		if err == nil {
@@ -169,10 +169,12 @@ func (c *Core) drain(ctx context.Context, now time.Time, ks *keyState, lim bucke
 	}
 }
 
-// emergencyLimit is the region's allocation a divided among live agents,
+// EmergencyLimit is the region's allocation a divided among live agents,
 // capped by the rule's emergency limit: count and burst rounded down, so
-// the agents' emergency buckets together never exceed the allocation.
-func emergencyLimit(a bucket.Limit, rc *RuleConfig, live int) bucket.Limit {
+// the agents' emergency buckets together never exceed the allocation. The
+// zero Limit (admit nothing) when a share rounds to nothing. The
+// simulator's baselines divide their share with it too.
+func EmergencyLimit(a bucket.Limit, rc *RuleConfig, live int) bucket.Limit {
 	if a.IsZero() {
 		return a
 	}

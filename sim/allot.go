@@ -273,8 +273,7 @@ func (s *simStore) reach() (Micros, bool) {
 	w.meters[a.si].redisOps++
 	rng := w.sysRng[a.si]
 	s.outgrown = false
-	from, to := node{kind: kindAgent, region: s.region, idx: s.agent}, node{kind: kindRedis, region: s.region}
-	if len(w.net.cuts) > 0 && w.net.blocked(from, to) {
+	if w.redisCut(s.region, s.agent) {
 		a.lat += us(w.sc.Agent.Timeout)
 		return 0, false
 	}

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"math/rand/v2"
-	"time"
 
 	"github.com/allot-dev/allot/breaker"
 	"github.com/allot-dev/allot/bucket"
@@ -89,35 +88,27 @@ func (f *storeFaults) up(r int, t Micros) bool { return t >= f.down[r] }
 // breaker returns agent ag of region r's breaker.
 func (f *storeFaults) breaker(r, ag int) *breaker.Breaker { return f.brk[r*f.maxAg+ag] }
 
-// call is the slow part of agent ag of region r's store call begun at t,
-// whose request took out and whose answer takes back: none unless a
-// redis_slow fault is on the agent's link, which adds its delay each way
-// and fails its share of the calls; a call longer than the breaker's
-// deadline times out, as breaker.Timed has it. It reports the delay added
-// to the request's way and whether the call failed; the breaker hears of
-// it. Calls on a healthy link report only their end (answered).
+// call is the timed part of agent ag of region r's store call begun at t,
+// whose request took out and whose answer takes back, as simStore.timed
+// makes allot's (timedCall): while a redis_slow fault is on the agent's
+// link, or its breaker's deadline is still raised after one, the call gets
+// the deadline, a slow link adds its delay each way and fails its share,
+// and the breaker hears of it. It reports the delay added each way and
+// whether the call failed. Other calls report only their end (answered).
 func (f *storeFaults) call(w *world, rng *rand.Rand, t Micros, r, ag int, out, back Micros) (extra Micros, failed bool) {
-	s := f.slow[r*f.maxAg+ag]
-	if s == nil {
+	s, b := f.slow[r*f.maxAg+ag], f.breaker(r, ag)
+	if s == nil && b.Deadline() <= b.Config().Timeout {
 		return 0, false
 	}
-	b, clk := f.breaker(r, ag), w.regions[r].agent
-	rtt := out + back + 2*s.delay
-	if d := b.Deadline(); rtt > us(d) {
-		// Under a deadline since raised it is not counted (ErrOutgrown).
-		if b.TimedOut(clk.at(t+us(d)), d) {
-			b.Failure(clk.at(t))
-		} else {
-			b.Cancel()
-		}
-		return s.delay, true
-	}
-	if s.loss > 0 && rng.Float64() < s.loss {
+	clk := w.regions[r].agent
+	_, ok, outgrown := timedCall(b, clk, rng, t, out, back, s)
+	switch {
+	case outgrown:
+		b.Cancel() // a deadline since raised: not counted (breaker.ErrOutgrown)
+	case !ok:
 		b.Failure(clk.at(t))
-		return s.delay, true
 	}
-	b.Observe(clk.at(t+rtt), time.Duration(rtt)*time.Microsecond)
-	return s.delay, false
+	return f.delay(r, ag), !ok
 }
 
 // delay is the delay a redis_slow fault adds each way to agent ag of
@@ -202,12 +193,9 @@ func (f *storeFaults) fallback(w *world, si int, t Micros, r, ag, b int, cost in
 		w.admit(si, r, b, cost, t, pathEmergency, lat)
 		return
 	case PolicyEmergency:
-		l := share(rule.limit, f.num, f.den)
-		live := int64(max(f.live[r], 1))
-		c, burst := int64(l.Count())/live, int64(l.Burst())/live
+		el := region.EmergencyLimit(share(rule.limit, f.num, f.den), &region.RuleConfig{}, f.live[r])
 		since, open := f.breaker(r, ag).OpenSince()
-		if open && c > 0 && burst > 0 && cost <= burst {
-			el := bucket.Per(bucket.Tokens(c), l.Period()).WithBurst(bucket.Tokens(burst))
+		if open && !el.IsZero() && cost <= int64(el.Burst()) {
 			i := r*f.maxAg + ag
 			m := f.emerg[i]
 			if m == nil || f.from[i] != since.UnixMicro() {
@@ -218,7 +206,7 @@ func (f *storeFaults) fallback(w *world, si int, t Micros, r, ag, b int, cost in
 			key := int32(b) // #nosec G115 -- a budget index; 2^31 budgets would not fit in memory
 			st, seen := m[key]
 			if !seen {
-				_, _, st, _ = bucket.TakeUpTo(bucket.State{}, since, el, el.Burst())
+				st = bucket.Empty(since, el)
 			}
 			d, ns, err := bucket.Decide(st, w.regions[r].agent.at(t), el, bucket.Tokens(cost))
 			if err == nil && d.Allowed {
@@ -226,7 +214,6 @@ func (f *storeFaults) fallback(w *world, si int, t Micros, r, ag, b int, cost in
 				w.admit(si, r, b, cost, t, pathEmergency, lat)
 				return
 			}
-			m[key] = st
 		}
 		w.reject(si, b, idealOK, pathEmergency, lat, false)
 		return

@@ -144,7 +144,7 @@ func (c *central) arrive(w *world, t Micros, region, b int, cost int64, idealOK 
 		c.faults.fallback(w, c.si, t, region, ag, b, cost, idealOK, us(w.sc.Agent.Timeout))
 		return
 	}
-	extra, failed := c.faults.call(w, rng, t, region, ag, at-t, w.net.lat[min(region, c.home)][max(region, c.home)])
+	extra, failed := c.faults.call(w, rng, t, region, ag, at-t, w.net.lat[c.home][region])
 	if failed {
 		c.faults.fallback(w, c.si, t, region, ag, b, cost, idealOK, us(w.sc.Agent.Timeout))
 		return

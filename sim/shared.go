@@ -37,11 +37,16 @@ func newSharedStore(agents int) *sharedStore {
 	return &sharedStore{reports: make([]region.DemandReport, agents), has: make([]bool, agents), holder: -1}
 }
 
+// redisCut reports whether a cut separates agent i of region r from the
+// region's Redis.
+func (w *world) redisCut(r, i int) bool {
+	return len(w.net.cuts) > 0 && w.net.blocked(node{kind: kindAgent, region: r, idx: i}, node{kind: kindRedis, region: r})
+}
+
 // reachShared reports whether agent i of region r reaches the region's
 // Redis at t, drawing losses from the plane's own random source.
 func (p *leasePlane) reachShared(w *world, r, i int, t Micros) bool {
-	from, to := node{kind: kindAgent, region: r, idx: i}, node{kind: kindRedis, region: r}
-	if len(w.net.cuts) > 0 && w.net.blocked(from, to) {
+	if w.redisCut(r, i) {
 		return false
 	}
 	if loss := w.net.loss + w.net.extraRedis; loss > 0 && p.rng.Float64() < loss {
@@ -65,8 +70,7 @@ const speakerLease = 2_000_000 // µs
 // call per tick against a lease of twenty ticks, so the link's random loss
 // is not drawn for it; a cut or a store down is.
 func (s *sharedStore) holdSpeaker(w *world, p *leasePlane, r, i int, t Micros) bool {
-	from, to := node{kind: kindAgent, region: r, idx: i}, node{kind: kindRedis, region: r}
-	reach := !(len(w.net.cuts) > 0 && w.net.blocked(from, to)) && p.a.redis[r].up(t+w.net.lat[r][r])
+	reach := !w.redisCut(r, i) && p.a.redis[r].up(t+w.net.lat[r][r])
 	if reach && (s.holder == i || s.holder < 0 || s.leaseEnd <= t) {
 		s.holder, s.leaseEnd, s.holderTill = i, t+speakerLease, t+speakerLease-speakerLease/10
 	}

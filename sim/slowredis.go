@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/allot-dev/allot/breaker"
 	"github.com/allot-dev/allot/region"
 )
 
@@ -45,24 +46,41 @@ func (a *allot) slowFault(r int, f *FaultSpec, start bool) {
 func (s *simStore) timed(rng *rand.Rand, t, out, back Micros) (Micros, bool) {
 	a, w := s.a, s.a.w
 	b := a.agents[s.region][s.agent].core.Breaker()
-	clk := w.regions[s.region].agent
+	took, ok, outgrown := timedCall(b, w.regions[s.region].agent, rng, t, out, back, s.slow)
+	a.lat += took
+	s.outgrown = outgrown
+	if !ok {
+		return 0, false
+	}
+	var extra Micros
+	if s.slow != nil {
+		extra = s.slow.delay
+	}
+	return t + out + extra, true
+}
+
+// timedCall is one store call begun at t under b's deadline, on a link
+// whose one-way delays are out and back plus slow's delay (slow nil: none):
+// one that outlives the deadline times out (b.TimedOut; outgrown when the
+// breaker says it does not count), slow fails its share of the others
+// after their round trip, and an answer's latency is observed. It returns
+// how long the call took and whether it was answered; failures are the
+// caller's to count, as a store's caller does.
+func timedCall(b *breaker.Breaker, clk nodeClock, rng *rand.Rand, t, out, back Micros, slow *slowLink) (took Micros, ok, outgrown bool) {
 	var extra Micros
 	var loss float64
-	if s.slow != nil {
-		extra, loss = s.slow.delay, s.slow.loss
+	if slow != nil {
+		extra, loss = slow.delay, slow.loss
 	}
 	rtt := out + back + 2*extra
 	if d := b.Deadline(); rtt > us(d) {
-		a.lat += us(d)
-		s.outgrown = !b.TimedOut(clk.at(t+us(d)), d)
-		return 0, false
+		return us(d), false, !b.TimedOut(clk.at(t+us(d)), d)
 	}
-	a.lat += rtt
 	if loss > 0 && rng.Float64() < loss {
-		return 0, false
+		return rtt, false, false
 	}
 	b.Observe(clk.at(t+rtt), time.Duration(rtt)*time.Microsecond)
-	return t + out + extra, true
+	return rtt, true, false
 }
 
 // deadlineRaised reports whether agent ai of region r's breaker gives calls
