@@ -21,7 +21,7 @@ func ToProto(m lease.Message) *leasev1.Message {
 		p.Entries = make([]*leasev1.Entry, len(m.Entries))
 		for i, e := range m.Entries {
 			p.Entries[i] = &leasev1.Entry{Key: &leasev1.Key{Rule: e.Key.Rule, Subject: e.Key.Subject},
-				Count: int64(e.Count), Burst: int64(e.Burst), Drop: e.Drop}
+				Count: int64(e.Count), Burst: int64(e.Burst), Drop: e.Drop, Credit: int64(e.Credit)}
 		}
 	}
 	for _, b := range m.Budgets {
@@ -50,7 +50,7 @@ func FromProto(p *leasev1.Message) lease.Message {
 		m.Entries = make([]lease.Entry, len(p.Entries))
 		for i, e := range p.Entries {
 			m.Entries[i] = lease.Entry{Key: key(e.GetKey()), Count: bucket.Tokens(e.GetCount()),
-				Burst: bucket.Tokens(e.GetBurst()), Drop: e.GetDrop()}
+				Burst: bucket.Tokens(e.GetBurst()), Drop: e.GetDrop(), Credit: bucket.Tokens(e.GetCredit())}
 		}
 	}
 	for _, b := range p.GetBudgets() {

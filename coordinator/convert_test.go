@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	leasev1 "github.com/allot-dev/allot/api/lease/v1"
+	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/lease"
 )
 
@@ -35,5 +36,22 @@ func TestFromProtoOutOfRange(t *testing.T) {
 		if got := m.Budgets[0].Policy; got != tc.want {
 			t.Errorf("policy %d: got %d, want %d", tc.p, got, tc.want)
 		}
+	}
+}
+
+// TestCreditCrossesTheWireAndNotUpward: a grant's credit survives the wire
+// both ways; a region's message cannot carry one to the Allocator
+// (sanitize builds its entries without it).
+func TestCreditCrossesTheWireAndNotUpward(t *testing.T) {
+	k := lease.Entry{Key: bucket.Key{Rule: "api", Subject: "t"}, Count: 200, Burst: 200, Credit: 60}
+	m := lease.Message{Type: lease.MsgGrant, Entries: []lease.Entry{k, {Key: bucket.Key{Rule: "api", Subject: "u"}, Drop: true, Credit: 5}}}
+	got := FromProto(ToProto(m))
+	if got.Entries[0].Credit != 60 || got.Entries[1].Credit != 5 || !got.Entries[1].Drop {
+		t.Fatalf("after the wire: %+v", got.Entries)
+	}
+	bs := map[string]lease.Budget{"api": {Rule: "api", Limit: bucket.PerSecond(600), Regions: []string{"a", "b"}}}
+	up, _ := sanitize(lease.Message{Type: lease.MsgHello, Region: "a", Entries: []lease.Entry{k}}, bs, DefaultLimits())
+	if len(up.Entries) != 1 || up.Entries[0].Credit != 0 {
+		t.Fatalf("a hello's entries after sanitize: %+v, want one without credit", up.Entries)
 	}
 }

@@ -73,9 +73,10 @@ type Stats struct {
 	Urgent      uint64 // keys rebalanced between rounds on a report
 	Fed         uint64 // Ticks between rounds that rebalanced every key waiting on acknowledgements (not on capacity a lease, lend or hold freed)
 	Rounds      uint64
-	HotKeys     int  // keys with allocations now
-	Learning    bool // no increases yet
-	Overcounted int  // keys whose escrow sum exceeds the budget (awaiting acks)
+	HotKeys     int    // keys with allocations now
+	Learning    bool   // no increases yet
+	Overcounted int    // keys whose escrow sum exceeds the budget (awaiting acks)
+	Carried     uint64 // stored reserve tokens sent with grants (Entry.Credit)
 }
 
 type budget struct {
@@ -91,6 +92,7 @@ type budget struct {
 	// unit is the smallest allocation whose burst is at least 1
 	// (BurstOf): below it a region admits nothing.
 	unit    int64
+	period  int64     // the limit's period, ns
 	regions []*region // in b.Regions order
 	floors  []int64
 	weights []int64
@@ -108,6 +110,18 @@ type hotKey struct {
 	born int64
 	// starved is set while the key is in Allocator.starved.
 	starved bool
+	// res is the reserve's stored tokens: what one bucket would hold that
+	// refills at the rate no claim covers (Count − Σ claims) and holds at
+	// most the burst no claim covers (Burst − Σ BurstOf(claim)). A grant
+	// that raises a region's claim carries up to what its burst grows by
+	// (Entry.Credit), drawn from res; so the regional buckets and res
+	// together never hold more than Burst, and refill at most at Count.
+	// resAt is when res was brought up to date (Unix ns); from then until
+	// resEnd the claims summed to at most resSum (they are maxima over
+	// the window allocate checked).
+	res           float64
+	resAt, resEnd int64
+	resSum        int64
 	// short is the largest amount a region got below its target at the
 	// key's last allocation, while starved.
 	short int64
@@ -127,6 +141,9 @@ type slot struct {
 	hist         [4]hval
 	n            uint8
 	queued       bool
+	// credit is the stored reserve tokens the next grant to the region
+	// carries for this key (Entry.Credit), sent once.
+	credit int64
 }
 
 type hval struct {
@@ -226,6 +243,7 @@ func (a *Allocator) setBudgets(bs []Budget) {
 		bud := &budget{b: b, count: int64(b.Limit.Count())}
 		bud.fill = mulDiv(int64(b.Limit.Period()), int64(b.Limit.Burst()), bud.count)
 		bud.unit = int64(b.Unit())
+		bud.period = int64(b.Limit.Period())
 		for i, name := range b.Regions {
 			bud.regions = append(bud.regions, a.region(name))
 			bud.floors = append(bud.floors, int64(b.Floor(name).Count))
@@ -405,6 +423,9 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 		c := int64(e.Count)
 		if first {
 			s.cur = c
+		}
+		if c > s.max() {
+			k.res = 0 // it may have held more than counted: nothing is known stored
 		}
 		s.holdAtLeast(c)
 	}
@@ -592,11 +613,26 @@ func (a *Allocator) slotFor(now time.Time, key bucket.Key, r *region, want int64
 		return nil, 0
 	}
 	k := &hotKey{key: key, bud: bud, slots: make([]slot, len(bud.regions)), born: now.UnixNano()}
+	var floors, bursts int64
 	for j := range k.slots {
 		f := bud.floors[j]
 		k.slots[j].cur = f
 		k.slots[j].hist[0] = hval{ver: 0, count: f}
 		k.slots[j].n = 1
+		floors += f
+		bursts += int64(bud.b.BurstOf(bucket.Tokens(f)))
+	}
+	// The reserve's stored tokens. A key this Allocator does not know has
+	// every region at its floor or below since learning ended (a region
+	// holding more said so in its hello, which made the key known, and
+	// leases of earlier leaders have ended), and a known key is forgotten
+	// only with its reserve full (idle): so the reserve has refilled at
+	// least at Count − Σ floors since then. Before that nothing is known,
+	// and it starts empty.
+	k.resSum, k.resAt, k.resEnd = floors, now.UnixNano(), now.UnixNano()
+	if !now.Before(a.learnUntil) {
+		k.res = min(float64(int64(bud.b.Limit.Burst())-bursts),
+			float64(bud.count-floors)*float64(now.Sub(a.learnUntil))/float64(bud.period))
 	}
 	a.keyIdx[key] = len(a.keys)
 	a.keys = append(a.keys, k)
@@ -768,6 +804,15 @@ func (a *Allocator) using(now time.Time, r *region, s *slot) bool {
 // peak within the fill time pressed (that peak holds its floor in
 // allocate; a key forgotten and hot again would start without it).
 func (a *Allocator) idle(now time.Time, k *hotKey) bool {
+	// A key is forgotten only with its reserve full: a key made known again
+	// counts it full (slotFor).
+	var bursts int64
+	for i := range k.slots {
+		bursts += int64(k.bud.b.BurstOf(bucket.Tokens(k.bud.floors[i])))
+	}
+	if k.res < float64(int64(k.bud.b.Limit.Burst())-bursts) {
+		return false
+	}
 	for i := range k.slots {
 		s := &k.slots[i]
 		if s.n != 1 || s.cur != k.bud.floors[i] || s.hist[0].count != s.cur || s.queued ||
@@ -822,6 +867,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	learning := now.Before(a.learnUntil)
 	tgt, lb, want, bare, base, demand := a.tgt[:n], a.lb[:n], a.want[:n], a.bare[:n], a.base[:n], a.demand[:n]
 	var heldUntil int64 // the earliest end of a peak's hold on a floor
+	k.refill(now.UnixNano(), a.learnUntil.UnixNano())
 
 	// Fixed claims of regions we cannot send to; lower bounds and wants of
 	// the others.
@@ -925,6 +971,11 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	if learning || avail < 0 {
 		avail = 0
 	}
+	var bursts int64
+	for i := range k.slots {
+		bursts += int64(bud.b.BurstOf(bucket.Tokens(base[i])))
+	}
+	k.res = min(k.res, float64(int64(bud.b.Limit.Burst())-bursts))
 	if a.cfg.UnsafeSkipEscrow {
 		avail, sum, learning = need, min(sum, C), false
 	}
@@ -955,8 +1006,23 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		if v > s.cur {
 			a.set(k, i, v)
 			a.stats.Increases++
+			// The burst the claim grows by was the reserve's: its stored
+			// tokens go with it, up to that much.
+			if grow := int64(bud.b.BurstOf(bucket.Tokens(max(base[i], v)))) - int64(bud.b.BurstOf(bucket.Tokens(base[i]))); grow > 0 && k.res >= 1 {
+				c := min(grow, int64(k.res))
+				k.res -= float64(c)
+				s.credit += c
+			}
 		}
 	}
+	// What the claims leave from now to the end of the window, after this
+	// allocation's increases.
+	bursts = 0
+	for i := range k.slots {
+		bursts += int64(bud.b.BurstOf(bucket.Tokens(max(base[i], k.slots[i].cur))))
+	}
+	k.res = max(0, min(k.res, float64(int64(bud.b.Limit.Burst())-bursts)))
+	k.resSum, k.resAt, k.resEnd = sum, now.UnixNano(), end.UnixNano()
 	waiting := false
 	k.short = 0
 	for i := range k.slots {
@@ -1002,6 +1068,19 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 			r.blocked = true
 		}
 	}
+}
+
+// refill brings k's stored reserve to now (Unix ns): since resAt it
+// refilled at what the claims left of the count, for as long as those
+// claims were known to bound the regions (resEnd, and not before learning
+// ended at learned: a region not heard from may hold an earlier leader's
+// grant); beyond that, not at all. Its cap, the burst the claims leave, is
+// applied by allocate.
+func (k *hotKey) refill(now, learned int64) {
+	if from, to := max(k.resAt, learned), min(now, k.resEnd); to > from && k.resSum < k.bud.count {
+		k.res += float64(k.bud.count-k.resSum) * float64(to-from) / float64(k.bud.period)
+	}
+	k.resAt = max(k.resAt, now)
 }
 
 // targets fills tgt for the regions with tgt[i] < 0, sharing capacity by the
@@ -1371,8 +1450,11 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 			}
 			s := &k.slots[i]
 			s.queued = false
-			if s.cur != k.bud.floors[i] {
-				m.Entries = append(m.Entries, Entry{Key: k.key, Count: bucket.Tokens(s.cur), Burst: k.bud.b.BurstOf(bucket.Tokens(s.cur))})
+			switch {
+			case s.cur != k.bud.floors[i]:
+				m.Entries = append(m.Entries, Entry{Key: k.key, Count: bucket.Tokens(s.cur), Burst: k.bud.b.BurstOf(bucket.Tokens(s.cur)), Credit: a.carry(s)})
+			case s.credit > 0:
+				m.Entries = append(m.Entries, Entry{Key: k.key, Drop: true, Credit: a.carry(s)})
 			}
 			s.push(m.Version, s.cur)
 		}
@@ -1387,6 +1469,7 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 			if s.cur == ref.k.bud.floors[ref.i] {
 				e = Entry{Key: ref.k.key, Drop: true}
 			}
+			e.Credit = a.carry(s)
 			m.Entries = append(m.Entries, e)
 		}
 		clear(r.changed)
@@ -1418,6 +1501,14 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 	}
 	a.stats.Grants++
 	a.out = append(a.out, m)
+}
+
+// carry returns the stored reserve tokens s's next grant carries, once.
+func (a *Allocator) carry(s *slot) bucket.Tokens {
+	c := s.credit
+	s.credit = 0
+	a.stats.Carried += uint64(c) // #nosec G115 -- a credit is never negative: min of a burst's growth and the stored reserve, both > 0
+	return bucket.Tokens(c)
 }
 
 // flush sends the changes made outside a round as grants that do not renew.

@@ -82,6 +82,10 @@ type Holder struct {
 	lastReport time.Time
 	demand     map[bucket.Key]*holderDemand
 	urgent     bool
+	// credits are the stored reserve tokens of adopted grants not yet
+	// taken (TakeCredits). They are not part of a Snapshot: a new
+	// speaking agent does not put them in the buckets again.
+	credits map[bucket.Key]bucket.Tokens
 
 	out []Message
 }
@@ -431,6 +435,13 @@ func (h *Holder) apply(now time.Time, m Message) {
 		}
 	}
 	for _, e := range m.Entries {
+		if e.Credit > 0 && !m.Learning && h.budgets[e.Key.Rule] != nil {
+			if h.credits == nil {
+				h.credits = make(map[bucket.Key]bucket.Tokens)
+			}
+			h.credits[e.Key] += e.Credit
+		}
+		e.Credit = 0
 		if e.Drop {
 			delete(h.table, e.Key)
 		} else if h.budgets[e.Key.Rule] != nil {
@@ -590,6 +601,17 @@ func (h *Holder) Ready() []Message {
 
 // HasReady reports whether Ready would return messages.
 func (h *Holder) HasReady() bool { return len(h.out) > 0 }
+
+// TakeCredits returns the stored reserve tokens, by key, that the grants
+// adopted since the last call carried (Entry.Credit), and forgets them: the
+// caller puts each in its key's regional bucket once, after the bucket
+// took the key's allocation (region.Settler). Tokens the caller cannot put
+// in are lost, which only lowers what the region admits.
+func (h *Holder) TakeCredits() map[bucket.Key]bucket.Tokens {
+	c := h.credits
+	h.credits = nil
+	return c
+}
 
 // Table returns the allocation entries the Holder holds, sorted by key.
 func (h *Holder) Table() []Entry {

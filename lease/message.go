@@ -107,12 +107,16 @@ type Message struct {
 
 // Entry is one region's allocation for one key: Count tokens per the
 // budget's Period with a burst of Burst. Drop removes the entry, returning
-// the key to the region's floor.
+// the key to the region's floor. Credit, in a grant only, is stored tokens
+// of the budget's reserve that go with the burst the grant adds: the
+// region puts them in its regional bucket once, when it adopts the grant
+// (Holder.TakeCredits), and never again for a resent or duplicated grant.
 type Entry struct {
-	Key   bucket.Key
-	Count bucket.Tokens
-	Burst bucket.Tokens
-	Drop  bool
+	Key    bucket.Key
+	Count  bucket.Tokens
+	Burst  bucket.Tokens
+	Drop   bool
+	Credit bucket.Tokens
 }
 
 // Demand is what a region would use of a key: Want tokens per the budget's

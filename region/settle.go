@@ -24,10 +24,12 @@ import (
 // in allot.
 
 // Change is one key's allocation change to settle: its regional bucket
-// moves from limit From to limit To.
+// moves from limit From to limit To, and then takes Credit tokens of the
+// budget's reserve that the grant carried (lease.Entry.Credit), once.
 type Change struct {
 	Key      bucket.Key
 	From, To bucket.Limit
+	Credit   bucket.Tokens
 }
 
 // ErrNotRebaser is returned by Change.Apply on a store that cannot rebase a
@@ -36,21 +38,32 @@ var ErrNotRebaser = errors.New("region: store does not implement bucket.Rebaser"
 
 // Apply settles c in st: an allocation from nothing takes all of the new
 // burst out (it arrives spent), a change to nothing writes nothing, and
-// every other change rebases the bucket (bucket.Rebaser). The error is the
-// store's; the caller reports the change back as unsettled.
+// every other change rebases the bucket (bucket.Rebaser); then the credit
+// goes in as a return of that many tokens, at most to the new burst. The
+// error is the store's; the caller reports the change back as unsettled,
+// and the Settler lists it again without its credit, which a call that
+// failed may or may not have put in (tokens lost, never added twice).
 func (c Change) Apply(ctx context.Context, st bucket.Store) error {
 	switch {
 	case c.To.IsZero():
 		return nil // admits nothing; nothing to write
 	case c.From.IsZero():
-		_, err := st.TakeUpTo(ctx, c.Key, c.To, c.To.Burst())
-		return err
+		if _, err := st.TakeUpTo(ctx, c.Key, c.To, c.To.Burst()); err != nil {
+			return err
+		}
+	default:
+		rb, ok := st.(bucket.Rebaser)
+		if !ok {
+			return fmt.Errorf("%w: %T", ErrNotRebaser, st)
+		}
+		if err := rb.Rebase(ctx, c.Key, c.From, c.To); err != nil {
+			return err
+		}
 	}
-	rb, ok := st.(bucket.Rebaser)
-	if !ok {
-		return fmt.Errorf("%w: %T", ErrNotRebaser, st)
+	if c.Credit > 0 {
+		return st.Return(ctx, c.Key, c.To, c.Credit)
 	}
-	return rb.Rebase(ctx, c.Key, c.From, c.To)
+	return nil
 }
 
 // Settler works out which allocation changes of a region's lease.Holder
@@ -107,9 +120,13 @@ func (s *Settler) Resume(now time.Time, h *lease.Holder) {
 // from the one applied, and records each as applied: the caller applies
 // them at once and reports any that failed with Unsettle.
 func (s *Settler) Changes(now time.Time, h *lease.Holder) []Change {
+	credits := h.TakeCredits()
 	keys := s.keys[:0]
 	for _, e := range h.Table() {
 		keys = append(keys, e.Key)
+	}
+	for k := range credits {
+		keys = append(keys, k)
 	}
 	for k := range s.applied {
 		keys = append(keys, k)
@@ -133,10 +150,10 @@ func (s *Settler) Changes(now time.Time, h *lease.Holder) []Change {
 		if !seen {
 			prev = floor
 		}
-		if _, unsure := s.again[k]; l == prev && !unsure {
+		if _, unsure := s.again[k]; l == prev && !unsure && credits[k] == 0 {
 			continue
 		}
-		out = append(out, Change{Key: k, From: prev, To: l})
+		out = append(out, Change{Key: k, From: prev, To: l, Credit: credits[k]})
 		s.record(k, l, floor)
 	}
 	clear(s.again)

@@ -179,3 +179,39 @@ func TestSettlerRetriesWhatFailed(t *testing.T) {
 		t.Fatalf("%d changes after the retry was taken, want 0", n)
 	}
 }
+
+// TestSettlerPutsTheCreditInOnce: a grant that raises the allocation to
+// 200 and carries 60 of the reserve's stored tokens leaves the bucket with
+// its floor's 100 plus the 60; the credit is settled once, and a change
+// that failed is listed again without it (tokens lost, never added twice).
+func TestSettlerPutsTheCreditInOnce(t *testing.T) {
+	ctx := context.Background()
+	h, clk, st, s, budgets := settlerFixture(t)
+	hello := h.Ready()[0]
+	if err := h.Step(clk.Now(), settlerGrant(1, 0, hello.Seq, true, lease.Entry{Key: settleKey, Count: 200, Burst: 200, Credit: 60})); err != nil {
+		t.Fatal(err)
+	}
+	big := budgets[0].LimitOf(200)
+	if n := settle(ctx, s, clk.Now(), h, st); n != 1 {
+		t.Fatalf("settled %d keys, want 1", n)
+	}
+	if d, err := st.Peek(ctx, settleKey, big); err != nil || d.Remaining != 160 {
+		t.Fatalf("after the increase and its credit the bucket holds %d (%v), want 100 + 60", d.Remaining, err)
+	}
+	_ = h.Step(clk.Now(), settlerGrant(1, 0, hello.Seq, true, lease.Entry{Key: settleKey, Count: 200, Burst: 200, Credit: 60})) // a duplicate
+	if n := settle(ctx, s, clk.Now(), h, st); n != 0 {
+		t.Fatalf("settled %d keys after a duplicate, want 0", n)
+	}
+
+	h, clk, _, s, _ = settlerFixture(t)
+	hello = h.Ready()[0]
+	_ = h.Step(clk.Now(), settlerGrant(1, 0, hello.Seq, true, lease.Entry{Key: settleKey, Count: 200, Burst: 200, Credit: 60}))
+	cs := s.Changes(clk.Now(), h)
+	if len(cs) != 1 || cs[0].Credit != 60 {
+		t.Fatalf("changes %+v, want one carrying 60", cs)
+	}
+	s.Unsettle(cs[0])
+	if again := s.Changes(clk.Now(), h); len(again) != 1 || again[0].Credit != 0 || again[0].To != big {
+		t.Fatalf("after a failure: changes %+v, want the raise to 200 again without its credit", again)
+	}
+}

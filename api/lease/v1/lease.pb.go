@@ -149,11 +149,14 @@ func (x *Key) GetSubject() string {
 
 // Entry is one allocation: count tokens per the budget's period, burst.
 type Entry struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           *Key                   `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Count         int64                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
-	Burst         int64                  `protobuf:"varint,3,opt,name=burst,proto3" json:"burst,omitempty"`
-	Drop          bool                   `protobuf:"varint,4,opt,name=drop,proto3" json:"drop,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   *Key                   `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Count int64                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	Burst int64                  `protobuf:"varint,3,opt,name=burst,proto3" json:"burst,omitempty"`
+	Drop  bool                   `protobuf:"varint,4,opt,name=drop,proto3" json:"drop,omitempty"`
+	// credit, in a grant only: stored tokens of the budget's reserve that go
+	// with the burst the grant adds, put in the regional bucket once.
+	Credit        int64 `protobuf:"varint,5,opt,name=credit,proto3" json:"credit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -214,6 +217,13 @@ func (x *Entry) GetDrop() bool {
 		return x.Drop
 	}
 	return false
+}
+
+func (x *Entry) GetCredit() int64 {
+	if x != nil {
+		return x.Credit
+	}
+	return 0
 }
 
 // Demand is what a region would use of a key, tokens per the budget's period.
@@ -569,12 +579,13 @@ const file_lease_v1_lease_proto_rawDesc = "" +
 	"\x14lease/v1/lease.proto\x12\x0eallot.lease.v1\"3\n" +
 	"\x03Key\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x18\n" +
-	"\asubject\x18\x02 \x01(\tR\asubject\"n\n" +
+	"\asubject\x18\x02 \x01(\tR\asubject\"\x86\x01\n" +
 	"\x05Entry\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.allot.lease.v1.KeyR\x03key\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x14\n" +
 	"\x05burst\x18\x03 \x01(\x03R\x05burst\x12\x12\n" +
-	"\x04drop\x18\x04 \x01(\bR\x04drop\"C\n" +
+	"\x04drop\x18\x04 \x01(\bR\x04drop\x12\x16\n" +
+	"\x06credit\x18\x05 \x01(\x03R\x06credit\"C\n" +
 	"\x06Demand\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.allot.lease.v1.KeyR\x03key\x12\x12\n" +
 	"\x04want\x18\x02 \x01(\x03R\x04want\"\xaa\x04\n" +

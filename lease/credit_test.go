@@ -1,0 +1,104 @@
+package lease
+
+import (
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/bucket"
+)
+
+// TestHolderTakesEachCreditOnce: the stored reserve tokens a grant carries
+// are taken once, when the Holder adopts it; a duplicate, a full table
+// resent without them and a learning leader's grant add none.
+func TestHolderTakesEachCreditOnce(t *testing.T) {
+	h := newTestHolder(t)
+	hello := h.Ready()[0]
+	g1 := grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 300, Burst: 30, Credit: 17})
+	_ = h.Step(t0, g1)
+	_ = h.Step(t0, g1) // a duplicate
+	if got := h.TakeCredits()[hk]; got != 17 {
+		t.Fatalf("after a grant and its duplicate: credit %d, want 17", got)
+	}
+	if got := h.TakeCredits(); len(got) != 0 {
+		t.Fatalf("taken twice: %v", got)
+	}
+	for _, e := range h.Table() {
+		if e.Credit != 0 {
+			t.Fatalf("the table keeps a credit: %+v", e)
+		}
+	}
+	learning := grantMsg(2, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 200, Burst: 20, Credit: 9})
+	learning.Learning = true
+	_ = h.Step(t0, learning)
+	if got := h.TakeCredits(); len(got) != 0 {
+		t.Fatalf("a learning leader's grant carried %v, want nothing", got)
+	}
+}
+
+// TestReserveTokensGoWithTheRaise: a key hot after the reserve has been
+// unclaimed for its fill time carries the reserve's stored tokens (the
+// burst no floor holds, 600 − 3×140) with the raise that claims it, and no
+// more: the floors lent next were claimed all along, so they carry
+// nothing, and while the claims fill the budget the reserve stores
+// nothing. Once every region is back at its floor the key is kept until
+// the reserve has refilled, so the next raise again carries all of it,
+// and not before the fill time.
+func TestReserveTokensGoWithTheRaise(t *testing.T) {
+	cfg := scenarioConfig()
+	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(600), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
+	c := newCluster(t, cfg)
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	taken := map[string]bucket.Tokens{}
+	step := func(n int) {
+		t.Helper()
+		for range n {
+			c.step(100 * time.Millisecond)
+			if err := c.checkI1(); err != nil {
+				t.Fatal(err)
+			}
+			for r, h := range c.holders {
+				taken[r] += h.TakeCredits()[k]
+			}
+		}
+	}
+	step(30) // learning ends; the reserve fills
+	if c.alloc.Learning(c.now) {
+		t.Fatal("still learning after 3 s")
+	}
+	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 2000}
+	step(30)
+	if l, _ := c.holders["a"].Allocation(c.now, k); l.Count() < 500 {
+		t.Fatalf("a holds %d, want most of the budget once b and c lend", l.Count())
+	}
+	if taken["a"] != 180 || taken["b"]+taken["c"] != 0 {
+		t.Fatalf("carried %v, want 180 to a (the reserve's burst) and nothing else", taken)
+	}
+	step(50)
+	if taken["a"] != 180 {
+		t.Fatalf("carried %d to a while the claims filled the budget, want still 180", taken["a"])
+	}
+	c.demand["a"] = nil
+	var back int // steps until the key is forgotten
+	var stored float64
+	for back = 0; back < 300; back++ {
+		j, ok := c.alloc.keyIdx[k]
+		if !ok {
+			break
+		}
+		stored = c.alloc.keys[j].res
+		step(1)
+	}
+	if back == 300 {
+		t.Fatal("the key is still known 30 s after its demand stopped")
+	}
+	// Forgotten only once the reserve is full again (within the 18 tokens
+	// the last step refills): a key made known again counts it full.
+	if stored < 180-18 {
+		t.Fatalf("the key was forgotten with %.1f stored in its reserve, want it full (180)", stored)
+	}
+	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 2000}
+	step(30)
+	if taken["a"] != 360 {
+		t.Fatalf("carried %d to a in all, want 360: the refilled reserve again", taken["a"])
+	}
+}
