@@ -195,6 +195,11 @@ type demandEstimate struct {
 	// straddled is set when a fall was taken from its first window alone:
 	// the next window, if lower, is the level.
 	straddled bool
+	// settleUS and settleTokens are the windows a fall's level was read
+	// from, and those since (0: none): until they have seen sustainTokens,
+	// the level is their mean, every window neither a rise nor a further
+	// collapse joining it.
+	settleUS, settleTokens int64
 }
 
 // sustainTokens is how many tokens a run of windows must have seen (when
@@ -234,6 +239,7 @@ func (d *demandEstimate) add(tokens, w, hl, sustain int64) {
 	r := float64(tokens) / (float64(w) / 1e6)
 	if d.rate == 0 {
 		d.rate, d.dir, d.straddled = average(0, r, w, hl), 0, false
+		d.settleUS, d.settleTokens = 0, 0
 		return
 	}
 	if d.straddled {
@@ -242,6 +248,22 @@ func (d *demandEstimate) add(tokens, w, hl, sustain int64) {
 			d.rate = r
 			return
 		}
+	}
+	if d.settleUS > 0 {
+		// A fall's level is still being read: it is the mean of the windows
+		// since the fall, not an average from the first reading. Only a
+		// rise (twice the level) or a further collapse (a quarter of it)
+		// ends the reading early, and is taken as usual.
+		if r < 2*d.rate && 4*r > d.rate {
+			d.settleUS += w
+			d.settleTokens += tokens
+			d.rate = float64(d.settleTokens) / (float64(d.settleUS) / 1e6)
+			if d.settleTokens >= sustainTokens {
+				d.settleUS, d.settleTokens = 0, 0
+			}
+			return
+		}
+		d.settleUS, d.settleTokens = 0, 0
 	}
 	var dir int8
 	switch {
@@ -265,6 +287,9 @@ func (d *demandEstimate) add(tokens, w, hl, sustain int64) {
 		switch {
 		case us > d.firstUS && (dir > 0 || tok > d.firstTokens):
 			us, tok = us-d.firstUS, tok-d.firstTokens
+			if dir < 0 && tok < sustainTokens {
+				d.settleUS, d.settleTokens = us, tok
+			}
 		case us == d.firstUS && dir < 0:
 			d.straddled = true
 		}

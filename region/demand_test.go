@@ -367,3 +367,38 @@ func TestDemandEstimateReadsTheRunAfterItsFirstWindow(t *testing.T) {
 	d.add(45, w, hl, sustain)
 	near("rise", d.rate, 450)
 }
+
+// TestDemandEstimateSettlesAFallOnItsMean replays one agent's windows
+// from a chaos run (healthy, the region the demand left at 45 s): 465/s,
+// a window straddling the fall, two windows of 14 tokens (139/s, what
+// arrived just after it), then the agent's new rate of about 60–75/s. The
+// level read from the two windows is 139; the windows after it join that
+// reading as a mean until 64 tokens are seen, so the estimate is near the
+// new rate within three windows, where an average from 139 took about
+// 1.2 s (it read 111 three windows later). A rise ends the reading at once.
+func TestDemandEstimateSettlesAFallOnItsMean(t *testing.T) {
+	const hl, sustain = 500_000, 200_000 // µs
+	d := &demandEstimate{}
+	for range 50 {
+		d.add(47, 101_000, hl, sustain)
+	}
+	for _, win := range [][2]int64{{42, 169_000}, {14, 101_000}, {14, 101_000}} {
+		d.add(win[0], win[1], hl, sustain)
+	}
+	if d.rate < 130 || d.rate > 145 {
+		t.Fatalf("after the fall: rate %.1f, want the 139/s of the windows after its first", d.rate)
+	}
+	for range 3 {
+		d.add(6, 101_000, hl, sustain)
+	}
+	if d.rate > 85 {
+		t.Fatalf("three windows at 59/s after the fall's level: rate %.1f, want their mean with the level's window (79), ≤ 85", d.rate)
+	}
+	d.add(60, 101_000, hl, sustain) // a rise: not part of the fall
+	if d.settleUS != 0 {
+		t.Fatal("a rise did not end the fall's reading")
+	}
+	if d.rate < 79 {
+		t.Fatalf("after a rise window: rate %.1f, want at least the level before it", d.rate)
+	}
+}
