@@ -91,11 +91,15 @@ type budget struct {
 	fill int64
 	// unit is the smallest allocation whose burst is at least 1
 	// (BurstOf): below it a region admits nothing.
-	unit    int64
-	period  int64     // the limit's period, ns
-	regions []*region // in b.Regions order
-	floors  []int64
-	weights []int64
+	unit   int64
+	period int64 // the limit's period, ns
+	// reserveCount and reserveBurst are what the floors leave of the count
+	// and of the burst: the stored reserve's rate and size while every
+	// region is at its floor.
+	reserveCount, reserveBurst int64
+	regions                    []*region // in b.Regions order
+	floors                     []int64
+	weights                    []int64
 }
 
 type hotKey struct {
@@ -249,6 +253,11 @@ func (a *Allocator) setBudgets(bs []Budget) {
 			bud.floors = append(bud.floors, int64(b.Floor(name).Count))
 			bud.weights = append(bud.weights, b.Split().weight(i))
 		}
+		bud.reserveCount = bud.count
+		for _, f := range bud.floors {
+			bud.reserveCount -= f
+		}
+		bud.reserveBurst = bud.unclaimedBurst(bud.floors)
 		a.budgets[b.Rule] = bud
 		maxN = max(maxN, len(b.Regions))
 	}
@@ -613,14 +622,11 @@ func (a *Allocator) slotFor(now time.Time, key bucket.Key, r *region, want int64
 		return nil, 0
 	}
 	k := &hotKey{key: key, bud: bud, slots: make([]slot, len(bud.regions)), born: now.UnixNano()}
-	var floors, bursts int64
 	for j := range k.slots {
 		f := bud.floors[j]
 		k.slots[j].cur = f
 		k.slots[j].hist[0] = hval{ver: 0, count: f}
 		k.slots[j].n = 1
-		floors += f
-		bursts += int64(bud.b.BurstOf(bucket.Tokens(f)))
 	}
 	// The reserve's stored tokens. A key this Allocator does not know has
 	// every region at its floor or below since learning ended (a region
@@ -629,10 +635,9 @@ func (a *Allocator) slotFor(now time.Time, key bucket.Key, r *region, want int64
 	// only with its reserve full (idle): so the reserve has refilled at
 	// least at Count − Σ floors since then. Before that nothing is known,
 	// and it starts empty.
-	k.resSum, k.resAt, k.resEnd = floors, now.UnixNano(), now.UnixNano()
+	k.resSum, k.resAt, k.resEnd = bud.count-bud.reserveCount, now.UnixNano(), now.UnixNano()
 	if !now.Before(a.learnUntil) {
-		k.res = min(float64(int64(bud.b.Limit.Burst())-bursts),
-			float64(bud.count-floors)*float64(now.Sub(a.learnUntil))/float64(bud.period))
+		k.res = min(float64(bud.reserveBurst), float64(bud.reserveCount)*float64(now.Sub(a.learnUntil))/float64(bud.period))
 	}
 	a.keyIdx[key] = len(a.keys)
 	a.keys = append(a.keys, k)
@@ -806,11 +811,7 @@ func (a *Allocator) using(now time.Time, r *region, s *slot) bool {
 func (a *Allocator) idle(now time.Time, k *hotKey) bool {
 	// A key is forgotten only with its reserve full: a key made known again
 	// counts it full (slotFor).
-	var bursts int64
-	for i := range k.slots {
-		bursts += int64(k.bud.b.BurstOf(bucket.Tokens(k.bud.floors[i])))
-	}
-	if k.res < float64(int64(k.bud.b.Limit.Burst())-bursts) {
+	if k.res < float64(k.bud.reserveBurst) {
 		return false
 	}
 	for i := range k.slots {
@@ -971,11 +972,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	if learning || avail < 0 {
 		avail = 0
 	}
-	var bursts int64
-	for i := range k.slots {
-		bursts += int64(bud.b.BurstOf(bucket.Tokens(base[i])))
-	}
-	k.res = min(k.res, float64(int64(bud.b.Limit.Burst())-bursts))
+	k.res = min(k.res, float64(bud.unclaimedBurst(base)))
 	if a.cfg.UnsafeSkipEscrow {
 		avail, sum, learning = need, min(sum, C), false
 	}
@@ -1017,11 +1014,10 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	}
 	// What the claims leave from now to the end of the window, after this
 	// allocation's increases.
-	bursts = 0
 	for i := range k.slots {
-		bursts += int64(bud.b.BurstOf(bucket.Tokens(max(base[i], k.slots[i].cur))))
+		base[i] = max(base[i], k.slots[i].cur)
 	}
-	k.res = max(0, min(k.res, float64(int64(bud.b.Limit.Burst())-bursts)))
+	k.res = max(0, min(k.res, float64(bud.unclaimedBurst(base))))
 	k.resSum, k.resAt, k.resEnd = sum, now.UnixNano(), end.UnixNano()
 	waiting := false
 	k.short = 0
@@ -1070,17 +1066,27 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	}
 }
 
-// refill brings k's stored reserve to now (Unix ns): since resAt it
-// refilled at what the claims left of the count, for as long as those
-// claims were known to bound the regions (resEnd, and not before learning
-// ended at learned: a region not heard from may hold an earlier leader's
-// grant); beyond that, not at all. Its cap, the burst the claims leave, is
-// applied by allocate.
+// refill adds to k's stored reserve what it refilled from resAt to now
+// (Unix ns): what the claims left of the count, for as long as those claims
+// were known to bound the regions (resEnd, and not before learning ended at
+// learned: a region not heard from may hold an earlier leader's grant);
+// beyond that, nothing. allocate caps it at the burst the claims leave and
+// records the new resAt.
 func (k *hotKey) refill(now, learned int64) {
 	if from, to := max(k.resAt, learned), min(now, k.resEnd); to > from && k.resSum < k.bud.count {
 		k.res += float64(k.bud.count-k.resSum) * float64(to-from) / float64(k.bud.period)
 	}
-	k.resAt = max(k.resAt, now)
+}
+
+// unclaimedBurst is what claims (one per region, in regions order) leave
+// of the budget's burst: Burst − Σ BurstOf(claim), the most the stored
+// reserve may hold beside them.
+func (b *budget) unclaimedBurst(claims []int64) int64 {
+	left := int64(b.b.Limit.Burst())
+	for _, c := range claims {
+		left -= int64(b.b.BurstOf(bucket.Tokens(c)))
+	}
+	return left
 }
 
 // targets fills tgt for the regions with tgt[i] < 0, sharing capacity by the
