@@ -91,8 +91,7 @@ type budget struct {
 	fill int64
 	// unit is the smallest allocation whose burst is at least 1
 	// (BurstOf): below it a region admits nothing.
-	unit   int64
-	period int64 // the limit's period, ns
+	unit int64
 	// reserveCount and reserveBurst are what the floors leave of the count
 	// and of the burst: the stored reserve's rate and size while every
 	// region is at its floor.
@@ -247,7 +246,6 @@ func (a *Allocator) setBudgets(bs []Budget) {
 		bud := &budget{b: b, count: int64(b.Limit.Count())}
 		bud.fill = mulDiv(int64(b.Limit.Period()), int64(b.Limit.Burst()), bud.count)
 		bud.unit = int64(b.Unit())
-		bud.period = int64(b.Limit.Period())
 		for i, name := range b.Regions {
 			bud.regions = append(bud.regions, a.region(name))
 			bud.floors = append(bud.floors, int64(b.Floor(name).Count))
@@ -637,7 +635,7 @@ func (a *Allocator) slotFor(now time.Time, key bucket.Key, r *region, want int64
 	// and it starts empty.
 	k.resSum, k.resAt, k.resEnd = bud.count-bud.reserveCount, now.UnixNano(), now.UnixNano()
 	if !now.Before(a.learnUntil) {
-		k.res = min(float64(bud.reserveBurst), float64(bud.reserveCount)*float64(now.Sub(a.learnUntil))/float64(bud.period))
+		k.res = min(float64(bud.reserveBurst), float64(bud.reserveCount)*float64(now.Sub(a.learnUntil))/float64(bud.b.Limit.Period()))
 	}
 	a.keyIdx[key] = len(a.keys)
 	a.keys = append(a.keys, k)
@@ -1074,7 +1072,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 // records the new resAt.
 func (k *hotKey) refill(now, learned int64) {
 	if from, to := max(k.resAt, learned), min(now, k.resEnd); to > from && k.resSum < k.bud.count {
-		k.res += float64(k.bud.count-k.resSum) * float64(to-from) / float64(k.bud.period)
+		k.res += float64(k.bud.count-k.resSum) * float64(to-from) / float64(k.bud.b.Limit.Period())
 	}
 }
 
