@@ -92,6 +92,9 @@ type budget struct {
 	// unit is the smallest allocation whose burst is at least 1
 	// (BurstOf): below it a region admits nothing.
 	unit int64
+	// noise is the headroom a region's bucket needs against its demand's
+	// noise, whatever the demand (Config.NoiseHeadroom).
+	noise int64
 	// reserveCount and reserveBurst are what the floors leave of the count
 	// and of the burst: the stored reserve's rate and size while every
 	// region is at its floor.
@@ -246,6 +249,7 @@ func (a *Allocator) setBudgets(bs []Budget) {
 		bud := &budget{b: b, count: int64(b.Limit.Count())}
 		bud.fill = mulDiv(int64(b.Limit.Period()), int64(b.Limit.Burst()), bud.count)
 		bud.unit = int64(b.Unit())
+		bud.noise = int64(math.Ceil(a.cfg.NoiseHeadroom * float64(bud.count) / float64(2*max(b.Limit.Burst(), 1))))
 		for i, name := range b.Regions {
 			bud.regions = append(bud.regions, a.region(name))
 			bud.floors = append(bud.floors, int64(b.Floor(name).Count))
@@ -901,7 +905,9 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		w, w0 := int64(0), int64(0)
 		if a.using(now, r, s) {
 			w0 = s.want
-			w = s.want + a.headroom(s.want)
+			// The headroom: 5% of the demand, or what the bucket's noise
+			// needs (Config.NoiseHeadroom) up to the demand itself.
+			w = s.want + max(a.headroom(s.want), min(bud.noise, s.want))
 			if now.UnixNano()-s.peakAt <= bud.fill {
 				// A region still using the key lends its floor only down
 				// to what it wanted over the bucket's fill time; one that

@@ -287,6 +287,21 @@ type Config struct {
 	// 5% 0.925; with 5% given only from capacity nobody needs, 0.940 over
 	// ten seeds; with the demands less it where contested, 0.950.)
 	Headroom float64
+	// NoiseHeadroom is a second headroom, for the noise a region's bucket
+	// must absorb, in units of Count/(2·Burst) per period: a region using
+	// a key wants at least its demand plus NoiseHeadroom×Count/(2·Burst)
+	// (at most twice its demand), given like Headroom only from capacity
+	// no region's demand needs. A bucket that refills at h above a demand
+	// of w arriving at random, with a burst of Burst/Count of its rate,
+	// overflows in a busy stretch about exp(−2·h·burst/w) of the time, so
+	// a headroom of z·Count/(2·Burst) keeps that at exp(−z) whatever w. It
+	// matters where the burst is small against the count: with a burst of
+	// a tenth of it, 5·z per period; with a burst of all of it, z/2, under
+	// the 5% of any demand above 10·z. Requests costing c tokens each need
+	// c times as much, demand burstier than random more, and the estimate
+	// lags a rising demand; 16 was chosen from 4, 6, 8, 16 and 32 by the
+	// library (docs/design.md, "Since: a headroom for the bucket's noise").
+	NoiseHeadroom float64
 	// Hysteresis is the smallest change worth sending, as a fraction of the
 	// budget's Count; smaller moves are skipped so allocations do not flap,
 	// except an increase of a region pressing on its allocation that free
@@ -305,13 +320,14 @@ type Config struct {
 // DefaultConfig returns a Config with production defaults and no budgets.
 func DefaultConfig() Config {
 	return Config{
-		TTL:        10 * time.Second,       // long enough to ride out a coordinator failover
-		Refresh:    3 * time.Second,        // three renewals per TTL
-		Drift:      500 * time.Millisecond, // 5% of TTL: NTP-synced clocks do far better
-		Hold:       20 * time.Second,       // 2×TTL: less its margin (1 s), > TTL+Drift+Refresh
-		DemandTTL:  7 * time.Second,        // two missed reports
-		Headroom:   0.05,                   // grow 5% before pressing again; given only from capacity nobody needs
-		Hysteresis: 0.03,                   // 3% of the budget: smaller moves cost more than they gain
+		TTL:           10 * time.Second,       // long enough to ride out a coordinator failover
+		Refresh:       3 * time.Second,        // three renewals per TTL
+		Drift:         500 * time.Millisecond, // 5% of TTL: NTP-synced clocks do far better
+		Hold:          20 * time.Second,       // 2×TTL: less its margin (1 s), > TTL+Drift+Refresh
+		DemandTTL:     7 * time.Second,        // two missed reports
+		Headroom:      0.05,                   // grow 5% before pressing again; given only from capacity nobody needs
+		Hysteresis:    0.03,                   // 3% of the budget: smaller moves cost more than they gain
+		NoiseHeadroom: 16,                     // exp(−4) for requests of 4 tokens; see the field
 	}
 }
 
@@ -331,6 +347,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: demand_ttl=%s must exceed refresh=%s", ErrInvalidConfig, c.DemandTTL, c.Refresh)
 	case math.IsNaN(c.Headroom) || c.Headroom < 0 || c.Headroom > 10:
 		return fmt.Errorf("%w: headroom=%v must be in [0, 10]", ErrInvalidConfig, c.Headroom)
+	case math.IsNaN(c.NoiseHeadroom) || c.NoiseHeadroom < 0 || c.NoiseHeadroom > 1000:
+		return fmt.Errorf("%w: noise_headroom=%v must be in [0, 1000]", ErrInvalidConfig, c.NoiseHeadroom)
 	case math.IsNaN(c.Hysteresis) || c.Hysteresis < 0 || c.Hysteresis >= 0.5:
 		return fmt.Errorf("%w: hysteresis=%v must be in [0, 0.5)", ErrInvalidConfig, c.Hysteresis)
 	}

@@ -1,6 +1,10 @@
 package lease
 
 import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,5 +42,21 @@ func TestSplitFloor(t *testing.T) {
 	tiny := Split{Regions: []string{"a", "b", "c"}}.Floor("a", bucket.PerSecond(3).WithBurst(1))
 	if tiny.Count != 1 || tiny.Burst != 0 || !tiny.Limit.IsZero() {
 		t.Errorf("tiny floor = %+v, want count 1, burst 0 and the zero Limit", tiny)
+	}
+}
+
+// TestConfigRejectsABadNoiseHeadroom: the error names the field and the
+// value, and the default passes.
+func TestConfigRejectsABadNoiseHeadroom(t *testing.T) {
+	for _, v := range []float64{-1, math.NaN(), 1001} {
+		cfg := DefaultConfig()
+		cfg.NoiseHeadroom = v
+		err := cfg.Validate()
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), fmt.Sprintf("noise_headroom=%v", v)) {
+			t.Fatalf("noise_headroom=%v: %v, want ErrInvalidConfig naming it", v, err)
+		}
+	}
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
 	}
 }

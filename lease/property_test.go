@@ -54,6 +54,9 @@ func propertyConfig(rng *rand.Rand) Config {
 		{Rule: "w", Limit: bucket.PerSecond(bucket.Tokens(10 + rng.IntN(1000))), Regions: regions[1:],
 			Weights: weights(rng, len(regions)-1), Reserve: rng.Float64() * 0.5},
 	}
+	// The noise headroom off, as by default, or at its largest: the
+	// escrow holds whatever a region wants.
+	cfg.NoiseHeadroom = []float64{0, 16, 1000}[rng.IntN(3)]
 	return cfg
 }
 

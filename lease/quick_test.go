@@ -7,8 +7,12 @@ import (
 	"github.com/allot-dev/allot/bucket"
 )
 
+// testConfig serves one budget whose burst is a tenth of its count. Its
+// tests' figures are the 5% headroom's: the noise headroom
+// (testdata/noise_headroom.txt) is off.
 func testConfig() Config {
 	cfg := DefaultConfig()
+	cfg.NoiseHeadroom = 0
 	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerMinute(600).WithBurst(60), Regions: []string{"a", "b", "c"}, Reserve: DefaultReserve}}
 	return cfg
 }

@@ -24,7 +24,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of scenar
 //
 // Commands:
 //
-//	config ttl=… refresh=… drift=… hold=… hysteresis=… headroom=…
+//	config ttl=… refresh=… drift=… hold=… hysteresis=… headroom=… noise_headroom=…
 //	budget rule=… count=… per=… burst=… regions=a,b reserve=… weights=… policy=…
 //	start                      build the cluster; prints floors
 //	demand region=… key=rule/subject want=…   (want=0 stops the demand)
@@ -59,6 +59,9 @@ func runScenario(t *testing.T, path string) {
 	lines := strings.Split(string(data), "\n")
 	var out strings.Builder
 	s := &scenario{cfg: DefaultConfig()}
+	// The files' figures are the 5% headroom's; noise_headroom.txt turns
+	// the noise headroom on (config noise_headroom=…).
+	s.cfg.NoiseHeadroom = 0
 	for i := 0; i < len(lines); i++ {
 		line := lines[i]
 		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
@@ -179,17 +182,13 @@ func (s *scenario) do(t *testing.T, line string) (string, error) {
 		s.cfg.Drift = dur("drift", s.cfg.Drift)
 		s.cfg.Hold = dur("hold", s.cfg.Hold)
 		s.cfg.DemandTTL = dur("demand_ttl", s.cfg.DemandTTL)
-		for _, k := range []string{"hysteresis", "headroom"} {
+		for k, p := range map[string]*float64{"hysteresis": &s.cfg.Hysteresis, "headroom": &s.cfg.Headroom, "noise_headroom": &s.cfg.NoiseHeadroom} {
 			if a[k] != "" {
 				f, err := strconv.ParseFloat(a[k], 64)
 				if err != nil {
 					return "", err
 				}
-				if k == "hysteresis" {
-					s.cfg.Hysteresis = f
-				} else {
-					s.cfg.Headroom = f
-				}
+				*p = f
 			}
 		}
 		return "", s.cfg.Validate()

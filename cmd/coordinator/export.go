@@ -246,7 +246,7 @@ func skeleton(in skeletonInput) (string, error) {
 		rho = min(2*float64(lc.Drift)/float64(lc.TTL-lc.Drift), 0.0999)
 	}
 	fmt.Fprintf(&b, "coordinator:\n  lease_ttl: %s\n  refresh: %s\n  drift: %.6g   # ρ whose margin lease.DriftFor(ttl, ρ) is the file's drift %s\n", lc.TTL, lc.Refresh, rho, lc.Drift)
-	fmt.Fprintf(&b, "  # hold=%s, demand_ttl=%s, headroom=%g and hysteresis=%g are served;\n", lc.Hold, lc.DemandTTL, lc.Headroom, lc.Hysteresis)
+	fmt.Fprintf(&b, "  # hold=%s, demand_ttl=%s, headroom=%g, noise_headroom=%g and hysteresis=%g are served;\n", lc.Hold, lc.DemandTTL, lc.Headroom, lc.NoiseHeadroom, lc.Hysteresis)
 	b.WriteString("  # the simulator derives hold and demand_ttl from ttl and refresh.\n")
 	fmt.Fprintf(&b, "config:\n  budgets_file: %s\n", q(in.budgetsRef))
 	budgets := map[string]lease.Budget{}
