@@ -333,18 +333,31 @@ func peek(s State, now int64, l *Limit) Decision {
 // across, rounded down and at most to's burst, and the bucket refills at
 // to's rate from now on. Without it a bucket would go on refilling at the
 // old rate until its next request, while the rate it gave up is already in
-// use in another region.
+// use in another region. From a limit that admits nothing (the zero Limit,
+// or a burst of 0) the bucket is left empty at now: whatever its state
+// refilled to since it last admitted was another region's to use.
 func Rebase(s State, now time.Time, from, to Limit) (State, error) {
-	if err := Check(from, 1); err != nil {
-		return s, err
-	}
-	if err := Check(to, 1); err != nil {
+	if err := checkRebase(from, to); err != nil {
 		return s, err
 	}
 	return rebase(s, now.UnixMicro(), &from, &to), nil
 }
 
+// checkRebase reports why a bucket cannot be moved from from to to: to
+// must admit a request, from must too unless it admits nothing.
+func checkRebase(from, to Limit) error {
+	if !from.AdmitsNothing() {
+		if err := Check(from, 1); err != nil {
+			return err
+		}
+	}
+	return Check(to, 1)
+}
+
 func rebase(s State, now int64, from, to *Limit) State {
+	if from.AdmitsNothing() {
+		return (&gcra{now: now, used: to.tau, l: to}).state()
+	}
 	g := load(&s, now, from)
 	used := carry(g.used, from.num, int64(from.burst), to)
 	g = gcra{now: now, used: used, l: to}

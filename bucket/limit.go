@@ -117,6 +117,10 @@ func (l Limit) IntervalFraction() (num, den int64) { return l.num, l.den }
 // IsZero reports whether l is the zero Limit.
 func (l Limit) IsZero() bool { return l == Limit{} }
 
+// AdmitsNothing reports whether no request fits l: the zero Limit, or a
+// burst of 0 (a region's allocation below its budget's unit).
+func (l Limit) AdmitsNothing() bool { return l.burst == 0 }
+
 // String renders the limit as "10 per 1m0s, burst 10".
 func (l Limit) String() string {
 	return strconv.FormatInt(int64(l.count), 10) + " per " + l.period.String() +

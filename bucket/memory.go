@@ -240,10 +240,7 @@ func (m *Memory) Return(_ context.Context, key Key, l Limit, n Tokens) error {
 // refusing to apply a limit change would leave the bucket judged by the old
 // limit.
 func (m *Memory) Rebase(_ context.Context, key Key, from, to Limit) error {
-	if err := Check(from, 1); err != nil {
-		return err
-	}
-	if err := Check(to, 1); err != nil {
+	if err := checkRebase(from, to); err != nil {
 		return err
 	}
 	now := m.clock.Now().UnixMicro()

@@ -215,3 +215,44 @@ func TestSettlerPutsTheCreditInOnce(t *testing.T) {
 		t.Fatalf("after a failure: changes %+v, want the raise to 200 again without its credit", again)
 	}
 }
+
+// TestApplyFromNothingLeavesTheBucketEmpty: a region's allocation of a key
+// goes from 12 a minute (burst 1) to 4 a minute (burst 0: it admits
+// nothing) and back. Meanwhile its bucket's state refills under the old
+// limit, but that refill was the region holding the budget's to use: the
+// raise leaves the bucket empty, a whole interval (5 s) to the next token.
+// Before, the move to burst 0 was refused as an invalid limit, and a raise
+// from nothing kept the fraction of a token the state had refilled (0.9
+// here): the region admitted again half a second later.
+func TestApplyFromNothingLeavesTheBucketEmpty(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	st := bucket.NewMemory(bucket.MemoryOptions{Clock: clk})
+	k := bucket.Key{Rule: "report", Subject: "t1"}
+	one, none := bucket.PerMinute(12).WithBurst(1), bucket.PerMinute(4).WithBurst(0)
+	steps := []struct {
+		after    time.Duration
+		from, to bucket.Limit
+	}{
+		{0, bucket.Limit{}, one},
+		{time.Second, one, none},
+		{3500 * time.Millisecond, none, one},
+	}
+	for i, s := range steps {
+		clk.Advance(s.after)
+		if err := (Change{Key: k, From: s.from, To: s.to}).Apply(ctx, st); err != nil {
+			t.Fatalf("change %d (%v → %v): %v", i, s.from, s.to, err)
+		}
+		if s.to.AdmitsNothing() {
+			continue
+		}
+		d, err := st.Peek(ctx, k, s.to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed || d.RetryAfter != 5*time.Second {
+			t.Fatalf("after change %d (%v → %v) the bucket holds %d, next token in %s; want empty, 5s",
+				i, s.from, s.to, d.Remaining, d.RetryAfter)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/allot-dev/allot/bucket"
 )
@@ -83,6 +84,10 @@ func (s *regionStore) Peek(_ context.Context, key bucket.Key, l bucket.Limit) (b
 func (s *regionStore) Rebase(_ context.Context, key bucket.Key, from, to bucket.Limit) error {
 	b, err := s.budget(key)
 	if err != nil {
+		return err
+	}
+	// Refused as the Redis store refuses it, not taken as done.
+	if _, err := bucket.Rebase(bucket.State{}, time.Time{}, from, to); err != nil {
 		return err
 	}
 	s.rd.rebase(b, s.t, from, to)

@@ -138,7 +138,11 @@ local function one(key, akey, op, num, den, burst, n, lnum, lden, lburst)
     used = math.max(used - math.min(n, burst) * num, 0)
     write = true
   elseif op == 5 then
-    used = carry(used, lnum, lburst, num, tau)
+    if lburst == 0 then
+      used = tau -- from a limit that admits nothing: empty (bucket.Rebase)
+    else
+      used = carry(used, lnum, lburst, num, tau)
+    end
     write = true
   else -- 4, peek: reads and never writes, whatever load found
     write = false

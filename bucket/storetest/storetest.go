@@ -52,6 +52,8 @@ func deny(rem bucket.Tokens, retry, reset time.Duration, l bucket.Limit) bucket.
 	return bucket.Decision{Remaining: rem, RetryAfter: retry, ResetAfter: reset, Limit: l}
 }
 
+var twelveMin = bucket.PerMinute(12).WithBurst(1)
+
 var cases = []struct {
 	name  string
 	steps []step
@@ -125,7 +127,23 @@ var cases = []struct {
 		// A full bucket moved to a smaller burst is full, and deleted.
 		{at: time.Minute, op: "rebase", from: bucket.PerSecond(5), limit: bucket.PerSecond(2), noWant: true},
 		{at: time.Minute, op: "peek", limit: bucket.PerSecond(2), want: allow(2, 0, bucket.PerSecond(2))},
-		{at: time.Minute, op: "rebase", from: bucket.Limit{}, limit: bucket.PerSecond(2), errIs: bucket.ErrInvalidLimit},
+		{at: time.Minute, op: "rebase", from: bucket.PerSecond(2), limit: bucket.Limit{}, errIs: bucket.ErrInvalidLimit},
+	}},
+	{"rebase from an allocation that admits nothing leaves the bucket empty", []step{
+		// 12 a minute, burst 1: a token every 5 s. Spent at 0; 4 s later
+		// the state has refilled 0.8 of a token under it. Moved there from
+		// an allocation of 12 a minute with burst 0 (which admits nothing),
+		// the bucket holds nothing: a whole interval to wait, not 1 s.
+		{at: 0, op: "decide", limit: twelveMin, n: 1, want: allow(0, 5*time.Second, twelveMin)},
+		{at: 4 * time.Second, op: "rebase", from: twelveMin.WithBurst(0), limit: twelveMin, noWant: true},
+		{at: 4 * time.Second, op: "peek", limit: twelveMin, want: deny(0, 5*time.Second, 5*time.Second, twelveMin)},
+		// From no allocation at all, a bucket full (or never seen) is
+		// emptied too: its burst was never this region's.
+		{at: time.Minute, op: "peek", limit: twelveMin, want: allow(1, 0, twelveMin)},
+		{at: time.Minute, op: "rebase", from: bucket.Limit{}, limit: twelveMin, noWant: true},
+		{at: time.Minute, op: "peek", limit: twelveMin, want: deny(0, 5*time.Second, 5*time.Second, twelveMin)},
+		// A bucket cannot be moved to an allocation that admits nothing.
+		{at: time.Minute, op: "rebase", from: twelveMin, limit: twelveMin.WithBurst(0), errIs: bucket.ErrInvalidLimit},
 	}},
 	{"take up to and return", []step{
 		{at: 0, op: "take", limit: tenMin, n: 4, got: 4, noWant: true},
