@@ -422,12 +422,7 @@ func (c *LeaseClient) carryLocked(ctx context.Context) []lease.Message {
 	var send []lease.Message
 	for range 2 {
 		rd := c.sp.Ready()
-		var o region.Outcome
-		for _, ch := range rd.Settle {
-			if err := ch.Apply(ctx, c.deps.Store); err != nil {
-				o.Unsettled = append(o.Unsettled, ch)
-			}
-		}
+		o := region.Settle(ctx, c.deps.Store, rd.Settle)
 		if t := rd.Publish; t != nil {
 			f, _ := c.deps.Fence()
 			ok, err := c.deps.Shared.PublishTable(ctx, t, f)

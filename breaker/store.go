@@ -223,12 +223,21 @@ func (s *Store) Peek(ctx context.Context, key bucket.Key, l bucket.Limit) (bucke
 }
 
 // Rebase implements bucket.Rebaser when the inner store does.
-func (s *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit) error {
+func (s *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit) (bucket.Tokens, error) {
 	rb, ok := s.inner.(bucket.Rebaser)
 	if !ok {
-		return fmt.Errorf("breaker: %T cannot rebase", s.inner)
+		return 0, fmt.Errorf("breaker: %T cannot rebase", s.inner)
 	}
-	return s.do(ctx, false, func(ctx context.Context) error { return rb.Rebase(ctx, key, from, to) })
+	var lost bucket.Tokens
+	err := s.do(ctx, false, func(ctx context.Context) error {
+		var err error
+		lost, err = rb.Rebase(ctx, key, from, to)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return lost, nil
 }
 
 // Ping implements bucket.Pinger: the inner store's ping under MaxTimeout,

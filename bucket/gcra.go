@@ -156,6 +156,18 @@ func carry(used, num, burst int64, l *Limit) int64 {
 	return l.tau - int64(held)
 }
 
+// clamped is the whole tokens carry takes away from a bucket that spent
+// used of tolerance burst*num: what it holds beyond l's burst, rounded
+// down. The script computes it the same way, in the same order.
+func clamped(used, num, burst int64, l *Limit) Tokens {
+	tokens := float64(burst*num-used) / float64(num)
+	held := math.Floor(tokens * float64(l.num))
+	if held <= float64(l.tau) {
+		return 0
+	}
+	return Tokens(math.Floor((held - float64(l.tau)) / float64(l.num)))
+}
+
 // state stores the position back as an absolute TAT. A full bucket is the
 // zero State, the same as a bucket never seen, so stores may delete it.
 func (g *gcra) state() State {
@@ -336,11 +348,17 @@ func peek(s State, now int64, l *Limit) Decision {
 // use in another region. From a limit that admits nothing (the zero Limit,
 // or a burst of 0) the bucket is left empty at now: whatever its state
 // refilled to since it last admitted was another region's to use.
-func Rebase(s State, now time.Time, from, to Limit) (State, error) {
+//
+// lost is the whole tokens the move took away: what the bucket held under
+// from beyond to's burst, rounded down (0 from a limit that admits
+// nothing). A region reports them so the coordinator can put them back in
+// the budget's stored reserve (lease.Demand.Returned).
+func Rebase(s State, now time.Time, from, to Limit) (_ State, lost Tokens, _ error) {
 	if err := checkRebase(from, to); err != nil {
-		return s, err
+		return s, 0, err
 	}
-	return rebase(s, now.UnixMicro(), &from, &to), nil
+	ns, lost := rebase(s, now.UnixMicro(), &from, &to)
+	return ns, lost, nil
 }
 
 // checkRebase reports why a bucket cannot be moved from from to to: to
@@ -354,14 +372,15 @@ func checkRebase(from, to Limit) error {
 	return Check(to, 1)
 }
 
-func rebase(s State, now int64, from, to *Limit) State {
+func rebase(s State, now int64, from, to *Limit) (State, Tokens) {
 	if from.AdmitsNothing() {
-		return (&gcra{now: now, used: to.tau, l: to}).state()
+		return (&gcra{now: now, used: to.tau, l: to}).state(), 0
 	}
 	g := load(&s, now, from)
 	used := carry(g.used, from.num, int64(from.burst), to)
+	lost := clamped(g.used, from.num, int64(from.burst), to)
 	g = gcra{now: now, used: used, l: to}
-	return g.state()
+	return g.state(), lost
 }
 
 // errCost is the error for a batch size or return count that is not > 0.

@@ -190,7 +190,7 @@ func TestStateWrittenUnder(t *testing.T) {
 		t.Fatalf("after a decision under %s: full %v, under it %v, under %s %v", old, s.Full(t0), s.WrittenUnder(old), nu, s.WrittenUnder(nu))
 	}
 	at := t0.Add(100 * time.Millisecond)
-	r, err := Rebase(s, at, old, nu)
+	r, _, err := Rebase(s, at, old, nu)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -239,17 +239,18 @@ func (m *Memory) Return(_ context.Context, key Key, l Limit, n Tokens) error {
 // Rebase implements Rebaser. Like Return it is never refused at MaxKeys:
 // refusing to apply a limit change would leave the bucket judged by the old
 // limit.
-func (m *Memory) Rebase(_ context.Context, key Key, from, to Limit) error {
+func (m *Memory) Rebase(_ context.Context, key Key, from, to Limit) (Tokens, error) {
 	if err := checkRebase(from, to); err != nil {
-		return err
+		return 0, err
 	}
 	now := m.clock.Now().UnixMicro()
 	s, h := m.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p, st := s.get(h, key)
-	s.put(h, key, p, st, rebase(st, now, &from, &to))
-	return nil
+	ns, lost := rebase(st, now, &from, &to)
+	s.put(h, key, p, st, ns)
+	return lost, nil
 }
 
 // Peek implements Store.

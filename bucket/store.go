@@ -41,10 +41,11 @@ type Store interface {
 const DefaultAttemptWindow = 10 * time.Second
 
 // Rebaser is implemented by stores that can move a bucket to a new limit at
-// once (see Rebase). The in-process store and redisstore.Store implement
-// it.
+// once (see Rebase), atomically with reading what the move took away: the
+// whole tokens the bucket held beyond the new burst (lost). The in-process
+// store and redisstore.Store implement it.
 type Rebaser interface {
-	Rebase(ctx context.Context, key Key, from, to Limit) error
+	Rebase(ctx context.Context, key Key, from, to Limit) (lost Tokens, err error)
 }
 
 // Pinger is implemented by stores that can tell cheaply whether they

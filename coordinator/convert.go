@@ -29,6 +29,12 @@ func ToProto(m lease.Message) *leasev1.Message {
 			PeriodUs: b.Limit.Period().Microseconds(), Burst: int64(b.Limit.Burst()), Regions: b.Regions,
 			Weights: b.Weights, Reserve: b.Reserve, Policy: int32(b.Policy)})
 	}
+	if len(m.Returns) > 0 {
+		p.Returns = make([]*leasev1.Return, len(m.Returns))
+		for i, r := range m.Returns {
+			p.Returns[i] = &leasev1.Return{Key: &leasev1.Key{Rule: r.Key.Rule, Subject: r.Key.Subject}, Tokens: int64(r.Tokens)}
+		}
+	}
 	if len(m.Demand) > 0 {
 		p.Demand = make([]*leasev1.Demand, len(m.Demand))
 		for i, d := range m.Demand {
@@ -45,6 +51,12 @@ func FromProto(p *leasev1.Message) lease.Message {
 		Seq: p.GetSeq(), Grant: p.GetGrant(), Version: p.GetVersion(), Base: p.GetBase(), Full: p.GetFull(),
 		Renew: p.GetRenew(), TTL: us(p.GetTtlUs()), Hold: us(p.GetHoldUs()), Refresh: us(p.GetRefreshUs()),
 		Drift: us(p.GetDriftUs()), Leader: p.GetLeader(), Learning: p.GetLearning(),
+	}
+	if len(p.GetReturns()) > 0 {
+		m.Returns = make([]lease.Return, len(p.Returns))
+		for i, r := range p.Returns {
+			m.Returns[i] = lease.Return{Key: key(r.GetKey()), Tokens: bucket.Tokens(r.GetTokens())}
+		}
 	}
 	if len(p.GetEntries()) > 0 {
 		m.Entries = make([]lease.Entry, len(p.Entries))

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"slices"
 	"testing"
 
 	leasev1 "github.com/allot-dev/allot/api/lease/v1"
@@ -36,6 +37,29 @@ func TestFromProtoOutOfRange(t *testing.T) {
 		if got := m.Budgets[0].Policy; got != tc.want {
 			t.Errorf("policy %d: got %d, want %d", tc.p, got, tc.want)
 		}
+	}
+}
+
+// TestReturnsCrossTheWireOnlyInAnAck: an acknowledgement's returns survive
+// the wire; sanitize keeps them only in an acknowledgement, of budgets the
+// coordinator serves, each within [0, the budget's burst].
+func TestReturnsCrossTheWireOnlyInAnAck(t *testing.T) {
+	k := bucket.Key{Rule: "api", Subject: "t"}
+	rs := []lease.Return{{Key: k, Tokens: 40}, {Key: bucket.Key{Rule: "api", Subject: "u"}, Tokens: 1 << 40},
+		{Key: bucket.Key{Rule: "api", Subject: "v"}, Tokens: -3}, {Key: bucket.Key{Rule: "nope", Subject: "t"}, Tokens: 1}}
+	got := FromProto(ToProto(lease.Message{Type: lease.MsgAck, Returns: rs}))
+	if !slices.Equal(got.Returns, rs) {
+		t.Fatalf("after the wire: %+v, want %+v", got.Returns, rs)
+	}
+	bs := map[string]lease.Budget{"api": {Rule: "api", Limit: bucket.PerSecond(600).WithBurst(300), Regions: []string{"a", "b"}}}
+	up, n := sanitize(lease.Message{Type: lease.MsgAck, Region: "a", Returns: rs}, bs, DefaultLimits())
+	want := []lease.Return{{Key: k, Tokens: 40}, {Key: rs[1].Key, Tokens: 300}, {Key: rs[2].Key, Tokens: 0}}
+	if !slices.Equal(up.Returns, want) || n.clamped != 2 || n.dropped != 1 {
+		t.Fatalf("an ack's returns after sanitize: %+v (%+v), want %+v, 2 clamped, 1 dropped", up.Returns, n, want)
+	}
+	up, _ = sanitize(lease.Message{Type: lease.MsgReport, Region: "a", Returns: rs}, bs, DefaultLimits())
+	if up.Returns != nil {
+		t.Fatalf("a report's returns after sanitize: %+v, want none", up.Returns)
 	}
 }
 

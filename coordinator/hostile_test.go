@@ -175,6 +175,10 @@ func garbage(session uint64) []lease.Message {
 		}},
 		{Type: lease.MsgReport, Session: session, Seq: 3, Demand: many},
 		{Type: lease.MsgAck, Session: session, Term: math.MaxUint64, Grant: math.MaxUint64, Version: math.MaxUint64},
+		{Type: lease.MsgAck, Session: session, Seq: 4, Term: 1, Returns: []lease.Return{
+			{Key: keyB, Tokens: math.MaxInt64}, {Key: k("x"), Tokens: math.MinInt64},
+			{Key: bucket.Key{Rule: "nope", Subject: "y"}, Tokens: 10}, {Key: k(strings.Repeat("s", 1<<16)), Tokens: 10},
+		}},
 		{Type: lease.MsgGrant, Session: session, Entries: []lease.Entry{{Key: keyB, Count: math.MaxInt64}}},
 		{Type: lease.MsgType(200), Session: session},
 		{Type: lease.MsgReport, Region: "b", Session: 10, Seq: 99, Demand: []lease.Demand{{Key: keyB, Want: 0}}},

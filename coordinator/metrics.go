@@ -28,6 +28,7 @@ var (
 	descExpired    = prometheus.NewDesc("allot_coordinator_lapsed_leases_total", "Region leases that ran out at the coordinator.", nil, nil)
 	descUrgent     = prometheus.NewDesc("allot_coordinator_urgent_rebalances_total", "Keys rebalanced on a report between rounds.", nil, nil)
 	descCarried    = prometheus.NewDesc("allot_coordinator_reserve_tokens_carried_total", "Stored reserve tokens sent with the grants that raised a claim (lease.Entry.Credit).", nil, nil)
+	descReturned   = prometheus.NewDesc("allot_coordinator_reserve_tokens_returned_total", "Tokens regions' decreases took away from their buckets, put back in stored reserves (lease.Message.Returns).", nil, nil)
 	descRounds     = prometheus.NewDesc("allot_coordinator_rounds_total", "Allocation rounds run.", nil, nil)
 	descLeaderTerm = prometheus.NewDesc("allot_coordinator_leaderships_total", "Times this coordinator became leader.", nil, nil)
 	descRoundTime  = prometheus.NewDesc("allot_coordinator_round_seconds", "How long the last allocation round (every hot key, every lease) took to compute.", nil, nil)
@@ -48,7 +49,7 @@ var (
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLeader, descTerm, descLearning, descHotKeys, descAlloc, descHeadroom,
 		descConnected, descMessages, descGrants, descRenewals, descIncreases, descReclaims, descBlocked, descExpired,
-		descUrgent, descCarried, descRounds, descLeaderTerm, descRoundTime, descAuth, descRefused, descTakeovers, descSanitized} {
+		descUrgent, descCarried, descReturned, descRounds, descLeaderTerm, descRoundTime, descAuth, descRefused, descTakeovers, descSanitized} {
 		ch <- d
 	}
 }
@@ -95,6 +96,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descExpired, n.expired)
 	counter(descUrgent, n.urgent)
 	counter(descCarried, n.carried)
+	counter(descReturned, n.returned)
 	counter(descRounds, n.rounds)
 	counter(descLeaderTerm, n.leaderChanges)
 	gauge(descAuth, 1, s.AuthMode())

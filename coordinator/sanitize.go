@@ -61,7 +61,8 @@ func (s sanitized) any() bool { return s.clipped+s.dropped+s.clamped > 0 }
 // sanitize makes a region's message one an honest region could have sent:
 // only the fields of an upward message, entries of known budgets with keys
 // within MaxKeyBytes, counts and wants within [0, the budget's count]
-// (bursts within [0, its burst]), and at most MaxReportKeys of each list,
+// (bursts, and an acknowledgement's returns, within [0, its burst]), and
+// at most MaxReportKeys of each list,
 // keeping the largest. Every count then lies in what the Allocator's
 // arithmetic was written for: no sum over a budget's regions can overflow,
 // and no negative value can read as free capacity. budgets maps rules to
@@ -95,6 +96,18 @@ func sanitize(m lease.Message, budgets map[string]lease.Budget, lim Limits) (lea
 			up.Entries = append(up.Entries, lease.Entry{Key: e.Key, Count: clamp(e.Count, b.Limit.Count()),
 				Burst: clamp(e.Burst, b.Limit.Burst()), Drop: e.Drop})
 		}
+	}
+	if m.Type == lease.MsgAck {
+		for _, r := range m.Returns {
+			if b, ok := keep(r.Key); ok {
+				up.Returns = append(up.Returns, lease.Return{Key: r.Key, Tokens: clamp(r.Tokens, b.Limit.Burst())})
+			}
+		}
+	}
+	if len(up.Returns) > lim.MaxReportKeys {
+		slices.SortStableFunc(up.Returns, func(a, b lease.Return) int { return cmp.Compare(b.Tokens, a.Tokens) })
+		n.clipped += len(up.Returns) - lim.MaxReportKeys
+		up.Returns = slices.Clip(up.Returns[:lim.MaxReportKeys])
 	}
 	if len(up.Demand) > lim.MaxReportKeys {
 		slices.SortStableFunc(up.Demand, func(a, b lease.Demand) int { return cmp.Compare(b.Want, a.Want) })

@@ -157,7 +157,7 @@ type counters struct {
 	up, down, dropped, rejected            uint64
 	grants, renewals, increases, decreases uint64
 	blocked, expired, urgent, rounds       uint64
-	leaderChanges, carried                 uint64
+	leaderChanges, carried, returned       uint64
 	refused                                map[string]uint64 // streams refused, by reason
 	takeovers                              map[string]uint64 // streams that took a region's place, by cause
 	sanitized                              [3]uint64         // entries clipped, dropped, clamped
@@ -376,6 +376,7 @@ func (s *Server) dispatchLocked() {
 	s.counts.urgent += st.Urgent - p.Urgent
 	s.counts.rounds += st.Rounds - p.Rounds
 	s.counts.carried += st.Carried - p.Carried
+	s.counts.returned += st.Returned - p.Returned
 	s.prev = st
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -259,6 +260,19 @@ func TestStatusAndMetrics(t *testing.T) {
 		if code != 200 || !strings.Contains(body, tc.want) {
 			t.Errorf("GET %s = %d, body lacks %q:\n%.2000s", tc.path, code, tc.want, body)
 		}
+	}
+	// b and c lent their floors to a: what that took from their full
+	// buckets (agent.LeaseClient settling in its store) came back with
+	// their acknowledgements over gRPC, into the key's stored reserve.
+	_, m := get("/metrics")
+	var returned float64
+	for _, l := range strings.Split(m, "\n") {
+		if v, ok := strings.CutPrefix(l, "allot_coordinator_reserve_tokens_returned_total "); ok {
+			returned, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if returned <= 0 {
+		t.Errorf("reserve tokens returned %v, want > 0 after b and c lent their floors", returned)
 	}
 	s.StepDown("")
 	if code, _ := get("/readyz"); code != 503 {

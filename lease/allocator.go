@@ -77,6 +77,7 @@ type Stats struct {
 	Learning    bool   // no increases yet
 	Overcounted int    // keys whose escrow sum exceeds the budget (awaiting acks)
 	Carried     uint64 // stored reserve tokens sent with grants (Entry.Credit)
+	Returned    uint64 // tokens regions' decreases took away, put back in stored reserves (Message.Returns)
 }
 
 type budget struct {
@@ -150,6 +151,10 @@ type slot struct {
 	// credit is the stored reserve tokens the next grant to the region
 	// carries for this key (Entry.Credit), sent once.
 	credit int64
+	// room is the burst this Allocator's decreases of the slot took away
+	// (BurstOf before less after) that no return has matched: the most the
+	// region's acknowledgements may give back (Message.Returns).
+	room int64
 }
 
 type hval struct {
@@ -201,6 +206,10 @@ type region struct {
 
 	grant  uint64
 	grants [32]grantRec
+
+	// retSeq is the latest acknowledgement whose returns were taken: a
+	// duplicate gives nothing back twice.
+	retSeq uint64
 }
 
 type slotRef struct {
@@ -413,7 +422,8 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 		// A new incarnation: what it committed to is gone with it.
 		r.commitEnd = time.Time{}
 		r.session = m.Session
-		r.lastSeq, r.lastReq = 0, 0
+		r.lastSeq, r.lastReq, r.retSeq = 0, 0, 0
+		a.dropReturns(r)
 	}
 	r.known, r.released = true, false
 	r.lastSeq = max(r.lastSeq, m.Seq)
@@ -495,6 +505,57 @@ func (a *Allocator) report(now time.Time, r *region, m Message) {
 	}
 }
 
+// returned puts in their keys' stored reserves the tokens acknowledgement
+// m says the decreases it acknowledges took away from r's buckets
+// (Message.Returns): each at most what this Allocator's decreases of the
+// key could have taken (slot.room), once (a duplicate, or an
+// acknowledgement overtaken by a later one, gives nothing), from a region
+// whose lease lives, for a version this Allocator sent (acknowledgements of
+// an earlier leader's grants carry its term and are not taken; the room
+// counts only this Allocator's decreases). An acknowledgement leaves the
+// region only once every agent decides with the table that carries the
+// decrease (region.Speaker), so no agent still reads the bucket under the
+// larger allocation, which could count those tokens as held still. The
+// reserve caps them at the burst no claim covers when it next allocates
+// the key, as it does every stored token. Tokens not taken are lost,
+// which only lowers what the budget admits.
+func (a *Allocator) returned(r *region, m Message) {
+	if m.Seq <= r.retSeq || r.lapsed || m.Version > r.acked {
+		return
+	}
+	r.retSeq = m.Seq
+	for _, ret := range m.Returns {
+		j, ok := a.keyIdx[ret.Key]
+		if !ok || ret.Tokens <= 0 {
+			continue
+		}
+		k := a.keys[j]
+		i := slices.Index(k.bud.regions, r)
+		if i < 0 {
+			continue
+		}
+		s := &k.slots[i]
+		n := min(int64(ret.Tokens), s.room)
+		if n <= 0 {
+			continue
+		}
+		s.room -= n
+		k.res += float64(n)
+		a.stats.Returned += uint64(n) // #nosec G115 -- n > 0
+	}
+}
+
+// dropReturns forgets what r's decreases took away: its lease lapsed, or a
+// new incarnation speaks for it, and its buckets are moved without a
+// return.
+func (a *Allocator) dropReturns(r *region) {
+	for _, k := range a.keys {
+		if i := slices.Index(k.bud.regions, r); i >= 0 {
+			k.slots[i].room = 0
+		}
+	}
+}
+
 func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	r.heard = now
 	acked := r.acked
@@ -503,6 +564,9 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 		if r.acked < r.version {
 			r.unackedSince = now // the rest were sent after what was acked
 		}
+	}
+	if len(m.Returns) > 0 {
+		a.returned(r, m)
 	}
 	g := r.grants[m.Grant%uint64(len(r.grants))]
 	if g.id != m.Grant || m.Grant == 0 {
@@ -761,6 +825,7 @@ func (a *Allocator) lapse(now time.Time, r *region) {
 		s := &k.slots[i]
 		f := k.bud.floors[i]
 		s.prune(r.acked)
+		s.room = 0 // its buckets move to the floors without a return
 		m := min(s.max(), f)
 		if !committed {
 			m = f
@@ -1372,6 +1437,10 @@ func abs(x int64) int64 {
 func (a *Allocator) set(k *hotKey, i int, v int64) {
 	r, s := k.bud.regions[i], &k.slots[i]
 	s.prune(r.acked)
+	if v < s.cur {
+		b := k.bud.b
+		s.room = min(s.room+int64(b.BurstOf(bucket.Tokens(s.cur))-b.BurstOf(bucket.Tokens(v))), int64(b.Limit.Burst()))
+	}
 	s.cur = v
 	s.push(r.version+1, v)
 	if !s.queued {

@@ -103,6 +103,18 @@ type Message struct {
 	// Holder replaces its own with them, so a rules change reaches every
 	// region with its next full table (floors included).
 	Budgets []Budget
+	// Returns, in an acknowledgement only, are the tokens the decreases it
+	// acknowledges took away from the region's buckets (what each held
+	// beyond its new burst): the coordinator puts them back in the budget's
+	// stored reserve, at most what its decreases could have taken away.
+	Returns []Return
+}
+
+// Return is tokens a decrease of a key's allocation took away from the
+// region's bucket, given back to the budget's stored reserve.
+type Return struct {
+	Key    bucket.Key
+	Tokens bucket.Tokens
 }
 
 // Entry is one region's allocation for one key: Count tokens per the

@@ -30,6 +30,10 @@ type Change struct {
 	Key      bucket.Key
 	From, To bucket.Limit
 	Credit   bucket.Tokens
+	// Again marks a change listed again (it failed, or the agents may have
+	// decided past the table's end): the bucket may not be at From, so
+	// what its rebase reports taken away is not trusted (Speaker.Advance).
+	Again bool
 }
 
 // ErrNotRebaser is returned by Change.Apply on a store that cannot rebase a
@@ -42,7 +46,9 @@ var ErrNotRebaser = errors.New("region: store does not implement bucket.Rebaser"
 // budget's unit) the bucket is left empty, since what it refilled to
 // meanwhile was another region's; a change to one that admits nothing
 // writes nothing. Then the credit goes in as a return of that many tokens,
-// at most to the new burst. The error is the store's; the caller reports
+// at most to the new burst. lost is the whole tokens the rebase took away
+// (what the bucket held beyond To's burst), which the caller reports in
+// its Outcome. The error is the store's; the caller reports
 // the change back as unsettled, and the Settler lists it again without its
 // credit, which a call that failed may or may not have put in (tokens
 // lost, never added twice). An allocation from nothing used to take the
@@ -51,21 +57,44 @@ var ErrNotRebaser = errors.New("region: store does not implement bucket.Rebaser"
 // held 0.81 of a token it had not been allocated, and admitted again 3.3 s
 // after the region that held the budget meanwhile (0.335 tokens over a
 // budget whose bound was 0.04; everything-tight at the race tests' scale).
-func (c Change) Apply(ctx context.Context, st bucket.Store) error {
+func (c Change) Apply(ctx context.Context, st bucket.Store) (lost bucket.Tokens, err error) {
 	if c.To.AdmitsNothing() {
-		return nil // nothing to write
+		return 0, nil // nothing to write
 	}
 	rb, ok := st.(bucket.Rebaser)
 	if !ok {
-		return fmt.Errorf("%w: %T", ErrNotRebaser, st)
+		return 0, fmt.Errorf("%w: %T", ErrNotRebaser, st)
 	}
-	if err := rb.Rebase(ctx, c.Key, c.From, c.To); err != nil {
-		return err
+	if lost, err = rb.Rebase(ctx, c.Key, c.From, c.To); err != nil {
+		return 0, err
 	}
 	if c.Credit > 0 {
-		return st.Return(ctx, c.Key, c.To, c.Credit)
+		return lost, st.Return(ctx, c.Key, c.To, c.Credit)
 	}
-	return nil
+	return lost, nil
+}
+
+// Loss is what the rebase of a change took away from its bucket.
+type Loss struct {
+	Change Change
+	Tokens bucket.Tokens
+}
+
+// Settle applies every change in st (Change.Apply) and returns the
+// outcome: those the store did not take, and what those it took took away.
+func Settle(ctx context.Context, st bucket.Store, changes []Change) Outcome {
+	var o Outcome
+	for _, c := range changes {
+		lost, err := c.Apply(ctx, st)
+		if err != nil {
+			o.Unsettled = append(o.Unsettled, c)
+			continue
+		}
+		if lost > 0 {
+			o.Lost = append(o.Lost, Loss{Change: c, Tokens: lost})
+		}
+	}
+	return o
 }
 
 // Settler works out which allocation changes of a region's lease.Holder
@@ -152,10 +181,11 @@ func (s *Settler) Changes(now time.Time, h *lease.Holder) []Change {
 		if !seen {
 			prev = floor
 		}
-		if _, unsure := s.again[k]; l == prev && !unsure && credits[k] == 0 {
+		_, unsure := s.again[k]
+		if l == prev && !unsure && credits[k] == 0 {
 			continue
 		}
-		out = append(out, Change{Key: k, From: prev, To: l, Credit: credits[k]})
+		out = append(out, Change{Key: k, From: prev, To: l, Credit: credits[k], Again: unsure})
 		s.record(k, l, floor)
 	}
 	clear(s.again)

@@ -87,6 +87,11 @@ type Speaker struct {
 	// adopted the publication they belong to, oldest first; adopted is
 	// what each agent last reported deciding with.
 	pending []pendingAck
+	// retAck is the latest acknowledgement the last Ready produced (in
+	// s.pending or in that Ready's Send), which Advance completes with what
+	// its settlement took away (lease.Message.Returns); nil when it
+	// produced none.
+	retAck  *lease.Message
 	adopted map[string]adoption
 	live    []string // nil until the first Tick says who is live
 
@@ -132,15 +137,19 @@ type adoption struct {
 }
 
 // Ready is what the Speaker asks of its driver after an input. The driver
-// carries it out in field order and then calls Advance:
+// carries it out in field order, calling Advance with the outcome before
+// it sends:
 //
-//  1. Settle every Change in the regional store (Change.Apply), before
-//     anything else: an agent must never decide with a table whose
+//  1. Settle every Change in the regional store (Change.Apply, or Settle),
+//     before anything else: an agent must never decide with a table whose
 //     allocation its bucket does not have yet;
 //  2. then Publish the table, when set: to the store the region's agents
 //     read it from, and to the speaking agent's own view, which adopts it
 //     at once;
-//  3. then Send the messages, in order, on the stream to the coordinator
+//  3. then report the Outcome to Advance, which completes the latest
+//     acknowledgement with what the settlement took away from the buckets
+//     (lease.Message.Returns), in Send when it is there;
+//  4. then Send the messages, in order, on the stream to the coordinator
 //     (dropped when there is none: a new stream starts with a hello). An
 //     acknowledgement is among them only once every live agent has
 //     reported adopting the publication it belongs to.
@@ -156,6 +165,11 @@ type Outcome struct {
 	// Unsettled are the changes of Ready.Settle the store did not take;
 	// their buckets keep the old limit and they are listed again.
 	Unsettled []Change
+	// Lost are the tokens the rebases of Ready.Settle took away (what a
+	// bucket held beyond its new burst; Change.Apply): Advance puts them on
+	// the acknowledgement of the decreases, so the coordinator puts them
+	// back in the budget's stored reserve.
+	Lost []Loss
 	// Refused is set when the store refused Ready.Publish because it holds
 	// a table numbered StoredPub ≥ its Pub: another speaker published
 	// while membership was split. The Speaker publishes again above it at
@@ -309,8 +323,10 @@ func (s *Speaker) Ready() Ready {
 	if s.last != nil {
 		pub = s.last.Pub
 	}
+	acks := 0
 	for _, m := range s.holder.Ready() {
 		if m.Type == lease.MsgAck {
+			acks++
 			s.pending = append(s.pending, pendingAck{m: m, pub: pub})
 		} else {
 			rd.Send = append(rd.Send, m)
@@ -322,6 +338,22 @@ func (s *Speaker) Ready() Ready {
 		rd.Send = append(rd.Send, s.pending[i].m)
 	}
 	s.pending = s.pending[i:]
+	// What this Ready's settlement takes away goes back with the latest
+	// acknowledgement it produced (Advance): still pending, or the last
+	// one in Send, which the driver sends after Advance.
+	s.retAck = nil
+	if acks > 0 {
+		if n := len(s.pending); n > 0 {
+			s.retAck = &s.pending[n-1].m
+		} else {
+			for j := len(rd.Send) - 1; j >= 0; j-- {
+				if rd.Send[j].Type == lease.MsgAck {
+					s.retAck = &rd.Send[j]
+					break
+				}
+			}
+		}
+	}
 	return rd
 }
 
@@ -351,6 +383,21 @@ func (s *Speaker) Advance(o Outcome) {
 	for _, c := range o.Unsettled {
 		s.settler.Unsettle(c)
 		s.dirty = true
+	}
+	if ack := s.retAck; ack != nil {
+		s.retAck = nil
+		for _, l := range o.Lost {
+			// Only what a decrease applied once took away: a change listed
+			// again may find its bucket at another limit than From (a full
+			// bucket is stored as none, and reads as full under any limit),
+			// so what it reports is not known to have been there. That
+			// includes every move to the floors past a lease's end (Lapsed),
+			// when the coordinator no longer counts the region's allocation.
+			c := l.Change
+			if l.Tokens > 0 && !c.Again && c.To.Burst() < c.From.Burst() {
+				ack.Returns = append(ack.Returns, lease.Return{Key: c.Key, Tokens: min(l.Tokens, c.From.Burst()-c.To.Burst())})
+			}
+		}
 	}
 	if o.Refused {
 		s.pubBase = max(s.pubBase, o.StoredPub)

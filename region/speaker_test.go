@@ -214,8 +214,10 @@ func TestSpeakerRetriesUnsettled(t *testing.T) {
 	s.Advance(Outcome{Unsettled: rd.Settle})
 	s.Tick(t0.Add(100*time.Millisecond), nil, []string{"a-0"})
 	again := s.Ready()
-	if len(again.Settle) != 1 || again.Settle[0] != rd.Settle[0] {
-		t.Fatalf("next settle %+v, want %+v again", again.Settle, rd.Settle)
+	want := rd.Settle[0]
+	want.Again = true
+	if len(again.Settle) != 1 || again.Settle[0] != want {
+		t.Fatalf("next settle %+v, want %+v", again.Settle, want)
 	}
 }
 
@@ -326,7 +328,7 @@ func TestSpeakerSettlesBeforeItPublishes(t *testing.T) {
 	carry := func() {
 		rd := s.Ready()
 		for _, c := range rd.Settle {
-			if err := c.Apply(ctx, st); err != nil {
+			if _, err := c.Apply(ctx, st); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -388,7 +390,8 @@ func TestSpeakerSettlesTheLeaseEnd(t *testing.T) {
 	}
 	s.Tick(end, nil, []string{"a-0"})
 	rd := s.Ready()
-	want := Change{Key: spkKey, From: budgets[0].LimitOf(200), To: budgets[0].Floor("a").Limit}
+	// Listed again (Lapsed): the agents may have decided past the end.
+	want := Change{Key: spkKey, From: budgets[0].LimitOf(200), To: budgets[0].Floor("a").Limit, Again: true}
 	if len(rd.Settle) != 1 || rd.Settle[0] != want {
 		t.Fatalf("at the lease's end settle %+v, want %+v", rd.Settle, want)
 	}
@@ -415,7 +418,7 @@ func TestSpeakerResettlesAfterALapse(t *testing.T) {
 	}
 	rd := s.Ready()
 	for _, c := range rd.Settle {
-		if err := c.Apply(ctx, st); err != nil {
+		if _, err := c.Apply(ctx, st); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -467,4 +470,128 @@ func TestSpeakerConfigRefusesNegativeDrift(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("drift 0: %v", err)
 	}
+}
+
+// TestSpeakerReturnsWhatADecreaseTookAway: the tokens a decrease's rebase
+// took away from a full bucket go back with the acknowledgement of the
+// grant, in the Send of the Ready that settled it (alone) or in the
+// acknowledgement still waiting for the other agents; a change listed
+// again, an increase, or a decrease settled past the lease's end returns
+// nothing. Settled in a real in-process store.
+func TestSpeakerReturnsWhatADecreaseTookAway(t *testing.T) {
+	ctx := context.Background()
+	returns := func(ms []lease.Message) []lease.Return {
+		for _, m := range ms {
+			if m.Type == lease.MsgAck {
+				return m.Returns
+			}
+		}
+		return nil
+	}
+	t.Run("alone", func(t *testing.T) {
+		s, budgets := speakerFixture(t)
+		clk := clock.NewManual(t0)
+		st := bucket.NewMemory(bucket.MemoryOptions{Clock: clk})
+		h := hello(t, s, t0)
+		s.Tick(t0, nil, []string{"a-0"})
+		// 150 → 100: the full bucket holds 150, keeps 100, 50 taken away.
+		if err := s.Step(t0, grant(h, 1, 100)); err != nil {
+			t.Fatal(err)
+		}
+		rd := s.Ready()
+		o := Settle(ctx, st, rd.Settle)
+		if len(o.Lost) != 1 || o.Lost[0].Tokens != 50 {
+			t.Fatalf("lost %+v, want 50 of %s", o.Lost, spkKey)
+		}
+		s.Advance(o)
+		want := []lease.Return{{Key: spkKey, Tokens: 50}}
+		if got := returns(rd.Send); !slices.Equal(got, want) {
+			t.Fatalf("ack returns %+v, want %+v (sends %+v)", got, want, rd.Send)
+		}
+		// An increase takes nothing away and returns nothing.
+		if err := s.Step(t0, grant(h, 2, 200)); err != nil {
+			t.Fatal(err)
+		}
+		rd = s.Ready()
+		o = Settle(ctx, st, rd.Settle)
+		s.Advance(o)
+		if got := returns(rd.Send); len(o.Lost) != 0 || got != nil {
+			t.Fatalf("increase: lost %+v, returns %+v", o.Lost, got)
+		}
+		// A decrease listed again (it failed once) is not trusted.
+		if err := s.Step(t0, grant(h, 3, 60)); err != nil {
+			t.Fatal(err)
+		}
+		rd = s.Ready()
+		s.Advance(Outcome{Unsettled: rd.Settle})
+		if err := s.Step(t0, grant(h, 4, 60)); err != nil {
+			t.Fatal(err)
+		}
+		rd = s.Ready()
+		if len(rd.Settle) != 1 || !rd.Settle[0].Again {
+			t.Fatalf("settle after a failure %+v, want the change again", rd.Settle)
+		}
+		o = Settle(ctx, st, rd.Settle)
+		s.Advance(o)
+		if got := returns(rd.Send); len(o.Lost) != 1 || got != nil {
+			t.Fatalf("again: lost %+v, returns %+v; want one loss and no return", o.Lost, got)
+		}
+		// Past the lease's end the bucket moves to the floor: a decrease
+		// from 200 to 150 that takes 50 away from the full bucket, settled
+		// with the acknowledgement of a grant that does not renew the
+		// lease. The agents may have decided past the end, so it is listed
+		// again, and the coordinator no longer counts the region's
+		// allocation: nothing is returned.
+		if err := s.Step(t0, grant(h, 5, 200)); err != nil {
+			t.Fatal(err)
+		}
+		rd = s.Ready()
+		s.Advance(Settle(ctx, st, rd.Settle))
+		end := t0.Add(11 * time.Second)
+		clk.Set(end)
+		g := grant(h, 6, 200)
+		g.Renew, g.Full, g.Base, g.Entries = false, false, 5, nil
+		if err := s.Step(end, g); err != nil {
+			t.Fatal(err)
+		}
+		rd = s.Ready()
+		o = Settle(ctx, st, rd.Settle)
+		s.Advance(o)
+		floor := budgets[0].Floor("a").Limit
+		if len(o.Lost) != 1 || o.Lost[0].Change.To != floor || o.Lost[0].Tokens != 50 || !o.Lost[0].Change.Again {
+			t.Fatalf("past the lease: lost %+v, want 50 moving to the floor %s", o.Lost, floor)
+		}
+		if count(rd.Send, lease.MsgAck) != 1 {
+			t.Fatalf("past the lease: sends %+v, want the grant's ack", rd.Send)
+		}
+		if got := returns(rd.Send); got != nil {
+			t.Fatalf("past the lease: returns %+v", got)
+		}
+	})
+	t.Run("waiting for the other agent", func(t *testing.T) {
+		s, _ := speakerFixture(t)
+		st := bucket.NewMemory(bucket.MemoryOptions{Clock: clock.NewManual(t0)})
+		live := []string{"a-0", "a-1"}
+		h := hello(t, s, t0)
+		s.Tick(t0, nil, live)
+		if err := s.Step(t0, grant(h, 1, 100)); err != nil {
+			t.Fatal(err)
+		}
+		rd := s.Ready()
+		s.Advance(Settle(ctx, st, rd.Settle))
+		if count(rd.Send, lease.MsgAck) != 0 || s.PendingAcks() != 1 {
+			t.Fatalf("sent %d acks, %d pending", count(rd.Send, lease.MsgAck), s.PendingAcks())
+		}
+		var sent []lease.Message
+		for _, a := range adoptionSteps(rd.Publish.Pub, t0) {
+			s.Tick(t0, []DemandReport{a.report}, live)
+			rd := s.Ready()
+			s.Advance(Outcome{})
+			sent = append(sent, rd.Send...)
+		}
+		want := []lease.Return{{Key: spkKey, Tokens: 50}}
+		if got := returns(sent); !slices.Equal(got, want) {
+			t.Fatalf("released ack returns %+v, want %+v", got, want)
+		}
+	})
 }

@@ -255,11 +255,7 @@ func (p *leasePlane) carry(w *world, r int, t Micros) {
 		var o region.Outcome
 		if len(rd.Settle) > 0 {
 			rp.store.t, rp.store.from = t, rp.speaker
-			for _, c := range rd.Settle {
-				if c.Apply(context.Background(), rp.store) != nil {
-					o.Unsettled = append(o.Unsettled, c)
-				}
-			}
+			o = region.Settle(context.Background(), rp.store, rd.Settle)
 		}
 		if tb := rd.Publish; tb != nil {
 			p.checkSettled(w, r, t, tb, o.Unsettled)

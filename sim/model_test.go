@@ -43,7 +43,7 @@ func TestRebaseCarriesTokens(t *testing.T) {
 	floor := bucket.PerSecond(10).WithBurst(10)
 	big := bucket.PerSecond(20).WithBurst(20)
 	rd := newRegionalRedis(1, nodeClock{}, nodeClock{}, 0, false)
-	if !rd.rebase(0, 0, floor, big) {
+	if _, ok := rd.rebase(0, 0, floor, big); !ok {
 		t.Fatal("rebase with the primary up reported no primary")
 	}
 	if d := rd.peek(0, 0, big); d.Remaining != 10 {
@@ -83,7 +83,7 @@ func TestRegionStoreUnavailableInFailover(t *testing.T) {
 	s := &regionStore{p: a.plane, rd: rd, r: 0, from: 0}
 	key := a.plane.keys[0]
 	l := bucket.PerSecond(10).WithBurst(10)
-	if err := s.Rebase(context.Background(), key, l, l.WithBurst(5)); err != nil {
+	if _, err := s.Rebase(context.Background(), key, l, l.WithBurst(5)); err != nil {
 		t.Fatalf("rebase with the primary up: %v", err)
 	}
 	rd.failover(0, 1_000_000)

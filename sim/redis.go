@@ -48,17 +48,17 @@ func (r *regionalRedis) up(t Micros) bool { return t >= r.downUntil }
 // rebase moves budget b's bucket from limit from to limit to at t
 // (bucket.Rebase), as the region's Settler asks the moment its allocation
 // changes. It reports false when no primary answers; the caller retries.
-func (r *regionalRedis) rebase(b int, t Micros, from, to bucket.Limit) bool {
+func (r *regionalRedis) rebase(b int, t Micros, from, to bucket.Limit) (bucket.Tokens, bool) {
 	if !r.up(t) {
-		return false
+		return 0, false
 	}
 	r.ops++
-	ns, err := bucket.Rebase(r.states[b], r.clock.at(t), from, to)
+	ns, lost, err := bucket.Rebase(r.states[b], r.clock.at(t), from, to)
 	if err != nil {
-		return true // an invalid limit: nothing to move
+		return 0, true // an invalid limit: nothing to move
 	}
 	r.store(b, t, ns, 0)
-	return true
+	return lost, true
 }
 
 // store writes budget b's new state and queues it for the replica.

@@ -81,15 +81,18 @@ func (s *regionStore) Peek(_ context.Context, key bucket.Key, l bucket.Limit) (b
 }
 
 // Rebase implements bucket.Rebaser.
-func (s *regionStore) Rebase(_ context.Context, key bucket.Key, from, to bucket.Limit) error {
+func (s *regionStore) Rebase(_ context.Context, key bucket.Key, from, to bucket.Limit) (bucket.Tokens, error) {
 	b, err := s.budget(key)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	// Refused as the Redis store refuses it, not taken as done.
-	if _, err := bucket.Rebase(bucket.State{}, time.Time{}, from, to); err != nil {
-		return err
+	if _, _, err := bucket.Rebase(bucket.State{}, time.Time{}, from, to); err != nil {
+		return 0, err
 	}
-	s.rd.rebase(b, s.t, from, to)
-	return nil
+	lost, ok := s.rd.rebase(b, s.t, from, to)
+	if !ok {
+		return 0, fmt.Errorf("sim: regional store of %s has no primary at %d µs: %w", s.p.a.w.regions[s.r].name, s.t, bucket.ErrUnavailable)
+	}
+	return lost, nil
 }

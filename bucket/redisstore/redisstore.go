@@ -405,21 +405,25 @@ func (r *Store) Return(ctx context.Context, key bucket.Key, l bucket.Limit, n bu
 
 // Rebase implements bucket.Rebaser.
 // From a limit that admits nothing the script leaves the bucket empty
-// (bucket.Rebase), told so by a from-burst of 0.
-func (r *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit) error {
+// (bucket.Rebase), told so by a from-burst of 0. The script returns the
+// tokens the move took away in its granted value.
+func (r *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit) (bucket.Tokens, error) {
 	if err := bucket.Check(to, 1); err != nil {
-		return err
+		return 0, err
 	}
 	fnum, fden, fburst := int64(1), int64(1), int64(0)
 	if !from.AdmitsNothing() {
 		if err := bucket.Check(from, 1); err != nil {
-			return err
+			return 0, err
 		}
 		fnum, fden = from.IntervalFraction()
 		fburst = int64(from.Burst())
 	}
-	_, err := r.run(ctx, codeRebase, key, to, 1, "", fnum, fden, fburst)
-	return err
+	res, err := r.run(ctx, codeRebase, key, to, 1, "", fnum, fden, fburst)
+	if err != nil {
+		return 0, err
+	}
+	return res.granted, nil
 }
 
 // Peek implements bucket.Store.

@@ -21,7 +21,8 @@
 -- ARGV[2]  now µs, or '' for the server's TIME
 -- ARGV[3]  attempt window ms
 -- returns  one string, 48 bytes per operation, six int64: allowed,
---          remaining, retry µs, reset µs, granted, repaired
+--          remaining, retry µs, reset µs, granted (for a rebase: the
+--          tokens it took away), repaired
 --
 -- Binary values because parsing and formatting decimal numbers cost more
 -- server time than the rest of a decision, and one string because building
@@ -141,6 +142,9 @@ local function one(key, akey, op, num, den, burst, n, lnum, lden, lburst)
     if lburst == 0 then
       used = tau -- from a limit that admits nothing: empty (bucket.Rebase)
     else
+      -- granted: the whole tokens the move takes away (bucket.clamped)
+      local held = floor((lburst * lnum - used) / lnum * num)
+      if held > tau then granted = floor((held - tau) / num) end
       used = carry(used, lnum, lburst, num, tau)
     end
     write = true

@@ -34,7 +34,7 @@ type step struct {
 	n      bucket.Tokens
 	id     string // attempt id for decide
 	want   bucket.Decision
-	got    bucket.Tokens // for take
+	got    bucket.Tokens // for take; for rebase, the tokens it took away
 	errIs  error
 	noWant bool // only check the error / the granted count
 }
@@ -124,8 +124,9 @@ var cases = []struct {
 		{at: 100 * time.Millisecond, op: "peek", limit: bucket.PerSecond(5), want: allow(2, 600*time.Millisecond, bucket.PerSecond(5))},
 		// From now on it refills at 5/s: one more token in 200 ms, not four.
 		{at: 300 * time.Millisecond, op: "peek", limit: bucket.PerSecond(5), want: allow(3, 400*time.Millisecond, bucket.PerSecond(5))},
-		// A full bucket moved to a smaller burst is full, and deleted.
-		{at: time.Minute, op: "rebase", from: bucket.PerSecond(5), limit: bucket.PerSecond(2), noWant: true},
+		// A full bucket moved to a smaller burst is full, and deleted; the
+		// three tokens beyond the new burst are reported taken away.
+		{at: time.Minute, op: "rebase", from: bucket.PerSecond(5), limit: bucket.PerSecond(2), got: 3, noWant: true},
 		{at: time.Minute, op: "peek", limit: bucket.PerSecond(2), want: allow(2, 0, bucket.PerSecond(2))},
 		{at: time.Minute, op: "rebase", from: bucket.PerSecond(2), limit: bucket.Limit{}, errIs: bucket.ErrInvalidLimit},
 	}},
@@ -144,6 +145,19 @@ var cases = []struct {
 		{at: time.Minute, op: "peek", limit: twelveMin, want: deny(0, 5*time.Second, 5*time.Second, twelveMin)},
 		// A bucket cannot be moved to an allocation that admits nothing.
 		{at: time.Minute, op: "rebase", from: twelveMin, limit: twelveMin.WithBurst(0), errIs: bucket.ErrInvalidLimit},
+	}},
+	{"rebase reports the whole tokens it took away", []step{
+		// 100 a second, burst 100: spent 40 at 0, it holds 60 plus 0.25
+		// refilled by 2.5 ms. Moved to 20 a second (burst 20) it keeps 20:
+		// 40.25 taken away, reported as 40.
+		{at: 0, op: "decide", limit: bucket.PerSecond(100), n: 40, want: allow(60, 400*time.Millisecond, bucket.PerSecond(100))},
+		{at: 2500 * time.Microsecond, op: "rebase", from: bucket.PerSecond(100), limit: bucket.PerSecond(20), got: 40, noWant: true},
+		{at: 2500 * time.Microsecond, op: "peek", limit: bucket.PerSecond(20), want: allow(20, 0, bucket.PerSecond(20))},
+		// Moved up, or down within what it holds, nothing is taken away.
+		{at: 2500 * time.Microsecond, op: "decide", limit: bucket.PerSecond(20), n: 15, want: allow(5, 750*time.Millisecond, bucket.PerSecond(20))},
+		{at: 2500 * time.Microsecond, op: "rebase", from: bucket.PerSecond(20), limit: bucket.PerSecond(50), got: 0, noWant: true},
+		{at: 2500 * time.Microsecond, op: "rebase", from: bucket.PerSecond(50), limit: bucket.PerSecond(10), got: 0, noWant: true},
+		{at: 2500 * time.Microsecond, op: "peek", limit: bucket.PerSecond(10), want: allow(5, 500*time.Millisecond, bucket.PerSecond(10))},
 	}},
 	{"take up to and return", []step{
 		{at: 0, op: "take", limit: tenMin, n: 4, got: 4, noWant: true},
@@ -188,7 +202,7 @@ func Run(t *testing.T, newStore Factory) {
 				case "peek":
 					d, err = s.Peek(ctx, key, st.limit)
 				case "rebase":
-					err = rebaser(t, s).Rebase(ctx, key, st.from, st.limit)
+					got, err = rebaser(t, s).Rebase(ctx, key, st.from, st.limit)
 				}
 				if st.errIs != nil {
 					if !errors.Is(err, st.errIs) {
@@ -199,8 +213,8 @@ func Run(t *testing.T, newStore Factory) {
 				if err != nil {
 					t.Fatalf("step %d (%s n=%d at %s): %v", j, st.op, st.n, st.at, err)
 				}
-				if st.op == "take" && got != st.got {
-					t.Fatalf("step %d take(%d) at %s = %d, want %d", j, st.n, st.at, got, st.got)
+				if (st.op == "take" || st.op == "rebase") && got != st.got {
+					t.Fatalf("step %d %s(%d) at %s = %d, want %d", j, st.op, st.n, st.at, got, st.got)
 				}
 				if !st.noWant && d != st.want {
 					t.Fatalf("step %d (%s n=%d at %s):\n got %+v\nwant %+v", j, st.op, st.n, st.at, d, st.want)
@@ -294,13 +308,20 @@ func matchesModel(t *testing.T, newStore Factory) {
 			if rng.IntN(20) == 0 {
 				next := limits[rng.IntN(len(limits))]
 				if rng.IntN(2) == 0 { // settled at once, or left to the next call
-					var err error
-					if st, err = bucket.Rebase(st, now, l, next); err != nil {
+					var (
+						err  error
+						lost bucket.Tokens
+					)
+					if st, lost, err = bucket.Rebase(st, now, l, next); err != nil {
 						t.Fatal(err)
 					}
 					clk.Set(now)
-					if err := rebaser(t, s).Rebase(ctx, key, l, next); err != nil {
+					got, err := rebaser(t, s).Rebase(ctx, key, l, next)
+					if err != nil {
 						t.Fatalf("seed %d step %d: rebase %s -> %s: %v", seed, i, l, next, err)
+					}
+					if got != lost {
+						t.Fatalf("seed %d step %d: rebase %s -> %s took away %d, want %d", seed, i, l, next, got, lost)
 					}
 				}
 				l = next

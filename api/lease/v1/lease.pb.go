@@ -301,7 +301,10 @@ type Message struct {
 	Leader    string                 `protobuf:"bytes,17,opt,name=leader,proto3" json:"leader,omitempty"`
 	Learning  bool                   `protobuf:"varint,18,opt,name=learning,proto3" json:"learning,omitempty"`
 	// budgets, in a full grant, are the budgets the coordinator serves.
-	Budgets       []*Budget `protobuf:"bytes,19,rep,name=budgets,proto3" json:"budgets,omitempty"`
+	Budgets []*Budget `protobuf:"bytes,19,rep,name=budgets,proto3" json:"budgets,omitempty"`
+	// returns, in an acknowledgement only: tokens the decreases it
+	// acknowledges took away from the region's buckets.
+	Returns       []*Return `protobuf:"bytes,20,rep,name=returns,proto3" json:"returns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -469,6 +472,67 @@ func (x *Message) GetBudgets() []*Budget {
 	return nil
 }
 
+func (x *Message) GetReturns() []*Return {
+	if x != nil {
+		return x.Returns
+	}
+	return nil
+}
+
+// Return is lease.Return: tokens a decrease of a key's allocation took away
+// from the region's bucket, given back to the budget's stored reserve.
+type Return struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           *Key                   `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Tokens        int64                  `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Return) Reset() {
+	*x = Return{}
+	mi := &file_lease_v1_lease_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Return) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Return) ProtoMessage() {}
+
+func (x *Return) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_v1_lease_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Return.ProtoReflect.Descriptor instead.
+func (*Return) Descriptor() ([]byte, []int) {
+	return file_lease_v1_lease_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Return) GetKey() *Key {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *Return) GetTokens() int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
 // Budget is lease.Budget: count tokens per period (µs), burst, shared by
 // regions with floor weights, a reserve fraction and a policy (0 max-min,
 // 1 proportional, 2 static).
@@ -488,7 +552,7 @@ type Budget struct {
 
 func (x *Budget) Reset() {
 	*x = Budget{}
-	mi := &file_lease_v1_lease_proto_msgTypes[4]
+	mi := &file_lease_v1_lease_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +564,7 @@ func (x *Budget) String() string {
 func (*Budget) ProtoMessage() {}
 
 func (x *Budget) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_v1_lease_proto_msgTypes[4]
+	mi := &file_lease_v1_lease_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +577,7 @@ func (x *Budget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Budget.ProtoReflect.Descriptor instead.
 func (*Budget) Descriptor() ([]byte, []int) {
-	return file_lease_v1_lease_proto_rawDescGZIP(), []int{4}
+	return file_lease_v1_lease_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Budget) GetRule() string {
@@ -588,7 +652,7 @@ const file_lease_v1_lease_proto_rawDesc = "" +
 	"\x06credit\x18\x05 \x01(\x03R\x06credit\"C\n" +
 	"\x06Demand\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.allot.lease.v1.KeyR\x03key\x12\x12\n" +
-	"\x04want\x18\x02 \x01(\x03R\x04want\"\xaa\x04\n" +
+	"\x04want\x18\x02 \x01(\x03R\x04want\"\xdc\x04\n" +
 	"\aMessage\x12(\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x14.allot.lease.v1.TypeR\x04type\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x18\n" +
@@ -610,7 +674,11 @@ const file_lease_v1_lease_proto_rawDesc = "" +
 	"\x06demand\x18\x10 \x03(\v2\x16.allot.lease.v1.DemandR\x06demand\x12\x16\n" +
 	"\x06leader\x18\x11 \x01(\tR\x06leader\x12\x1a\n" +
 	"\blearning\x18\x12 \x01(\bR\blearning\x120\n" +
-	"\abudgets\x18\x13 \x03(\v2\x16.allot.lease.v1.BudgetR\abudgets\"\xcb\x01\n" +
+	"\abudgets\x18\x13 \x03(\v2\x16.allot.lease.v1.BudgetR\abudgets\x120\n" +
+	"\areturns\x18\x14 \x03(\v2\x16.allot.lease.v1.ReturnR\areturns\"G\n" +
+	"\x06Return\x12%\n" +
+	"\x03key\x18\x01 \x01(\v2\x13.allot.lease.v1.KeyR\x03key\x12\x16\n" +
+	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\"\xcb\x01\n" +
 	"\x06Budget\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x1b\n" +
@@ -648,14 +716,15 @@ func file_lease_v1_lease_proto_rawDescGZIP() []byte {
 }
 
 var file_lease_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_lease_v1_lease_proto_goTypes = []any{
 	(Type)(0),       // 0: allot.lease.v1.Type
 	(*Key)(nil),     // 1: allot.lease.v1.Key
 	(*Entry)(nil),   // 2: allot.lease.v1.Entry
 	(*Demand)(nil),  // 3: allot.lease.v1.Demand
 	(*Message)(nil), // 4: allot.lease.v1.Message
-	(*Budget)(nil),  // 5: allot.lease.v1.Budget
+	(*Return)(nil),  // 5: allot.lease.v1.Return
+	(*Budget)(nil),  // 6: allot.lease.v1.Budget
 }
 var file_lease_v1_lease_proto_depIdxs = []int32{
 	1, // 0: allot.lease.v1.Entry.key:type_name -> allot.lease.v1.Key
@@ -663,14 +732,16 @@ var file_lease_v1_lease_proto_depIdxs = []int32{
 	0, // 2: allot.lease.v1.Message.type:type_name -> allot.lease.v1.Type
 	2, // 3: allot.lease.v1.Message.entries:type_name -> allot.lease.v1.Entry
 	3, // 4: allot.lease.v1.Message.demand:type_name -> allot.lease.v1.Demand
-	5, // 5: allot.lease.v1.Message.budgets:type_name -> allot.lease.v1.Budget
-	4, // 6: allot.lease.v1.LeaseService.Connect:input_type -> allot.lease.v1.Message
-	4, // 7: allot.lease.v1.LeaseService.Connect:output_type -> allot.lease.v1.Message
-	7, // [7:8] is the sub-list for method output_type
-	6, // [6:7] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	6, // 5: allot.lease.v1.Message.budgets:type_name -> allot.lease.v1.Budget
+	5, // 6: allot.lease.v1.Message.returns:type_name -> allot.lease.v1.Return
+	1, // 7: allot.lease.v1.Return.key:type_name -> allot.lease.v1.Key
+	4, // 8: allot.lease.v1.LeaseService.Connect:input_type -> allot.lease.v1.Message
+	4, // 9: allot.lease.v1.LeaseService.Connect:output_type -> allot.lease.v1.Message
+	9, // [9:10] is the sub-list for method output_type
+	8, // [8:9] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_lease_v1_lease_proto_init() }
@@ -684,7 +755,7 @@ func file_lease_v1_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lease_v1_lease_proto_rawDesc), len(file_lease_v1_lease_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
