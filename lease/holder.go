@@ -86,8 +86,19 @@ type Holder struct {
 	// taken (TakeCredits). They are not part of a Snapshot: a new
 	// speaking agent does not put them in the buckets again.
 	credits map[bucket.Key]bucket.Tokens
+	// ahead are renewals of versions the Holder has not reached: their
+	// delta is still on its way (messages reordered), or lost. Each
+	// extends the lease once the Holder reaches its version, as it would
+	// have arriving in order.
+	ahead [4]aheadRenewal
 
 	out []Message
+}
+
+// aheadRenewal is a renewal of version ver, which extends the lease to end.
+type aheadRenewal struct {
+	ver uint64
+	end time.Time
 }
 
 type holderBudget struct {
@@ -356,9 +367,11 @@ func (h *Holder) Step(now time.Time, m Message) error {
 	case MsgExpire:
 		if m.Term > h.term {
 			h.term, h.version = m.Term, 0
+			h.ahead = [4]aheadRenewal{} // versions start again in a new term
 			h.wantHello = true
 		}
 		h.leaseEnd = minTime(h.leaseEnd, now)
+		h.ahead = [4]aheadRenewal{} // sent before the expiry: it ends them
 		h.capToFloors()
 		h.ack(m)
 	case MsgGrant:
@@ -381,13 +394,20 @@ func (h *Holder) grant(now time.Time, m Message) {
 			return
 		}
 		h.term, h.version = m.Term, 0
+		h.ahead = [4]aheadRenewal{} // versions start again in a new term
 		apply = true
 	case m.Version > h.version && (m.Full || m.Base == h.version):
 		apply = true
 	case m.Version == h.version:
 		renew = true // a duplicate or a renewal of the table we have
 	case m.Version > h.version:
-		// A delta on a version we never saw: a grant was lost.
+		// A delta on a version we never saw: a grant was lost, or is
+		// still on its way. A renewal of that version extends the lease
+		// once the delta arrives (renewAhead); a hello meanwhile asks for
+		// the whole table in case it was lost.
+		if m.Renew && m.Term == h.term && m.Base == m.Version {
+			h.renewAhead(m)
+		}
 		h.wantHello = true
 		h.lastHello = time.Time{}
 		return
@@ -398,6 +418,7 @@ func (h *Holder) grant(now time.Time, m Message) {
 		h.apply(now, m)
 		h.version = m.Version
 		h.wantHello = false
+		h.renewReached()
 	}
 	if m.TTL > 0 {
 		h.ttl, h.hold, h.drift = m.TTL, m.Hold, max(h.cfg.Drift, m.Drift)
@@ -415,6 +436,50 @@ func (h *Holder) grant(now time.Time, m Message) {
 		}
 	}
 	h.ack(m)
+}
+
+// renewAhead keeps renewal m of a version the Holder has not reached. Its
+// lease is measured as any renewal's: from when the request it answers was
+// sent (I4). It was sent after every grant up to its version, so taken
+// once the Holder has that version (or a later one) it extends the lease
+// exactly as it would have arriving after them.
+func (h *Holder) renewAhead(m Message) {
+	at, ok := h.sentTime(m.Seq)
+	if !ok {
+		return
+	}
+	ttl, drift := h.ttl, h.drift
+	if m.TTL > 0 {
+		ttl, drift = m.TTL, max(h.cfg.Drift, m.Drift)
+	}
+	r := aheadRenewal{ver: m.Version, end: at.Add(ttl - drift)}
+	// Replace the slot of the same version, else the one ending first.
+	j := 0
+	for i, a := range h.ahead {
+		if a.ver == r.ver {
+			if a.end.Before(r.end) {
+				h.ahead[i] = r
+			}
+			return
+		}
+		if a.end.Before(h.ahead[j].end) {
+			j = i
+		}
+	}
+	if h.ahead[j].end.Before(r.end) {
+		h.ahead[j] = r
+	}
+}
+
+// renewReached extends the lease by every kept renewal of a version the
+// Holder has now reached, and forgets them.
+func (h *Holder) renewReached() {
+	for i, a := range h.ahead {
+		if a.ver != 0 && a.ver <= h.version {
+			h.leaseEnd = maxTime(h.leaseEnd, a.end)
+			h.ahead[i] = aheadRenewal{}
+		}
+	}
 }
 
 // apply changes the table by m's entries. A learning leader's grant only

@@ -149,3 +149,56 @@ func TestHolderRelease(t *testing.T) {
 		t.Fatalf("after release: %d, want the floor 133", got)
 	}
 }
+
+// TestHolderRenewalAheadOfItsDelta: a renewal of version 2 that overtakes
+// the delta making version 2 does not renew the table the Holder has, but
+// extends the lease once that delta arrives, as it would have in order; a
+// renewal of a version never reached, or kept across a new term or an
+// expiry, extends nothing.
+func TestHolderRenewalAheadOfItsDelta(t *testing.T) {
+	h := newTestHolder(t)
+	hello := h.Ready()[0]
+	_ = h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 300, Burst: 30}))
+	h.Ready()
+	end1 := h.Status(t0).LeaseEnd
+	// The region reports a refresh later; the leader answers with a delta
+	// (v2) and then a renewal of v2, which arrives first.
+	at := t0.Add(DefaultConfig().Refresh)
+	h.Tick(at)
+	rep := h.Ready()
+	if len(rep) != 1 || rep[0].Type != MsgReport {
+		t.Fatalf("a refresh later: %v, want a report", rep)
+	}
+	delta := grantMsg(1, 2, 1, rep[0].Seq, false, false, Entry{Key: hk, Count: 200, Burst: 20})
+	renewal := grantMsg(1, 2, 2, rep[0].Seq, false, true)
+	_ = h.Step(at.Add(50*time.Millisecond), renewal)
+	if got := h.Status(at).LeaseEnd; !got.Equal(end1) {
+		t.Fatalf("a renewal of a version not reached moved the lease to %v (was %v)", got.Sub(t0), end1.Sub(t0))
+	}
+	_ = h.Step(at.Add(60*time.Millisecond), delta)
+	want := at.Add(DefaultConfig().TTL - DefaultConfig().Drift)
+	if got := h.Status(at).LeaseEnd; !got.Equal(want) || count(t, h, at) != 200 {
+		t.Fatalf("after the delta: lease to %v, count %d; want %v and 200", got.Sub(t0), count(t, h, at), want.Sub(t0))
+	}
+
+	// A renewal of v3, then an expiry: v3 arriving after extends nothing.
+	h.Ready()
+	seq := rep[0].Seq
+	at = at.Add(time.Second)
+	_ = h.Step(at, grantMsg(1, 3, 3, seq, false, true))
+	_ = h.Step(at, Message{Type: MsgExpire, Region: "a", Session: 7, Term: 1, Grant: 99})
+	ended := h.Status(at).LeaseEnd
+	_ = h.Step(at, grantMsg(1, 3, 2, seq, false, false, Entry{Key: hk, Count: 100, Burst: 10}))
+	if got := h.Status(at).LeaseEnd; !got.Equal(ended) {
+		t.Fatalf("a renewal kept across an expiry moved the lease to %v (ended at %v)", got.Sub(t0), ended.Sub(t0))
+	}
+
+	// A renewal of v9 in term 1, then a new term whose versions start
+	// again: its full table at v9 (not renewing) is not the version that
+	// renewal renewed.
+	_ = h.Step(at, grantMsg(1, 9, 9, seq, false, true))
+	_ = h.Step(at, grantMsg(2, 9, 0, seq, true, false, Entry{Key: hk, Count: 100, Burst: 10}))
+	if got := h.Status(at).LeaseEnd; !got.Equal(ended) {
+		t.Fatalf("a renewal of term 1 extended term 2's lease to %v (ended at %v)", got.Sub(t0), ended.Sub(t0))
+	}
+}
