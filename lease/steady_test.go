@@ -103,8 +103,8 @@ func TestSmallIncreaseFromFreeCapacity(t *testing.T) {
 // grows by a quarter while pressing (it is ramping up), and when its
 // demand falls below an allocation above its floor and by half since it
 // was last reported (it is cooling); reports of one key are a quarter of a
-// refresh interval apart, or a thirty-second when the demand doubled or
-// halved; a key that keeps pressing with a steady demand, or presses again
+// refresh interval apart, or a thirty-second when the demand grew by half
+// or halved; a key that keeps pressing with a steady demand, or presses again
 // by less than a quarter of its allocation, waits for the periodic report.
 func TestHolderUrgentReports(t *testing.T) {
 	h := newTestHolder(t) // refresh 3 s; floor 133
@@ -119,12 +119,14 @@ func TestHolderUrgentReports(t *testing.T) {
 		{1200 * time.Millisecond, 410, false},  // steady
 		{1900 * time.Millisecond, 480, false},  // grew, by less than a quarter
 		{2000 * time.Millisecond, 500, true},   // grew by a quarter, ¾ s on
-		{2050 * time.Millisecond, 700, false},  // ramping, but within ¾ s of the last
+		{2050 * time.Millisecond, 700, false},  // ramping by less than half, within ¾ s of the last
 		{2080 * time.Millisecond, 1000, false}, // doubled, but within 3⁄32 s of the last
 		{2100 * time.Millisecond, 1000, true},  // doubled, 3⁄32 s on
 		{2300 * time.Millisecond, 1200, false}, // ramping, within ¾ s
 		{2950 * time.Millisecond, 1250, true},  // grew by a quarter, ¾ s on
-		{3600 * time.Millisecond, 290, true},   // cooling: below 300 and under half of 1250
+		{3050 * time.Millisecond, 1800, false}, // grew by less than half, within ¾ s
+		{3100 * time.Millisecond, 1900, true},  // grew by half (1,875), 3⁄32 s on
+		{3600 * time.Millisecond, 290, true},   // cooling: below 300 and under half of 1900
 		{3650 * time.Millisecond, 140, false},  // halved again, within 3⁄32 s
 		{3700 * time.Millisecond, 140, true},   // 3⁄32 s on
 		{3750 * time.Millisecond, 60, false},   // within 3⁄32 s
