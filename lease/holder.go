@@ -90,10 +90,14 @@ type Holder struct {
 	// delta is still on its way (messages reordered), or lost. Each
 	// extends the lease once the Holder reaches its version, as it would
 	// have arriving in order.
-	ahead [4]aheadRenewal
+	ahead [aheadKept]aheadRenewal
 
 	out []Message
 }
+
+// aheadKept is how many renewals ahead of the table a Holder keeps: the
+// latest few versions, enough for the reordering of one round trip.
+const aheadKept = 4
 
 // aheadRenewal is a renewal of version ver, which extends the lease to end.
 type aheadRenewal struct {
@@ -122,12 +126,13 @@ type holderDemand struct {
 // while cooling since it was last reported: a region's demand estimate
 // takes a level its use has held for a moment at once, so a change that
 // large is a new level another region waits on (the region that heated,
-// for what this one gives back; or this one, for what it asks), not noise, and a quarter of a refresh
-// interval between such reports was most of a move's time in
-// rotating-hot. A sixteenth (125 ms at refresh 2 s) still put the second
-// report of a region that cooled (its estimate takes a fall in one or two
-// steps) two of its speaker's 100 ms ticks after the first instead of one;
-// a thirty-second gained rotating-hot 0.005 at seeds 1–3.
+// for what this one gives back; or this one, for what it asks), not
+// noise, and a quarter of a refresh interval between such reports was
+// most of a move's time in rotating-hot. A sixteenth (125 ms at refresh
+// 2 s) still put the second report of a region that cooled (its estimate
+// takes a fall in one or two steps) two of its speaker's 100 ms ticks
+// after the first instead of one; a thirty-second gained rotating-hot
+// 0.005 at seeds 1–3.
 //
 // A rise by half, not a doubling: the region's demand is the sum of each
 // agent's last report to the speaker, so the first urgent report of a rise
@@ -380,11 +385,12 @@ func (h *Holder) Step(now time.Time, m Message) error {
 	case MsgExpire:
 		if m.Term > h.term {
 			h.term, h.version = m.Term, 0
-			h.ahead = [4]aheadRenewal{} // versions start again in a new term
 			h.wantHello = true
 		}
 		h.leaseEnd = minTime(h.leaseEnd, now)
-		h.ahead = [4]aheadRenewal{} // sent before the expiry: it ends them
+		// Renewals kept ahead were sent before the expiry, which ends
+		// them (and a new term's versions start again).
+		clear(h.ahead[:])
 		h.capToFloors()
 		h.ack(m)
 	case MsgGrant:
@@ -407,7 +413,7 @@ func (h *Holder) grant(now time.Time, m Message) {
 			return
 		}
 		h.term, h.version = m.Term, 0
-		h.ahead = [4]aheadRenewal{} // versions start again in a new term
+		clear(h.ahead[:]) // versions start again in a new term
 		apply = true
 	case m.Version > h.version && (m.Full || m.Base == h.version):
 		apply = true
@@ -444,8 +450,8 @@ func (h *Holder) grant(now time.Time, m Message) {
 	// much, measured from when it sent the grant.
 	h.holdUntil = maxTime(h.holdUntil, now.Add(h.hold+marginOver(h.drift, h.ttl, h.hold)))
 	if m.Renew && (apply || renew) {
-		if at, ok := h.sentTime(m.Seq); ok {
-			h.leaseEnd = maxTime(h.leaseEnd, at.Add(h.ttl-h.drift))
+		if end, ok := h.renewalEnd(m); ok {
+			h.leaseEnd = maxTime(h.leaseEnd, end)
 		}
 	}
 	h.ack(m)
@@ -457,15 +463,11 @@ func (h *Holder) grant(now time.Time, m Message) {
 // once the Holder has that version (or a later one) it extends the lease
 // exactly as it would have arriving after them.
 func (h *Holder) renewAhead(m Message) {
-	at, ok := h.sentTime(m.Seq)
+	end, ok := h.renewalEnd(m)
 	if !ok {
 		return
 	}
-	ttl, drift := h.ttl, h.drift
-	if m.TTL > 0 {
-		ttl, drift = m.TTL, max(h.cfg.Drift, m.Drift)
-	}
-	r := aheadRenewal{ver: m.Version, end: at.Add(ttl - drift)}
+	r := aheadRenewal{ver: m.Version, end: end}
 	// Replace the slot of the same version, else the one ending first.
 	j := 0
 	for i, a := range h.ahead {
@@ -482,6 +484,21 @@ func (h *Holder) renewAhead(m Message) {
 	if h.ahead[j].end.Before(r.end) {
 		h.ahead[j] = r
 	}
+}
+
+// renewalEnd is where renewal m extends the lease: TTL less the drift
+// margin (m's when it carries them) from when the request it answers was
+// sent (I4); false when that request is not one this Holder sent lately.
+func (h *Holder) renewalEnd(m Message) (time.Time, bool) {
+	at, ok := h.sentTime(m.Seq)
+	if !ok {
+		return time.Time{}, false
+	}
+	ttl, drift := h.ttl, h.drift
+	if m.TTL > 0 {
+		ttl, drift = m.TTL, max(h.cfg.Drift, m.Drift)
+	}
+	return at.Add(ttl - drift), true
 }
 
 // renewReached extends the lease by every kept renewal of a version the
