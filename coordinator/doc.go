@@ -14,5 +14,9 @@
 // with a redirect naming the leader. Standalone mode makes the process the
 // leader of its own term at start (the start time in milliseconds, so a
 // restart always fences the previous incarnation); HA mode campaigns in an
-// etcd election and uses the revision of its leader key as the term.
+// etcd election and uses the revision of its leader key as the term. The
+// cluster's first leader records itself in etcd (LedKey) and leads with a
+// lease.NewFirstAllocator, whose reserves start full; every later leader
+// finds the record. A standalone process, which may be a restart of
+// itself, never leads as the first.
 package coordinator

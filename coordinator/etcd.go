@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -102,7 +103,15 @@ func campaign(ctx context.Context, cli *clientv3.Client, cfg ElectionConfig, s *
 		return fmt.Errorf("coordinator: campaign: %w", err)
 	}
 	term := uint64(e.Rev()) // #nosec G115 -- a revision after a won campaign is >= 1
-	if err := s.BecomeLeader(term); err != nil {
+	first, err := recordLeader(ctx, cli, cfg.Prefix, e, term)
+	if err != nil {
+		cfg.Logger.Warn("coordinator: could not record the leader; leading as a later one", "term", term, "err", err)
+	}
+	become := s.BecomeLeader
+	if first {
+		become = s.BecomeFirstLeader
+	}
+	if err := become(term); err != nil {
 		return err
 	}
 	select {
@@ -118,6 +127,30 @@ func campaign(ctx context.Context, cli *clientv3.Client, cfg ElectionConfig, s *
 		s.StepDown("")
 		return nil
 	}
+}
+
+// LedKey is the etcd key under prefix that the first leader of the cluster
+// creates (its value is the term): a leader that finds it knows an earlier
+// leader may have granted regions more than their floors.
+func LedKey(prefix string) string { return prefix + "/led" }
+
+// recordLeader creates LedKey while e's leader key is still the one this
+// campaign won. It reports whether it created it: no leader served the
+// regions before, so the Allocator may start with every reserve full. An
+// error, a key already there, or a lost leadership all say false, which
+// is always safe.
+func recordLeader(ctx context.Context, cli *clientv3.Client, prefix string, e *concurrency.Election, term uint64) (bool, error) {
+	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := cli.Txn(tctx).
+		If(clientv3.Compare(clientv3.CreateRevision(LedKey(prefix)), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(e.Key()), "=", e.Rev())).
+		Then(clientv3.OpPut(LedKey(prefix), strconv.FormatUint(term, 10))).
+		Commit()
+	if err != nil {
+		return false, fmt.Errorf("coordinator: record the leader under %s: %w", LedKey(prefix), err)
+	}
+	return resp.Succeeded, nil
 }
 
 // DocumentKey is the etcd key holding the budgets document under prefix.

@@ -21,6 +21,9 @@ type Status struct {
 	Term     uint64
 	Leader   string
 	Learning bool
+	// First is set under the first leader that ever served the regions
+	// (Server.BecomeFirstLeader): keys' stored reserves started full.
+	First    bool
 	Now      time.Time
 	Regions  []RegionView
 	Budgets  []lease.BudgetTotals
@@ -47,6 +50,7 @@ func (s *Server) Status(maxKeys int) Status {
 		return st
 	}
 	st.Learning = s.alloc.Learning(now)
+	st.First = s.alloc.First()
 	for _, r := range s.alloc.Regions() {
 		c := s.streams[r.Region]
 		v := RegionView{RegionStatus: r, Connected: c != nil, Authenticated: c != nil && c.authed}
@@ -124,7 +128,7 @@ th{background:#f3f3f3} td.l,th.l{text-align:left}
 </style></head><body>
 <h1>allot coordinator</h1>
 <p>Region authentication: {{if eq .Auth "insecure"}}<span class="warn">insecure — regions are accepted by name alone</span>{{else}}{{.Auth}}{{end}}.</p>
-{{if .Leading}}<p>Leader, term {{.Term}}{{if .Learning}} — <span class="warn">learning: no increases yet</span>{{end}}.</p>
+{{if .Leading}}<p>Leader, term {{.Term}}{{if .First}} (the first leader: reserves started full){{end}}{{if .Learning}} — <span class="warn">learning: no increases yet</span>{{end}}.</p>
 {{else}}<p>Following; leader: {{if .Leader}}{{.Leader}}{{else}}<span class="warn">unknown</span>{{end}}.</p>{{end}}
 {{if .Leading}}
 <h2>Regions</h2>

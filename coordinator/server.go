@@ -229,19 +229,32 @@ func (s *Server) Register(g *grpc.Server) { leasev1.RegisterLeaseServiceServer(g
 
 // BecomeLeader makes s the leader of term: a new Allocator starts learning.
 // Streams open from an earlier term are closed so regions say hello again.
-func (s *Server) BecomeLeader(term uint64) error {
+func (s *Server) BecomeLeader(term uint64) error { return s.becomeLeader(term, false) }
+
+// BecomeFirstLeader is BecomeLeader for the first leader that ever serves
+// the regions (lease.NewFirstAllocator: every key's stored reserve starts
+// full). Its caller must know that no leader served them before: RunElection
+// does, from its etcd record; a coordinator without etcd, which may have
+// been restarted, does not.
+func (s *Server) BecomeFirstLeader(term uint64) error { return s.becomeLeader(term, true) }
+
+func (s *Server) becomeLeader(term uint64, first bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cfg := s.cfg.Lease
 	cfg.Budgets = s.budgets
-	a, err := lease.NewAllocator(cfg, term, s.cfg.Clock.Now())
+	newAlloc := lease.NewAllocator
+	if first {
+		newAlloc = lease.NewFirstAllocator
+	}
+	a, err := newAlloc(cfg, term, s.cfg.Clock.Now())
 	if err != nil {
 		return err
 	}
 	s.closeStreamsLocked()
 	s.alloc, s.term, s.leader, s.prev = a, term, s.cfg.Advertise, lease.Stats{}
 	s.counts.leaderChanges++
-	s.log.Info("coordinator: leading", "term", term, "addr", s.cfg.Advertise)
+	s.log.Info("coordinator: leading", "term", term, "addr", s.cfg.Advertise, "first", first)
 	return nil
 }
 

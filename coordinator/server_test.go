@@ -109,6 +109,25 @@ func drive(t *testing.T, clk *clock.Manual, servers []*Server, regions map[strin
 	t.Fatalf("condition not met after %d steps", max)
 }
 
+// TestFirstLeaderStatus: the status says whether the leader leads as the
+// cluster's first (its reserves started full), and a later term does not
+// inherit it.
+func TestFirstLeaderStatus(t *testing.T) {
+	s := newTestServer(t, clock.NewManual(t0), "")
+	if err := s.BecomeFirstLeader(1); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Status(0); !st.Leading || !st.First {
+		t.Fatalf("after BecomeFirstLeader: leading %v, first %v; want both", st.Leading, st.First)
+	}
+	if err := s.BecomeLeader(2); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Status(0); !st.Leading || st.First {
+		t.Fatalf("after BecomeLeader: leading %v, first %v; want leading, not first", st.Leading, st.First)
+	}
+}
+
 // TestStandalone: three regions on real gRPC over loopback reach a
 // standalone leader through an address list whose first entry is dead; the
 // busy region receives most of the budget once learning ends.

@@ -34,6 +34,9 @@ type Allocator struct {
 	lastFeed   time.Time // the last Tick between rounds to feed every key waiting
 	roundNow   bool      // run a round at the next Tick
 	expiring   bool
+	// first: no leader served these regions before this one
+	// (NewFirstAllocator), so every key's stored reserve starts full.
+	first bool
 
 	regions []*region // sorted by name
 	byName  map[string]*region
@@ -244,6 +247,29 @@ func NewAllocator(cfg Config, term uint64, now time.Time) (*Allocator, error) {
 	a.setBudgets(cfg.Budgets)
 	return a, nil
 }
+
+// NewFirstAllocator is NewAllocator for the first leader that ever serves
+// cfg's regions. No region has held more than its floors, so none has
+// spent beyond them: the reserve, which no region ever drew from, is full,
+// and every key's stored reserve starts at the burst the floors leave
+// instead of counting from the end of learning. A region that says hello
+// holding more than its floor of a key (an earlier leader did exist) still
+// empties that key's stored reserve, as under NewAllocator.
+//
+// Its caller must know that no earlier leader served the regions: a
+// coordinator that could have been restarted (one without etcd) cannot,
+// and uses NewAllocator. Learning runs as under NewAllocator.
+func NewFirstAllocator(cfg Config, term uint64, now time.Time) (*Allocator, error) {
+	a, err := NewAllocator(cfg, term, now)
+	if err != nil {
+		return nil, err
+	}
+	a.first = true
+	return a, nil
+}
+
+// First reports whether a was built by NewFirstAllocator.
+func (a *Allocator) First() bool { return a.first }
 
 // Term returns the Allocator's leader term.
 func (a *Allocator) Term() uint64 { return a.term }
@@ -702,7 +728,11 @@ func (a *Allocator) slotFor(now time.Time, key bucket.Key, r *region, want int64
 	// least at Count − Σ floors since then. Before that nothing is known,
 	// and it starts empty.
 	k.resSum, k.resAt, k.resEnd = bud.count-bud.reserveCount, now.UnixNano(), now.UnixNano()
-	if !now.Before(a.learnUntil) {
+	if a.first {
+		// No leader before this one: every region has been at its floor
+		// or below, and the reserve has never been drawn from.
+		k.res = float64(bud.reserveBurst)
+	} else if !now.Before(a.learnUntil) {
 		k.res = min(float64(bud.reserveBurst), float64(bud.reserveCount)*float64(now.Sub(a.learnUntil))/float64(bud.b.Limit.Period()))
 	}
 	a.keyIdx[key] = len(a.keys)
@@ -935,7 +965,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	learning := now.Before(a.learnUntil)
 	tgt, lb, want, bare, base, demand := a.tgt[:n], a.lb[:n], a.want[:n], a.bare[:n], a.base[:n], a.demand[:n]
 	var heldUntil int64 // the earliest end of a peak's hold on a floor
-	k.refill(now.UnixNano(), a.learnUntil.UnixNano())
+	k.refill(now.UnixNano(), a.knownFrom())
 
 	// Fixed claims of regions we cannot send to; lower bounds and wants of
 	// the others.
@@ -1133,6 +1163,16 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 			r.blocked = true
 		}
 	}
+}
+
+// knownFrom is when the claims came to bound the regions (Unix ns): the
+// end of learning, or never for the first leader, whose regions hold no
+// earlier leader's grant.
+func (a *Allocator) knownFrom() int64 {
+	if a.first {
+		return math.MinInt64
+	}
+	return a.learnUntil.UnixNano()
 }
 
 // refill adds to k's stored reserve what it refilled from resAt to now

@@ -102,3 +102,68 @@ func TestReserveTokensGoWithTheRaise(t *testing.T) {
 		t.Fatalf("carried %d to a in all, want 360: the refilled reserve again", taken["a"])
 	}
 }
+
+// TestFirstLeaderStartsWithTheReserveFull: under the first leader that
+// ever serves the regions (NewFirstAllocator), a key hot from the start
+// carries the reserve's whole burst (600 − 3×140 = 180) with its first
+// raise, where a later leader's reserve counts from the end of its
+// learning and carries a fraction of it. A region whose hello holds more
+// than its floor (so an earlier leader did exist) still empties the key's
+// stored reserve, and the escrow holds throughout.
+func TestFirstLeaderStartsWithTheReserveFull(t *testing.T) {
+	cfg := scenarioConfig()
+	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(600), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	run := func(first bool) (carried bucket.Tokens, c *cluster) {
+		t.Helper()
+		c = newCluster(t, cfg)
+		if first {
+			a, err := NewFirstAllocator(cfg, c.term, c.now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !a.First() {
+				t.Fatal("NewFirstAllocator's Allocator does not say it is the first")
+			}
+			c.alloc = a
+		} else if c.alloc.First() {
+			t.Fatal("NewAllocator's Allocator says it is the first")
+		}
+		c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 2000}
+		for range 30 {
+			c.step(100 * time.Millisecond)
+			if err := c.checkI1(); err != nil {
+				t.Fatal(err)
+			}
+			carried += c.holders["a"].TakeCredits()[k]
+		}
+		return carried, c
+	}
+	later, _ := run(false)
+	first, c := run(true)
+	if first != 180 {
+		t.Fatalf("the first leader's raise carried %d, want the reserve's burst, 180", first)
+	}
+	if later >= 180/2 {
+		t.Fatalf("a later leader's raises carried %d, want under half the reserve's burst: it counts from the end of learning", later)
+	}
+	if l, _ := c.holders["a"].Allocation(c.now, k); l.Count() < 500 {
+		t.Fatalf("a holds %d, want most of the budget once b and c lend", l.Count())
+	}
+
+	// A hello holding more than the floor under a first leader: the key's
+	// stored reserve is emptied, as under any leader.
+	a, err := NewFirstAllocator(cfg, 2, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Step(t0, Message{Type: MsgHello, Region: "a", Session: 1, Seq: 1, Term: 1,
+		Entries: []Entry{{Key: k, Count: 400}}})
+	j, ok := a.keyIdx[k]
+	if !ok {
+		t.Fatal("a hello holding 400 of the key did not make it known")
+	}
+	if got := a.keys[j].res; got != 0 {
+		t.Fatalf("after a hello holding more than the floor, the stored reserve is %.1f, want 0", got)
+	}
+}

@@ -76,7 +76,7 @@
 //
 // Coordinator side (one Allocator per leader term):
 //
-//	a, _ := lease.NewAllocator(cfg, term, now)
+//	a, _ := lease.NewAllocator(cfg, term, now) // NewFirstAllocator for the first leader ever
 //	a.Step(now, msgFromRegion)                // Region set by the transport
 //	a.Tick(now)                               // every ~100 ms; rounds every Refresh
 //	for _, m := range a.Ready() { sendTo(m.Region, m) }

@@ -139,7 +139,7 @@ func newPlane(w *world, a *allot) (*leasePlane, error) {
 	for _, name := range sc.Coordinator.Regions {
 		p.coords = append(p.coords, coordinator{region: sc.regionIndex(name)})
 	}
-	alloc, err := lease.NewAllocator(cfg, p.term, p.coordNow(w, 0, 0))
+	alloc, err := lease.NewFirstAllocator(cfg, p.term, p.coordNow(w, 0, 0))
 	if err != nil {
 		return nil, fmt.Errorf("sim: new allocator: %w", err)
 	}

@@ -8,11 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
@@ -175,8 +178,25 @@ func TestHAFailover(t *testing.T) {
 	}
 	until("regions served by the first leader", 30*time.Second, served)
 	_, terms := sample()
-	leader := findLeader(t, procs)
+	leader, first := findLeader(t, procs)
 	t.Logf("leader %s, term %d", leader.grpc, terms["us"])
+	// The cluster's first leader records itself in etcd and starts every
+	// reserve full; the next one finds the record and counts them from
+	// the end of its learning.
+	if !first {
+		t.Fatal("the cluster's first leader does not lead as the first")
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(endpoints, ","), DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
+	rec, err := cli.Get(gctx, coordinator.LedKey(prefix))
+	gcancel()
+	if err != nil || len(rec.Kvs) != 1 || string(rec.Kvs[0].Value) != strconv.FormatUint(terms["us"], 10) {
+		t.Fatalf("etcd's %s: %v (%v), want the first term %d", coordinator.LedKey(prefix), rec, err, terms["us"])
+	}
 
 	if err := leader.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -194,7 +214,10 @@ func TestHAFailover(t *testing.T) {
 			rest = append(rest, p)
 		}
 	}
-	nl := findLeader(t, rest)
+	nl, first := findLeader(t, rest)
+	if first {
+		t.Fatal("the leader after a failover leads as the first")
+	}
 	_, terms = sample()
 	t.Logf("new leader %s, term %d, regions served again %s after the kill; largest sum held %d of %d",
 		nl.grpc, terms["us"], time.Since(killed).Round(time.Millisecond), maxSum, budget.Count())
@@ -227,7 +250,9 @@ func TestHAFailover(t *testing.T) {
 	}
 }
 
-func findLeader(t *testing.T, procs []*coordProc) *coordProc {
+// findLeader returns the coordinator that leads, and whether it leads as
+// the first leader the cluster ever had (its status's First).
+func findLeader(t *testing.T, procs []*coordProc) (*coordProc, bool) {
 	t.Helper()
 	for range 100 {
 		for _, p := range procs {
@@ -235,15 +260,15 @@ func findLeader(t *testing.T, procs []*coordProc) *coordProc {
 			if err != nil {
 				continue
 			}
-			var st struct{ Leading bool }
+			var st struct{ Leading, First bool }
 			_ = json.NewDecoder(resp.Body).Decode(&st)
 			resp.Body.Close()
 			if st.Leading {
-				return p
+				return p, st.First
 			}
 		}
 		time.Sleep(50 * time.Millisecond) // real processes
 	}
 	t.Fatal("no coordinator leads")
-	return nil
+	return nil, false
 }
