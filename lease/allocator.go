@@ -258,7 +258,9 @@ func NewAllocator(cfg Config, term uint64, now time.Time) (*Allocator, error) {
 //
 // Its caller must know that no earlier leader served the regions: a
 // coordinator that could have been restarted (one without etcd) cannot,
-// and uses NewAllocator. Learning runs as under NewAllocator.
+// and uses NewAllocator. Learning runs as under NewAllocator. A budget
+// change (SetBudgets) ends it: the keys of a changed budget are dropped,
+// and regions may have spent this leader's raises of them.
 func NewFirstAllocator(cfg Config, term uint64, now time.Time) (*Allocator, error) {
 	a, err := NewAllocator(cfg, term, now)
 	if err != nil {
@@ -268,7 +270,8 @@ func NewFirstAllocator(cfg Config, term uint64, now time.Time) (*Allocator, erro
 	return a, nil
 }
 
-// First reports whether a was built by NewFirstAllocator.
+// First reports whether a was built by NewFirstAllocator and has had no
+// budget change since.
 func (a *Allocator) First() bool { return a.first }
 
 // Term returns the Allocator's leader term.
@@ -373,6 +376,11 @@ func (a *Allocator) SetBudgets(now time.Time, bs []Budget) error {
 	clear(a.keys[len(kept):])
 	a.keys = kept
 	if changed {
+		// A changed budget's keys were dropped above; regions may have
+		// spent this leader's raises of them, so a key made known again
+		// must not start with its reserve full: from here on this leader
+		// counts reserves as a later one does.
+		a.first = false
 		a.learnUntil = maxTime(a.learnUntil, now.Add(a.cfg.TTL+2*a.cfg.Drift))
 		a.learnFrom = now
 		for _, r := range a.regions {

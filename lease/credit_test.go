@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -149,6 +150,34 @@ func TestFirstLeaderStartsWithTheReserveFull(t *testing.T) {
 	}
 	if l, _ := c.holders["a"].Allocation(c.now, k); l.Count() < 500 {
 		t.Fatalf("a holds %d, want most of the budget once b and c lend", l.Count())
+	}
+
+	// A budget change ends it: the changed budget's keys are dropped while
+	// regions may have spent this leader's raises of them, so a key made
+	// known again must not start full.
+	changed := slices.Clone(cfg.Budgets)
+	changed[0].Limit = bucket.PerSecond(900)
+	if err := c.alloc.SetBudgets(c.now, changed); err != nil {
+		t.Fatal(err)
+	}
+	if c.alloc.First() {
+		t.Fatal("still the first leader after a budget change")
+	}
+	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 3000}
+	after := bucket.Tokens(0)
+	for range 10 {
+		c.step(100 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+		after += c.holders["a"].TakeCredits()[k]
+	}
+	stored := -1.0
+	if j, ok := c.alloc.keyIdx[k]; ok {
+		stored = c.alloc.keys[j].res
+	}
+	if stored < 0 || stored >= 270/2 || after >= 270/2 {
+		t.Fatalf("after a budget change the key carried %d and stores %.1f (-1: unknown), want it known and under half the new reserve's burst (270) in each", after, stored)
 	}
 
 	// A hello holding more than the floor under a first leader: the key's
