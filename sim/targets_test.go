@@ -140,7 +140,11 @@ func TestUtilizationTargets(t *testing.T) {
 
 // TestSteadyLeaseMessages: in steady-skewed, at full scale, lease messages
 // in steady state stay within the design's target of 10 per region per
-// refresh interval (15 a second for three regions at refresh 2 s). It runs
+// refresh interval (15 a second for three regions at refresh 2 s), and the
+// worst budget whose demand exceeds it reaches the design's 0.95 of the
+// ideal, in both forms (0.958 and 0.958 at seed 1; 0.948 in the normal
+// form before the first leader started its reserves full, which is what
+// the start of the run cost). It runs
 // at full scale because the band in which allocations stay put is a share
 // of each budget: at a quarter of the load every budget is four times
 // smaller against a demand noise only twice smaller, and the same run sends
@@ -153,16 +157,37 @@ func TestSteadyLeaseMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Run(sc, 1, Options{Systems: []string{"allot"}})
+	tight, err := sc.Tight()
 	if err != nil {
 		t.Fatal(err)
 	}
-	al := res.Systems[0]
-	if al.SteadyMsgsPerS == nil {
-		t.Fatal("no steady bins: the run measures no steady message rate")
-	}
-	t.Logf("steady lease messages %.1f a second", *al.SteadyMsgsPerS)
-	if *al.SteadyMsgsPerS > 15 {
-		t.Errorf("steady lease messages %.1f a second, want ≤ 15", *al.SteadyMsgsPerS)
+	for _, form := range []*Scenario{sc, tight} {
+		res, err := Run(form, 1, Options{Systems: []string{"allot"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		al := res.Systems[0]
+		if al.SteadyMsgsPerS == nil {
+			t.Fatalf("%s: no steady bins: the run measures no steady message rate", form.Name)
+		}
+		t.Logf("%s: steady lease messages %.1f a second", form.Name, *al.SteadyMsgsPerS)
+		if *al.SteadyMsgsPerS > 15 {
+			t.Errorf("%s: steady lease messages %.1f a second, want ≤ 15", form.Name, *al.SteadyMsgsPerS)
+		}
+		measured := 0
+		for _, ro := range al.Rules {
+			for _, b := range ro.Budgets {
+				if !b.Contested {
+					continue
+				}
+				measured++
+				if b.Utilization < 0.95 {
+					t.Errorf("%s %s key %d: utilization %.3f of the ideal, want ≥ 0.95", form.Name, ro.Rule, b.Key, b.Utilization)
+				}
+			}
+		}
+		if measured == 0 {
+			t.Fatalf("%s: no contested budget measured", form.Name)
+		}
 	}
 }
