@@ -107,11 +107,7 @@ func campaign(ctx context.Context, cli *clientv3.Client, cfg ElectionConfig, s *
 	if err != nil {
 		cfg.Logger.Warn("coordinator: could not record the leader; leading as a later one", "term", term, "err", err)
 	}
-	become := s.BecomeLeader
-	if first {
-		become = s.BecomeFirstLeader
-	}
-	if err := become(term); err != nil {
+	if err := s.becomeLeader(term, first); err != nil {
 		return err
 	}
 	select {

@@ -22,7 +22,8 @@ type Status struct {
 	Leader   string
 	Learning bool
 	// First is set under the first leader that ever served the regions
-	// (Server.BecomeFirstLeader): keys' stored reserves started full.
+	// (RunElection's etcd record, LedKey): keys' stored reserves started
+	// full.
 	First    bool
 	Now      time.Time
 	Regions  []RegionView

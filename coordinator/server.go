@@ -231,13 +231,10 @@ func (s *Server) Register(g *grpc.Server) { leasev1.RegisterLeaseServiceServer(g
 // Streams open from an earlier term are closed so regions say hello again.
 func (s *Server) BecomeLeader(term uint64) error { return s.becomeLeader(term, false) }
 
-// BecomeFirstLeader is BecomeLeader for the first leader that ever serves
-// the regions (lease.NewFirstAllocator: every key's stored reserve starts
-// full). Its caller must know that no leader served them before: RunElection
-// does, from its etcd record; a coordinator without etcd, which may have
-// been restarted, does not.
-func (s *Server) BecomeFirstLeader(term uint64) error { return s.becomeLeader(term, true) }
-
+// becomeLeader is BecomeLeader; with first, for the first leader that ever
+// serves the regions (lease.NewFirstAllocator: every key's stored reserve
+// starts full). Only RunElection passes it, from its etcd record (LedKey):
+// a coordinator without etcd, which may have been restarted, cannot know.
 func (s *Server) becomeLeader(term uint64, first bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -114,11 +114,11 @@ func drive(t *testing.T, clk *clock.Manual, servers []*Server, regions map[strin
 // inherit it.
 func TestFirstLeaderStatus(t *testing.T) {
 	s := newTestServer(t, clock.NewManual(t0), "")
-	if err := s.BecomeFirstLeader(1); err != nil {
+	if err := s.becomeLeader(1, true); err != nil {
 		t.Fatal(err)
 	}
 	if st := s.Status(0); !st.Leading || !st.First {
-		t.Fatalf("after BecomeFirstLeader: leading %v, first %v; want both", st.Leading, st.First)
+		t.Fatalf("after becomeLeader(1, true): leading %v, first %v; want both", st.Leading, st.First)
 	}
 	if err := s.BecomeLeader(2); err != nil {
 		t.Fatal(err)

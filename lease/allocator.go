@@ -733,15 +733,14 @@ func (a *Allocator) slotFor(now time.Time, key bucket.Key, r *region, want int64
 	// holding more said so in its hello, which made the key known, and
 	// leases of earlier leaders have ended), and a known key is forgotten
 	// only with its reserve full (idle): so the reserve has refilled at
-	// least at Count − Σ floors since then. Before that nothing is known,
-	// and it starts empty.
+	// least at Count − Σ floors since then (knownFrom: under the first
+	// leader, since long before anything it sees, so it starts full).
+	// Before that nothing is known, and it starts empty.
 	k.resSum, k.resAt, k.resEnd = bud.count-bud.reserveCount, now.UnixNano(), now.UnixNano()
-	if a.first {
-		// No leader before this one: every region has been at its floor
-		// or below, and the reserve has never been drawn from.
-		k.res = float64(bud.reserveBurst)
-	} else if !now.Before(a.learnUntil) {
-		k.res = min(float64(bud.reserveBurst), float64(bud.reserveCount)*float64(now.Sub(a.learnUntil))/float64(bud.b.Limit.Period()))
+	if from := a.knownFrom(); now.UnixNano() > from {
+		// In uint64 the difference is exact even from math.MinInt64.
+		since := uint64(now.UnixNano()) - uint64(from) // #nosec G115 -- now > from, so it is < 2^64
+		k.res = min(float64(bud.reserveBurst), float64(bud.reserveCount)*float64(since)/float64(bud.b.Limit.Period()))
 	}
 	a.keyIdx[key] = len(a.keys)
 	a.keys = append(a.keys, k)
@@ -1174,8 +1173,8 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 }
 
 // knownFrom is when the claims came to bound the regions (Unix ns): the
-// end of learning, or never for the first leader, whose regions hold no
-// earlier leader's grant.
+// end of learning, or always (math.MinInt64) for the first leader, whose
+// regions hold no earlier leader's grant.
 func (a *Allocator) knownFrom() int64 {
 	if a.first {
 		return math.MinInt64
@@ -1185,12 +1184,12 @@ func (a *Allocator) knownFrom() int64 {
 
 // refill adds to k's stored reserve what it refilled from resAt to now
 // (Unix ns): what the claims left of the count, for as long as those claims
-// were known to bound the regions (resEnd, and not before learning ended at
-// learned: a region not heard from may hold an earlier leader's grant);
-// beyond that, nothing. allocate caps it at the burst the claims leave and
-// records the new resAt.
-func (k *hotKey) refill(now, learned int64) {
-	if from, to := max(k.resAt, learned), min(now, k.resEnd); to > from && k.resSum < k.bud.count {
+// were known to bound the regions (resEnd, and not before known, the
+// Allocator's knownFrom: until learning ends, a region not heard from may
+// hold an earlier leader's grant); beyond that, nothing. allocate caps it
+// at the burst the claims leave and records the new resAt.
+func (k *hotKey) refill(now, known int64) {
+	if from, to := max(k.resAt, known), min(now, k.resEnd); to > from && k.resSum < k.bud.count {
 		k.res += float64(k.bud.count-k.resSum) * float64(to-from) / float64(k.bud.b.Limit.Period())
 	}
 }

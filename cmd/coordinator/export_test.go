@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	"github.com/allot-dev/allot/bucket"
@@ -218,11 +217,7 @@ func TestExportFromEtcd(t *testing.T) {
 	endpoints := testenv.EtcdEndpoints(t)
 	prefix := fmt.Sprintf("/allot-export-%d", time.Now().UnixNano())
 	data := []byte("regions: [us, eu]\nbudgets:\n  - {rule: api, limit: \"600 per second, burst 60\"}\nlease: {ttl: 6s, refresh: 2s}\n")
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdClient(t, endpoints)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := coordinator.PutDocument(ctx, cli, prefix, data, fromRules); err != nil {

@@ -31,6 +31,17 @@ func freePort(t *testing.T) int { return testenv.FreePort(t) }
 
 func testEtcd(t *testing.T) string { return strings.Join(testenv.EtcdEndpoints(t), ",") }
 
+// etcdClient is a client of the etcd at endpoints, closed when t ends.
+func etcdClient(t *testing.T, endpoints []string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
 var (
 	buildOnce sync.Once
 	builtBin  string
@@ -186,13 +197,8 @@ func TestHAFailover(t *testing.T) {
 	if !first {
 		t.Fatal("the cluster's first leader does not lead as the first")
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(endpoints, ","), DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
 	gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
-	rec, err := cli.Get(gctx, coordinator.LedKey(prefix))
+	rec, err := etcdClient(t, strings.Split(endpoints, ",")).Get(gctx, coordinator.LedKey(prefix))
 	gcancel()
 	if err != nil || len(rec.Kvs) != 1 || string(rec.Kvs[0].Value) != strconv.FormatUint(terms["us"], 10) {
 		t.Fatalf("etcd's %s: %v (%v), want the first term %d", coordinator.LedKey(prefix), rec, err, terms["us"])
