@@ -91,6 +91,13 @@ type Holder struct {
 	// extends the lease once the Holder reaches its version, as it would
 	// have arriving in order.
 	ahead [aheadKept]aheadRenewal
+	// early are deltas of the current term that arrived before the grant
+	// they build on (messages reordered), kept until it arrives, at most
+	// aheadKept of them.
+	early []Message
+	// expired is the number of the term's latest expiry: a grant numbered
+	// at most that was sent before it and is void.
+	expired uint64
 
 	out []Message
 }
@@ -364,9 +371,10 @@ func (h *Holder) granted(key bucket.Key) bool {
 }
 
 // Step applies a message from the coordinator. Messages for another
-// session, from an older term, duplicated or out of order are ignored or
-// answered idempotently; the error is only for a message type a Holder does
-// not accept.
+// session, from an older term, sent before an expiry, or duplicated are
+// ignored or answered idempotently; deltas ahead of the table are kept
+// until it reaches them, and a renewal behind it renews it. The error is
+// only for a message type a Holder does not accept.
 func (h *Holder) Step(now time.Time, m Message) error {
 	switch m.Type {
 	case MsgGrant, MsgExpire, MsgResync:
@@ -388,9 +396,11 @@ func (h *Holder) Step(now time.Time, m Message) error {
 			h.wantHello = true
 		}
 		h.leaseEnd = minTime(h.leaseEnd, now)
-		// Renewals kept ahead were sent before the expiry, which ends
-		// them (and a new term's versions start again).
-		clear(h.ahead[:])
+		// Renewals and deltas kept ahead were sent before the expiry,
+		// which ends them (and a new term's versions start again), as
+		// it ends any that arrive after it.
+		h.forgetAhead()
+		h.expired = max(h.expired, m.Grant)
 		h.capToFloors()
 		h.ack(m)
 	case MsgGrant:
@@ -401,8 +411,8 @@ func (h *Holder) Step(now time.Time, m Message) error {
 }
 
 func (h *Holder) grant(now time.Time, m Message) {
-	if h.released {
-		return
+	if h.released || m.Term == h.term && m.Grant <= h.expired {
+		return // or sent before an expiry, which ends it
 	}
 	apply, renew := false, false
 	switch {
@@ -412,20 +422,31 @@ func (h *Holder) grant(now time.Time, m Message) {
 			h.lastHello = time.Time{}
 			return
 		}
-		h.term, h.version = m.Term, 0
-		clear(h.ahead[:]) // versions start again in a new term
+		h.term, h.version, h.expired = m.Term, 0, 0
+		h.forgetAhead() // versions and grant numbers start again in a new term
 		apply = true
 	case m.Version > h.version && (m.Full || m.Base == h.version):
 		apply = true
 	case m.Version == h.version:
 		renew = true // a duplicate or a renewal of the table we have
+	case m.Version < h.version && m.Renew && m.Term == h.term:
+		// A renewal that later deltas overtook. In order it would have
+		// extended the lease before they changed the table, which they
+		// do not undo (the Allocator measured each of them against a
+		// window that covers every renewal it had sent): the same
+		// lease and table as in order.
+		renew = true
 	case m.Version > h.version:
 		// A delta on a version we never saw: a grant was lost, or is
-		// still on its way. A renewal of that version extends the lease
-		// once the delta arrives (renewAhead); a hello meanwhile asks for
-		// the whole table in case it was lost.
-		if m.Renew && m.Term == h.term && m.Base == m.Version {
-			h.renewAhead(m)
+		// still on its way. A renewal extends the lease once the Holder
+		// reaches its version (renewAhead), and a delta applies once
+		// the grant it builds on arrives (keepEarly); a hello meanwhile
+		// asks for the whole table in case it was lost.
+		if m.Term == h.term {
+			if m.Renew {
+				h.renewAhead(m)
+			}
+			h.keepEarly(m)
 		}
 		h.wantHello = true
 		h.lastHello = time.Time{}
@@ -455,6 +476,48 @@ func (h *Holder) grant(now time.Time, m Message) {
 		}
 	}
 	h.ack(m)
+	if apply {
+		h.applyEarly(now)
+	}
+}
+
+// keepEarly keeps delta m, which builds on a version the Holder has not
+// reached, until that version arrives (applyEarly). Without room, or for a
+// renewal of a version with no change (nothing to apply: renewAhead kept
+// it), it keeps nothing.
+func (h *Holder) keepEarly(m Message) {
+	if m.Base == m.Version {
+		return
+	}
+	for _, e := range h.early {
+		if e.Version == m.Version {
+			return // a duplicate
+		}
+	}
+	if len(h.early) < aheadKept {
+		h.early = append(h.early, m)
+	}
+}
+
+// applyEarly applies, in order, the kept deltas that now build on the
+// Holder's version, and forgets those it has passed.
+func (h *Holder) applyEarly(now time.Time) {
+	for {
+		i := slices.IndexFunc(h.early, func(e Message) bool { return e.Base == h.version && e.Term == h.term })
+		if i < 0 {
+			break
+		}
+		m := h.early[i]
+		h.early = slices.Delete(h.early, i, i+1)
+		h.grant(now, m)
+	}
+	h.early = slices.DeleteFunc(h.early, func(e Message) bool { return e.Version <= h.version || e.Term != h.term })
+}
+
+// forgetAhead drops every renewal and delta kept ahead of the table.
+func (h *Holder) forgetAhead() {
+	clear(h.ahead[:])
+	h.early = nil
 }
 
 // renewAhead keeps renewal m of a version the Holder has not reached. Its

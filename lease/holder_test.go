@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -109,7 +110,8 @@ func TestHolderFencing(t *testing.T) {
 }
 
 // TestHolderVersions: duplicates and reordered grants are harmless; a gap
-// asks for a full table.
+// asks for a full table at once, and a delta ahead of it applies if the
+// missing version arrives first.
 func TestHolderVersions(t *testing.T) {
 	h := newTestHolder(t)
 	hello := h.Ready()[0]
@@ -130,6 +132,113 @@ func TestHolderVersions(t *testing.T) {
 	out := h.Ready()
 	if len(out) == 0 || out[len(out)-1].Type != MsgHello {
 		t.Fatalf("after a gap: %v, want a hello", out)
+	}
+	// The missing version was only late: it applies, and the delta kept
+	// ahead of it after it.
+	_ = h.Step(t0, grantMsg(1, 3, 2, hello.Seq, false, false, Entry{Key: hk, Count: 250, Burst: 25}))
+	if got := count(t, h, t0); got != 400 {
+		t.Fatalf("after the late version 3: %d, want 400 (version 4 kept and applied after it)", got)
+	}
+}
+
+// reportedHolder returns a Holder granted v1 (300, renewing) at t0, the
+// lease end that gave it, and the report it sent a refresh interval later
+// (at), for the grants that answer it.
+func reportedHolder(t *testing.T) (h *Holder, end1, at time.Time, rep []Message) {
+	t.Helper()
+	h = newTestHolder(t)
+	hello := h.Ready()[0]
+	_ = h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 300, Burst: 30}))
+	h.Ready()
+	end1 = h.Status(t0).LeaseEnd
+	at = t0.Add(DefaultConfig().Refresh)
+	h.Tick(at)
+	rep = h.Ready()
+	if len(rep) != 1 || rep[0].Type != MsgReport {
+		t.Fatalf("a refresh later: %v, want a report", rep)
+	}
+	return h, end1, at, rep
+}
+
+// TestHolderReorderedDeltas: deltas that overtake the grant they build on
+// are kept and applied, in order, when it arrives, each acknowledged then
+// (not before), a renewal among them extending the lease as it would have
+// in order; an expiry voids them, and any grant sent before it.
+func TestHolderReorderedDeltas(t *testing.T) {
+	h, end1, at, rep := reportedHolder(t)
+	// The leader answers with v2, then v3 (a delta that also renews), and
+	// v4; v4 and v3 arrive first, v3 twice.
+	v2 := grantMsg(1, 2, 1, rep[0].Seq, false, false, Entry{Key: hk, Count: 200, Burst: 20})
+	v3 := grantMsg(1, 3, 2, rep[0].Seq, false, true, Entry{Key: hk, Count: 250, Burst: 25})
+	v4 := grantMsg(1, 4, 3, rep[0].Seq, false, false, Entry{Key: hk, Count: 260, Burst: 26})
+	at = at.Add(50 * time.Millisecond)
+	for _, m := range []Message{v4, v3, v3} {
+		_ = h.Step(at, m)
+	}
+	if got := count(t, h, at); got != 300 || !h.Status(at).LeaseEnd.Equal(end1) {
+		t.Fatalf("deltas ahead of the table applied: count %d, lease to %v (was %v)", got, h.Status(at).LeaseEnd.Sub(t0), end1.Sub(t0))
+	}
+	for _, m := range h.Ready() {
+		if m.Type == MsgAck {
+			t.Fatalf("a delta ahead of the table acknowledged: %+v", m)
+		}
+	}
+	_ = h.Step(at.Add(time.Millisecond), v2)
+	want := at.Add(-50*time.Millisecond + DefaultConfig().TTL - DefaultConfig().Drift)
+	if got := h.Status(at).LeaseEnd; !got.Equal(want) || count(t, h, at) != 260 {
+		t.Fatalf("after v2: lease to %v, count %d; want %v (v3's renewal) and 260 (v4)", got.Sub(t0), count(t, h, at), want.Sub(t0))
+	}
+	var acked []uint64
+	for _, m := range h.Ready() {
+		if m.Type == MsgAck {
+			acked = append(acked, m.Version)
+		}
+	}
+	if !slices.Equal(acked, []uint64{2, 3, 4}) {
+		t.Fatalf("acknowledged versions %v, want [2 3 4]", acked)
+	}
+
+	// A delta kept ahead, then an expiry: grants sent before it (numbered
+	// at most its number) are void after it, kept or late; one sent
+	// after it applies.
+	at = at.Add(time.Second)
+	_ = h.Step(at, grantMsg(1, 6, 5, rep[0].Seq, false, false, Entry{Key: hk, Count: 500, Burst: 50}))
+	_ = h.Step(at, Message{Type: MsgExpire, Region: "a", Session: 7, Term: 1, Grant: 7})
+	_ = h.Step(at, grantMsg(1, 5, 4, rep[0].Seq, false, true, Entry{Key: hk, Count: 270, Burst: 27}))
+	if tb := h.Table(); len(tb) != 0 || h.Status(at).LeaseEnd.After(at) {
+		t.Fatalf("after an expiry, v5 (renewing) and v6 sent before it: table %+v, lease to %v; want none and ended", tb, h.Status(at).LeaseEnd.Sub(t0))
+	}
+	after := grantMsg(1, 7, 0, rep[0].Seq, true, false, Entry{Key: hk, Count: 280, Burst: 28})
+	after.Grant = 8
+	_ = h.Step(at, after)
+	if tb := h.Table(); len(tb) != 1 || tb[0].Count != 280 {
+		t.Fatalf("a full table sent after the expiry: table %+v, want 280", tb)
+	}
+}
+
+// TestHolderRenewalOvertakenByDeltas: a renewal that a later delta
+// overtakes still extends the lease when it arrives, as it would have
+// before the delta, and leaves the delta's table.
+func TestHolderRenewalOvertakenByDeltas(t *testing.T) {
+	h, end1, at, rep := reportedHolder(t)
+	// The leader renews v1 (grant 2), then sends v2 (grant 3), which
+	// arrives first.
+	renewal := grantMsg(1, 1, 1, rep[0].Seq, false, true)
+	renewal.Grant = 2
+	v2 := grantMsg(1, 2, 1, rep[0].Seq, false, false, Entry{Key: hk, Count: 200, Burst: 20})
+	v2.Grant = 3
+	_ = h.Step(at.Add(50*time.Millisecond), v2)
+	if got := h.Status(at).LeaseEnd; !got.Equal(end1) {
+		t.Fatalf("v2 moved the lease to %v", got.Sub(t0))
+	}
+	h.Ready()
+	_ = h.Step(at.Add(51*time.Millisecond), renewal)
+	want := at.Add(DefaultConfig().TTL - DefaultConfig().Drift)
+	if got := h.Status(at).LeaseEnd; !got.Equal(want) || count(t, h, at) != 200 {
+		t.Fatalf("after the overtaken renewal: lease to %v, count %d; want %v and v2's 200", got.Sub(t0), count(t, h, at), want.Sub(t0))
+	}
+	if out := h.Ready(); len(out) != 1 || out[0].Type != MsgAck || out[0].Grant != 2 || out[0].Version != 2 {
+		t.Fatalf("after the overtaken renewal sent %v, want an ack of grant 2 at version 2", out)
 	}
 }
 
@@ -156,19 +265,9 @@ func TestHolderRelease(t *testing.T) {
 // renewal of a version never reached, or kept across a new term or an
 // expiry, extends nothing.
 func TestHolderRenewalAheadOfItsDelta(t *testing.T) {
-	h := newTestHolder(t)
-	hello := h.Ready()[0]
-	_ = h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 300, Burst: 30}))
-	h.Ready()
-	end1 := h.Status(t0).LeaseEnd
 	// The region reports a refresh later; the leader answers with a delta
 	// (v2) and then a renewal of v2, which arrives first.
-	at := t0.Add(DefaultConfig().Refresh)
-	h.Tick(at)
-	rep := h.Ready()
-	if len(rep) != 1 || rep[0].Type != MsgReport {
-		t.Fatalf("a refresh later: %v, want a report", rep)
-	}
+	h, end1, at, rep := reportedHolder(t)
 	delta := grantMsg(1, 2, 1, rep[0].Seq, false, false, Entry{Key: hk, Count: 200, Burst: 20})
 	renewal := grantMsg(1, 2, 2, rep[0].Seq, false, true)
 	_ = h.Step(at.Add(50*time.Millisecond), renewal)
