@@ -137,10 +137,16 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allo
 	return nil
 }
 
-// batchSize is the next batch for a key: its demand over BatchWindow, at
-// least the request's cost, at most BatchMaxFraction of the burst.
+// batchSize is the next batch for a key: over BatchWindow, its demand or
+// the allocation's rate, whichever is less; at least the request's cost, at
+// most BatchMaxFraction of the burst. A key whose demand exceeds its
+// allocation empties the regional bucket, and then each refill takes what
+// the bucket gained since the last: batches of the demand would leave it
+// admitting in clumps, a batch every few tens of milliseconds, which
+// the allocation's rate smooths to what the regional bucket refills over
+// BatchWindow.
 func (c *Core) batchSize(rate float64, lim bucket.Limit, cost bucket.Tokens) bucket.Tokens {
-	n := bucket.Tokens(rate * c.cfg.BatchWindow.Seconds())
+	n := bucket.Tokens(min(rate, lim.Rate()) * c.cfg.BatchWindow.Seconds())
 	hi := bucket.Tokens(float64(lim.Burst()) * c.cfg.BatchMaxFraction)
 	return max(min(n, hi), cost, 1)
 }

@@ -137,7 +137,7 @@ func TestCoarseBatchStopsBeforeTheLeaseEnds(t *testing.T) {
 	f := newFixture(t, nil)
 	end := t0.Add(10 * time.Second)
 	f.view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: end, HoldUntil: end,
-		Entries: []lease.Entry{{Key: key("hot"), Count: 2500, Burst: 2500}}})
+		Entries: []lease.Entry{{Key: key("hot"), Count: 12500, Burst: 2500}}})
 	rc := &readCounter{Clock: f.clk}
 	st := NewStore(f.core, rc, nil, nil)
 	co, err := clock.NewCoarse(f.clk, time.Millisecond)
@@ -172,7 +172,7 @@ func TestCoarseBatchRejectsWhatDecideRejects(t *testing.T) {
 	batched := func(coarse bool) (*Store, *clock.Coarse) {
 		f := newFixture(t, nil)
 		f.view.Set(&Table{Region: "a", Pub: 1, Term: 1, Version: 1, LeaseEnd: t0.Add(time.Hour), HoldUntil: t0.Add(time.Hour),
-			Entries: []lease.Entry{{Key: key("hot"), Count: 2500, Burst: 2500}}})
+			Entries: []lease.Entry{{Key: key("hot"), Count: 12500, Burst: 2500}}})
 		st := NewStore(f.core, f.clk, nil, nil)
 		co, err := clock.NewCoarse(f.clk, time.Millisecond)
 		if err != nil {
@@ -212,7 +212,8 @@ func TestCoarseBatchRejectsWhatDecideRejects(t *testing.T) {
 
 // batchHot makes key "hot" a batched key: a burst of 200 decisions within
 // one sample, 100 µs apart, the coarse clock refreshed at each; the key
-// must then hold batch tokens.
+// must then hold batch tokens. Its allocation must exceed that demand
+// (10,000/s), or batches shrink to the allocation's rate.
 func batchHot(t *testing.T, f *fixture, st *Store, co *clock.Coarse) {
 	t.Helper()
 	for i := 0; i < 200; i++ {

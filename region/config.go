@@ -44,7 +44,8 @@ type Config struct {
 	// DefaultRule applies to rules not in Rules.
 	DefaultRule RuleConfig
 
-	// BatchWindow is how much of the agent's local demand one batch covers.
+	// BatchWindow is how much of the agent's local demand one batch
+	// covers, or of the allocation's rate when the demand exceeds it.
 	BatchWindow time.Duration
 	// BatchMaxFraction caps a batch at this fraction of the region's burst.
 	BatchMaxFraction float64

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -361,6 +362,52 @@ func TestBatchedKeyOverItsAllocation(t *testing.T) {
 	}
 	if ops := f.store.total(); ops > 1000*1000/100 {
 		t.Fatalf("%d store ops for 1M decisions", ops)
+	}
+}
+
+// TestKeyOverItsAllocationAdmitsEvenly: a key whose demand far exceeds
+// its allocation (a floor of 100/s, burst 100) is refilled in batches of
+// what the regional bucket gains over BatchWindow (2 tokens), not of its
+// demand capped at BatchMaxFraction of the burst (10), so once the burst is
+// spent it admits about 2 tokens in every 20 ms rather than 10 in one of
+// every five.
+func TestKeyOverItsAllocationAdmitsEvenly(t *testing.T) {
+	f := newFixture(t, nil)
+	global := bucket.PerSecond(300)
+	const win = 20 // ms
+	var wins []int
+	admitted := 0
+	for ms := 0; ms < 2000; ms++ {
+		if ms%win == 0 {
+			wins = append(wins, 0)
+		}
+		for i := 0; i < 100; i++ {
+			r, err := f.core.Decide(context.Background(), f.clk.Now(), key("flood"), global, 1, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Decision.Allowed {
+				admitted++
+				wins[len(wins)-1]++
+			}
+		}
+		f.clk.Advance(time.Millisecond)
+		if ms%20 == 0 {
+			f.core.Tick(context.Background(), f.clk.Now())
+		}
+	}
+	if bound := 100 + 100*2; admitted > bound || admitted < 250 {
+		t.Fatalf("admitted %d in 2 s, want within [250, burst+rate×t = %d]", admitted, bound)
+	}
+	// From the second half-second on, the burst is long spent.
+	steady := wins[500/win:]
+	lo, hi := slices.Min(steady), slices.Max(steady)
+	t.Logf("per %d ms after the burst: %d to %d tokens; %d store calls, %d of them TakeUpTo", win, lo, hi, f.store.total(), f.store.count("take"))
+	if hi > 4 || lo < 1 {
+		t.Fatalf("per %d ms after the burst: %d to %d tokens, want 1 to 4 (2 a window, a refill every 20 ms)", win, lo, hi)
+	}
+	if ops := f.store.total(); ops > 400 {
+		t.Fatalf("%d store calls in 2 s, want at most 400 (about one per 2 tokens admitted)", ops)
 	}
 }
 

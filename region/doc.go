@@ -20,8 +20,9 @@
 //     the lease or hold ends;
 //   - decides a cold key exactly, one store call per decision;
 //   - for a key whose local demand over BatchWindow reaches MinBatch, takes a
-//     batch of tokens from the regional bucket (TakeUpTo) and decides locally
-//     until it is spent. Tokens are debited before use (invariant I3), so
+//     batch of tokens from the regional bucket (TakeUpTo), of its demand or
+//     its allocation's rate over BatchWindow, whichever is less, and decides
+//     locally until it is spent. Tokens are debited before use (invariant I3), so
 //     batches never overshoot the region's allocation; unused tokens go back
 //     when the allocation shrinks, when they grow stale and on shutdown;
 //   - when the store fails, applies the rule's failure policy: fail closed,
