@@ -85,17 +85,43 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allo
 		ks.arrived.Add(int64(cost))
 		return c.fallback(now, ks, ac, cost, res)
 	}
+	if nowUS := now.UnixMicro(); nowUS < ks.dryUntil && ks.batchLimit == lim {
+		// The last refill emptied the regional bucket and its batch is
+		// spent: a batch's worth is not back before dryUntil, so a call
+		// now would find next to nothing. Denied here, and by the deny
+		// cache until then.
+		until, reset := ks.dryUntil, ks.dryReset
+		ks.mu.Unlock()
+		ks.arrived.Add(int64(cost))
+		c.denyUntil(ks, until, reset, 1)
+		res.Path = PathDenyCache
+		res.Decision.RetryAfter = time.Duration(until-nowUS) * time.Microsecond
+		res.Decision.ResetAfter = max(time.Duration(reset-nowUS)*time.Microsecond, res.Decision.RetryAfter)
+		c.done(ks, res)
+		return nil
+	}
 	want := c.batchSize(ks.rate, lim, cost)
+	// One token more than a batch's worth, within the cap: a refill that
+	// gets less has emptied the bucket, and the next waits for dryUntil
+	// instead of calling to find it empty.
+	ask := min(want+1, max(c.batchCap(lim), want))
 	ks.refilling = true
 	ks.mu.Unlock()
 
 	c.drain(ctx, now, ks, lim)
-	got, err := c.store.TakeUpTo(ctx, ks.key, lim, want)
+	got, err := c.store.TakeUpTo(ctx, ks.key, lim, ask)
 	c.stats.storeOps.Add(1)
 	ks.mu.Lock()
 	ks.refilling = false
 	if err == nil {
 		ks.batchLimit, ks.takenAt = lim, now.UnixMicro()
+		if got < ask {
+			// It took every whole token the bucket held: a batch's
+			// worth is back want intervals from now, and all of it a
+			// burst's worth of intervals from now.
+			ks.dryUntil = now.Add(time.Duration(want) * lim.Interval()).UnixMicro()
+			ks.dryReset = now.Add(time.Duration(lim.Burst()) * lim.Interval()).UnixMicro()
+		}
 		if got > 0 {
 			ks.given += int64(got)
 			ks.addTokens(int64(got))
@@ -147,8 +173,12 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allo
 // BatchWindow.
 func (c *Core) batchSize(rate float64, lim bucket.Limit, cost bucket.Tokens) bucket.Tokens {
 	n := bucket.Tokens(min(rate, lim.Rate()) * c.cfg.BatchWindow.Seconds())
-	hi := bucket.Tokens(float64(lim.Burst()) * c.cfg.BatchMaxFraction)
-	return max(min(n, hi), cost, 1)
+	return max(min(n, c.batchCap(lim)), cost, 1)
+}
+
+// batchCap is the largest batch under lim: BatchMaxFraction of its burst.
+func (c *Core) batchCap(lim bucket.Limit) bucket.Tokens {
+	return bucket.Tokens(float64(lim.Burst()) * c.cfg.BatchMaxFraction)
 }
 
 // giveBack returns ks's batch tokens to the regional bucket under the key's
@@ -159,6 +189,9 @@ func (c *Core) giveBack(ctx context.Context, now time.Time, ks *keyState) {
 	n := ks.takeAll()
 	ks.back += max(n, 0)
 	lim := ks.batchLimit
+	if n > 0 {
+		ks.dryUntil = 0 // the bucket gets them back
+	}
 	ks.mu.Unlock()
 	if n <= 0 {
 		return

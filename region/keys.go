@@ -146,7 +146,11 @@ type keyState struct {
 	// so a repeated denial states the same reset as the first.
 	deniedReset atomic.Int64
 	batchLimit  bucket.Limit // the allocation the held tokens were taken under
-	emergency   bucket.State
+	// dryUntil is when (µs) a batch's worth is back in the regional
+	// bucket after a refill that emptied it, and dryReset when all of it
+	// is; under mu.
+	dryUntil, dryReset int64
+	emergency          bucket.State
 	// emergencyFrom is the µs instant the outage the emergency bucket
 	// serves began (the breaker's opening): a later outage starts it empty
 	// again.
