@@ -101,11 +101,12 @@ type budget struct {
 	noise int64
 	// reserveCount and reserveBurst are what the floors leave of the count
 	// and of the burst: the stored reserve's rate and size while every
-	// region is at its floor.
-	reserveCount, reserveBurst int64
-	regions                    []*region // in b.Regions order
-	floors                     []int64
-	weights                    []int64
+	// region is at its floor; reserveFill (ns) is at least the time that
+	// rate takes to fill that size.
+	reserveCount, reserveBurst, reserveFill int64
+	regions                                 []*region // in b.Regions order
+	floors                                  []int64
+	weights                                 []int64
 }
 
 type hotKey struct {
@@ -298,6 +299,7 @@ func (a *Allocator) setBudgets(bs []Budget) {
 			bud.reserveCount -= f
 		}
 		bud.reserveBurst = bud.unclaimedBurst(bud.floors)
+		bud.reserveFill = mulDiv(int64(b.Limit.Period()), bud.reserveBurst, bud.reserveCount) + 1
 		a.budgets[b.Rule] = bud
 		maxN = max(maxN, len(b.Regions))
 	}
@@ -736,12 +738,13 @@ func (a *Allocator) slotFor(now time.Time, key bucket.Key, r *region, want int64
 	// least at Count − Σ floors since then (knownFrom: under the first
 	// leader, since long before anything it sees, so it starts full).
 	// Before that nothing is known, and it starts empty.
-	k.resSum, k.resAt, k.resEnd = bud.count-bud.reserveCount, now.UnixNano(), now.UnixNano()
-	if from := a.knownFrom(); now.UnixNano() > from {
-		// In uint64 the difference is exact even from math.MinInt64.
-		since := uint64(now.UnixNano()) - uint64(from) // #nosec G115 -- now > from, so it is < 2^64
-		k.res = min(float64(bud.reserveBurst), float64(bud.reserveCount)*float64(since)/float64(bud.b.Limit.Period()))
-	}
+	// It refills as any key's does, from no further back than it takes
+	// to fill (which keeps the first leader's "always" finite).
+	t := now.UnixNano()
+	k.resSum, k.resAt, k.resEnd = bud.count-bud.reserveCount, max(a.knownFrom(), t-bud.reserveFill), t
+	k.refill(t, a.knownFrom())
+	k.res = min(k.res, float64(bud.reserveBurst))
+	k.resAt = t
 	a.keyIdx[key] = len(a.keys)
 	a.keys = append(a.keys, k)
 	return k, i

@@ -392,7 +392,7 @@ func (h *Holder) Step(now time.Time, m Message) error {
 		h.lastHello = time.Time{}
 	case MsgExpire:
 		if m.Term > h.term {
-			h.term, h.version = m.Term, 0
+			h.term, h.version, h.expired = m.Term, 0, 0
 			h.wantHello = true
 		}
 		h.leaseEnd = minTime(h.leaseEnd, now)
@@ -415,7 +415,7 @@ func (h *Holder) grant(now time.Time, m Message) {
 		return // or sent before an expiry, which ends it
 	}
 	apply, renew := false, false
-	switch {
+	switch { // Step dropped older terms: past the first case, m.Term == h.term
 	case m.Term > h.term:
 		if !m.Full {
 			h.wantHello = true
@@ -429,7 +429,7 @@ func (h *Holder) grant(now time.Time, m Message) {
 		apply = true
 	case m.Version == h.version:
 		renew = true // a duplicate or a renewal of the table we have
-	case m.Version < h.version && m.Renew && m.Term == h.term:
+	case m.Version < h.version && m.Renew:
 		// A renewal that later deltas overtook. In order it would have
 		// extended the lease before they changed the table, which they
 		// do not undo (the Allocator measured each of them against a
@@ -442,12 +442,10 @@ func (h *Holder) grant(now time.Time, m Message) {
 		// reaches its version (renewAhead), and a delta applies once
 		// the grant it builds on arrives (keepEarly); a hello meanwhile
 		// asks for the whole table in case it was lost.
-		if m.Term == h.term {
-			if m.Renew {
-				h.renewAhead(m)
-			}
-			h.keepEarly(m)
+		if m.Renew {
+			h.renewAhead(m)
 		}
+		h.keepEarly(m)
 		h.wantHello = true
 		h.lastHello = time.Time{}
 		return
@@ -503,7 +501,7 @@ func (h *Holder) keepEarly(m Message) {
 // Holder's version, and forgets those it has passed.
 func (h *Holder) applyEarly(now time.Time) {
 	for {
-		i := slices.IndexFunc(h.early, func(e Message) bool { return e.Base == h.version && e.Term == h.term })
+		i := slices.IndexFunc(h.early, func(e Message) bool { return e.Base == h.version })
 		if i < 0 {
 			break
 		}
@@ -511,7 +509,7 @@ func (h *Holder) applyEarly(now time.Time) {
 		h.early = slices.Delete(h.early, i, i+1)
 		h.grant(now, m)
 	}
-	h.early = slices.DeleteFunc(h.early, func(e Message) bool { return e.Version <= h.version || e.Term != h.term })
+	h.early = slices.DeleteFunc(h.early, func(e Message) bool { return e.Version <= h.version })
 }
 
 // forgetAhead drops every renewal and delta kept ahead of the table.

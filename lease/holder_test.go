@@ -214,6 +214,15 @@ func TestHolderReorderedDeltas(t *testing.T) {
 	if tb := h.Table(); len(tb) != 1 || tb[0].Count != 280 {
 		t.Fatalf("a full table sent after the expiry: table %+v, want 280", tb)
 	}
+	// A new term's expiry starts its grant numbers again: its first
+	// grant after the expiry applies, however high term 1's numbers went.
+	_ = h.Step(at, Message{Type: MsgExpire, Region: "a", Session: 7, Term: 2, Grant: 1})
+	next := grantMsg(2, 1, 0, rep[0].Seq, true, false, Entry{Key: hk, Count: 290, Burst: 29})
+	next.Grant = 2
+	_ = h.Step(at, next)
+	if tb := h.Table(); len(tb) != 1 || tb[0].Count != 290 {
+		t.Fatalf("term 2's first grant after its expiry: table %+v, want 290", tb)
+	}
 }
 
 // TestHolderRenewalOvertakenByDeltas: a renewal that a later delta
