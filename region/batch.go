@@ -90,7 +90,9 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allo
 		// spent: a batch's worth is not back before dryUntil, so a call
 		// now would find next to nothing. Denied here, and by the deny
 		// cache until then.
-		until, reset := ks.dryUntil, ks.dryReset
+		// The bucket is full again a burst's worth of intervals after
+		// the refill that emptied it.
+		until, reset := ks.dryUntil, ks.takenAt+(time.Duration(lim.Burst())*lim.Interval()).Microseconds()
 		ks.mu.Unlock()
 		ks.arrived.Add(int64(cost))
 		c.denyUntil(ks, until, reset, 1)
@@ -117,10 +119,8 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allo
 		ks.batchLimit, ks.takenAt = lim, now.UnixMicro()
 		if got < ask {
 			// It took every whole token the bucket held: a batch's
-			// worth is back want intervals from now, and all of it a
-			// burst's worth of intervals from now.
+			// worth is back want intervals from now.
 			ks.dryUntil = now.Add(time.Duration(want) * lim.Interval()).UnixMicro()
-			ks.dryReset = now.Add(time.Duration(lim.Burst()) * lim.Interval()).UnixMicro()
 		}
 		if got > 0 {
 			ks.given += int64(got)

@@ -147,10 +147,9 @@ type keyState struct {
 	deniedReset atomic.Int64
 	batchLimit  bucket.Limit // the allocation the held tokens were taken under
 	// dryUntil is when (µs) a batch's worth is back in the regional
-	// bucket after a refill that emptied it, and dryReset when all of it
-	// is; under mu.
-	dryUntil, dryReset int64
-	emergency          bucket.State
+	// bucket after the refill at takenAt emptied it; under mu.
+	dryUntil  int64
+	emergency bucket.State
 	// emergencyFrom is the µs instant the outage the emergency bucket
 	// serves began (the breaker's opening): a later outage starts it empty
 	// again.
