@@ -32,6 +32,7 @@ type Allocator struct {
 	learnFrom  time.Time // when learning began: grants sent since are in the new term and budgets
 	lastRound  time.Time
 	lastFeed   time.Time // the last Tick between rounds to feed every key waiting
+	lastNear   time.Time // the last Tick between rounds to feed the keys waiting for 1/nearShare of their budget or more
 	roundNow   bool      // run a round at the next Tick
 	expiring   bool
 	// first: no leader served these regions before this one
@@ -75,6 +76,7 @@ type Stats struct {
 	Expired     uint64 // region leases that lapsed at the coordinator
 	Urgent      uint64 // keys rebalanced between rounds on a report
 	Fed         uint64 // Ticks between rounds that rebalanced every key waiting on acknowledgements (not on capacity a lease, lend or hold freed)
+	FedNear     uint64 // Ticks between rounds that rebalanced only the keys waiting for 1/nearShare of their budget or more
 	Rounds      uint64
 	HotKeys     int    // keys with allocations now
 	Learning    bool   // no increases yet
@@ -631,7 +633,7 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	// the Tick, which answers every ack since in one grant per region.
 	a.recheck = len(a.starved) > 0
 	if a.recheck && r.acked > acked {
-		a.feed(now, true)
+		a.feed(now, moveShare)
 	}
 }
 
@@ -639,16 +641,29 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 // for a move of demand, not for noise within a contested budget.
 const moveShare = 4
 
-// feedShare: between rounds, acknowledgements make a Tick rebalance every
-// key waiting at most once per Refresh/feedShare; in between it feeds only
-// moves (moveShare). Capacity freed otherwise (a lease or a hold that
-// ended) is fed at the Tick that finds it.
+// Between rounds, acknowledgements make a Tick rebalance the keys waiting
+// by less than a move (moveShare) at most once per Refresh/nearFeed when a
+// region waits for 1/nearShare of the budget or more, and every key
+// waiting at most once per Refresh/feedShare; in between it feeds only
+// moves. Capacity freed otherwise (a lease or a hold that ended) is fed at
+// the Tick that finds it, and that feed starts neither wait.
+//
 // Acknowledgements arrive within a few milliseconds of their grants once
 // the region's agents adopt tables on notice, and a feed at every Tick
 // after each one split a contested budget's steady churn into more,
-// smaller grants (steady-skewed: 13.6 lease messages a second on average
-// over ten seeds, 15.8 at most, against 13.1 and 15.1 with it).
-const feedShare = 8
+// smaller grants. That churn is mostly moves of a few times the
+// hysteresis band (3% of the budget): fed at most every Refresh/8 (every
+// other Tick of the driver's at refresh 2 s), steady-skewed sent up to
+// 16.0 lease messages a second over seeds 1–40, over its target of 15.
+// Shortfalls under 1/16 of the budget now wait for every third Tick, and
+// it sends at most 14.5; larger ones, the end of a move, are still fed
+// every other Tick (docs/design.md, "Since: small shortfalls fed every
+// third tick").
+const (
+	nearShare = 16
+	nearFeed  = 8
+	feedShare = 4
+)
 
 // learned ends learning at now once every region of every budget has
 // acknowledged a grant sent since learning began (or released its share).
@@ -674,9 +689,9 @@ func (a *Allocator) learned(now time.Time) {
 }
 
 // feed rebalances the keys where a region got less than its target; with
-// movesOnly, only those short by a quarter of their budget or more
-// (moveShare), the others staying listed for the next Tick's feed.
-func (a *Allocator) feed(now time.Time, movesOnly bool) {
+// share > 0, only those short by 1/share of their budget or more, the
+// others staying listed for a later Tick's feed.
+func (a *Allocator) feed(now time.Time, share int64) {
 	a.recheck = false
 	if a.expiring {
 		return
@@ -684,7 +699,7 @@ func (a *Allocator) feed(now time.Time, movesOnly bool) {
 	keys := a.starved
 	a.starved = a.starvedSpare[:0]
 	for _, k := range keys {
-		if movesOnly && k.short*moveShare < k.bud.count {
+		if share > 0 && k.short*share < k.bud.count {
 			a.starved = append(a.starved, k) // still starved
 			a.recheck = true
 			continue
@@ -777,14 +792,18 @@ func (a *Allocator) Tick(now time.Time) {
 	if now.Sub(a.lastRound) < a.cfg.Refresh && !a.roundNow {
 		switch {
 		case !a.recheck:
-		case !freed && now.Sub(a.lastFeed) < a.cfg.Refresh/feedShare:
-			a.feed(now, true) // small shortfalls wait for the next feed
+		case freed:
+			a.feed(now, 0)
+		case now.Sub(a.lastFeed) >= a.cfg.Refresh/feedShare:
+			a.lastFeed, a.lastNear = now, now
+			a.stats.Fed++
+			a.feed(now, 0)
+		case now.Sub(a.lastNear) >= a.cfg.Refresh/nearFeed:
+			a.lastNear = now
+			a.stats.FedNear++
+			a.feed(now, nearShare)
 		default:
-			a.lastFeed = now
-			if !freed {
-				a.stats.Fed++
-			}
-			a.feed(now, false)
+			a.feed(now, moveShare) // smaller shortfalls wait for their feed
 		}
 		a.flush(now)
 		return

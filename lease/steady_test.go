@@ -358,35 +358,59 @@ func checkReports(t *testing.T, h *Holder, key bucket.Key, steps []reportStep) {
 }
 
 // TestTickFeedsSmallShortfallsSparingly: ticked every 10 ms while a
-// contested budget's demand wanders (b's want moves by a fifth of the
+// contested budget's demand wanders (b's want moves by a tenth of the
 // budget every 100 ms, a wants more than the rest), the Allocator
-// rebalances the keys waiting by less than a quarter of the budget
-// between rounds at most once per Refresh/feedShare, not at the first
-// Tick after each acknowledgement; and it still does so.
+// rebalances the keys waiting by less than a move between rounds at most
+// once per Refresh/feedShare, and those waiting for 1/nearShare of the
+// budget or more at most once per Refresh/nearFeed, not at the first Tick
+// after each acknowledgement; and both still raise allocations.
 func TestTickFeedsSmallShortfallsSparingly(t *testing.T) {
 	c, k := tickedCluster(t, 6000, 900, 300)
 	c.tickEvery = 10 * time.Millisecond
-	every := c.alloc.cfg.Refresh / feedShare
-	var feeds []time.Time
-	fed := c.alloc.Stats(c.now).Fed
+	type feeds struct {
+		name  string
+		every time.Duration
+		count func(Stats) uint64
+		n     uint64
+		at    []time.Time
+		// raised counts the feeds that raised an allocation.
+		raised int
+	}
+	kinds := []*feeds{
+		{name: "every key waiting", every: c.alloc.cfg.Refresh / feedShare, count: func(s Stats) uint64 { return s.Fed }},
+		{name: "keys waiting for 1/nearShare", every: c.alloc.cfg.Refresh / nearFeed, count: func(s Stats) uint64 { return s.FedNear }},
+	}
+	for _, f := range kinds {
+		f.n = f.count(c.alloc.Stats(c.now))
+	}
 	for i := range 1000 { // 10 s
 		if i%10 == 0 {
 			c.demand["b"][k] = []bucket.Tokens{300, 900}[i/10%2]
 		}
+		increases := c.alloc.Stats(c.now).Increases
 		c.step(10 * time.Millisecond)
 		if err := c.checkI1(); err != nil {
 			t.Fatal(err)
 		}
-		if st := c.alloc.Stats(c.now); st.Fed > fed {
-			fed = st.Fed
-			if n := len(feeds); n > 0 && c.now.Sub(feeds[n-1]) < every {
-				t.Fatalf("feeds at +%s and +%s, less than %s apart\n%s", feeds[n-1].Sub(t0), c.now.Sub(t0), every, c.show())
+		st := c.alloc.Stats(c.now)
+		for _, f := range kinds {
+			if n := f.count(st); n > f.n {
+				f.n = n
+				if st.Increases > increases {
+					f.raised++
+				}
+				if m := len(f.at); m > 0 && c.now.Sub(f.at[m-1]) < f.every {
+					t.Fatalf("feeds of %s at +%s and +%s, less than %s apart\n%s", f.name, f.at[m-1].Sub(t0), c.now.Sub(t0), f.every, c.show())
+				}
+				f.at = append(f.at, c.now)
 			}
-			feeds = append(feeds, c.now)
 		}
 	}
-	if len(feeds) < 10 {
-		t.Fatalf("%d feeds between rounds in 10 s, want the waits fed at least every second\n%s", len(feeds), c.show())
+	for _, f := range kinds {
+		if len(f.at) < 5 || f.raised < 3 {
+			t.Fatalf("%d feeds of %s between rounds in 10 s, %d of them raising an allocation; want at least 5 and 3\n%s", len(f.at), f.name, f.raised, c.show())
+		}
+		t.Logf("%d feeds of %s, %d raising an allocation", len(f.at), f.name, f.raised)
 	}
 }
 
