@@ -497,19 +497,16 @@ func (h *Holder) keepEarly(m Message) {
 	}
 }
 
-// applyEarly applies, in order, the kept deltas that now build on the
-// Holder's version, and forgets those it has passed.
+// applyEarly forgets the kept deltas the Holder's version has passed and
+// applies the one that now builds on it, if any; grant, applying it, comes
+// back here for the next, so they apply in order.
 func (h *Holder) applyEarly(now time.Time) {
-	for {
-		i := slices.IndexFunc(h.early, func(e Message) bool { return e.Base == h.version })
-		if i < 0 {
-			break
-		}
+	h.early = slices.DeleteFunc(h.early, func(e Message) bool { return e.Version <= h.version })
+	if i := slices.IndexFunc(h.early, func(e Message) bool { return e.Base == h.version }); i >= 0 {
 		m := h.early[i]
 		h.early = slices.Delete(h.early, i, i+1)
 		h.grant(now, m)
 	}
-	h.early = slices.DeleteFunc(h.early, func(e Message) bool { return e.Version <= h.version })
 }
 
 // forgetAhead drops every renewal and delta kept ahead of the table.

@@ -92,14 +92,10 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allo
 		// cache until then.
 		// The bucket is full again a burst's worth of intervals after
 		// the refill that emptied it.
-		until, reset := ks.dryUntil, ks.takenAt+(time.Duration(lim.Burst())*lim.Interval()).Microseconds()
+		until, full := ks.dryUntil, ks.takenAt+(time.Duration(lim.Burst())*lim.Interval()).Microseconds()
 		ks.mu.Unlock()
-		ks.arrived.Add(int64(cost))
-		c.denyUntil(ks, until, reset, 1)
 		res.Path = PathDenyCache
-		res.Decision.RetryAfter = time.Duration(until-nowUS) * time.Microsecond
-		res.Decision.ResetAfter = max(time.Duration(reset-nowUS)*time.Microsecond, res.Decision.RetryAfter)
-		c.done(ks, res)
+		c.denyEmpty(ks, res, cost, nowUS, until, full, time.Duration(until-nowUS)*time.Microsecond)
 		return nil
 	}
 	want := c.batchSize(ks.rate, lim, cost)
@@ -150,17 +146,26 @@ func (c *Core) refill(ctx context.Context, now time.Time, ks *keyState, ac *allo
 	// tokens wait in the regional bucket meanwhile, up to its burst, so
 	// none is lost), which keeps a key over its allocation at a few store
 	// calls per batch window.
-	ks.arrived.Add(int64(cost))
 	held := ks.held()
 	retry := time.Duration(max(int64(cost)-held, 1)) * lim.Interval()
 	quiet := time.Duration(max(int64(want)-held, 1)) * lim.Interval()
 	// The refill took every token the bucket held: it is full again a
 	// burst's worth of intervals from now.
-	reset := time.Duration(lim.Burst()) * lim.Interval()
-	c.denyUntil(ks, now.Add(max(retry, quiet)).UnixMicro(), now.Add(reset).UnixMicro(), 1)
-	res.Decision.RetryAfter, res.Decision.ResetAfter = retry, reset
-	c.done(ks, res)
+	full := now.Add(time.Duration(lim.Burst()) * lim.Interval()).UnixMicro()
+	c.denyEmpty(ks, res, cost, now.UnixMicro(), now.Add(max(retry, quiet)).UnixMicro(), full, retry)
 	return nil
+}
+
+// denyEmpty denies a request of cost on ks, whose last refill emptied the
+// regional bucket: the deny cache answers for the key until until (µs), the
+// request may be retried after retry, and the bucket is full again at full
+// (µs).
+func (c *Core) denyEmpty(ks *keyState, res *Result, cost bucket.Tokens, nowUS, until, full int64, retry time.Duration) {
+	ks.arrived.Add(int64(cost))
+	c.denyUntil(ks, until, full, 1)
+	res.Decision.RetryAfter = retry
+	res.Decision.ResetAfter = max(time.Duration(full-nowUS)*time.Microsecond, retry)
+	c.done(ks, res)
 }
 
 // batchSize is the next batch for a key: over BatchWindow, its demand or
