@@ -137,6 +137,43 @@ func TestHolderUrgentReports(t *testing.T) {
 	})
 }
 
+// TestHolderReportsAFallsSecondStep: after a fall reported at once, each
+// further fall by a third below the allocation is reported at once too,
+// above the floor or below it (the first reading of a fall can straddle
+// it); a fall by a third is not, when no fall by half started the cooling
+// or the demand has risen back since.
+func TestHolderReportsAFallsSecondStep(t *testing.T) {
+	h := newTestHolder(t) // refresh 3 s; floor 133
+	hello := h.Ready()[0]
+	if err := h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 300, Burst: 30})); err != nil {
+		t.Fatal(err)
+	}
+	h.Ready() // the acknowledgement
+	checkReports(t, h, hk, []reportStep{
+		{1100 * time.Millisecond, 400, true},  // presses: at once
+		{1900 * time.Millisecond, 290, false}, // a fall by under half: noise
+		{2000 * time.Millisecond, 210, false}, // a third below 400, but not half: no cooling
+		{2100 * time.Millisecond, 180, true},  // cooling: under half of 400
+		{2200 * time.Millisecond, 115, true},  // the fall's second step: a third below 180
+	})
+	// The coordinator lowers the allocation below the floor (lending the
+	// rest): a further step is still reported, since the floor it does
+	// not use is lent.
+	if err := h.Step(t0.Add(2250*time.Millisecond), grantMsg(1, 2, 1, 0, false, false, Entry{Key: hk, Count: 125, Burst: 12})); err != nil {
+		t.Fatal(err)
+	}
+	h.Ready() // the acknowledgement
+	if got := count(t, h, t0.Add(2250*time.Millisecond)); got != 125 {
+		t.Fatalf("allocation %d after the grant, want 125", got)
+	}
+	checkReports(t, h, hk, []reportStep{
+		{2300 * time.Millisecond, 100, false}, // less than a third below 115
+		{2400 * time.Millisecond, 76, true},   // a third below 115, under the floor
+		{2500 * time.Millisecond, 80, false},  // back above what was reported: cooling ends
+		{2600 * time.Millisecond, 50, false},  // a third below 76, but no longer cooling
+	})
+}
+
 // TestHeldFloorFreedWhenHoldEnds: a region whose use fell keeps its floor
 // for the budget's fill time (its peak's hold); when that hold ends while
 // another region waits for the capacity, the key is rebalanced then, not at
