@@ -107,12 +107,7 @@ func TestSmallIncreaseFromFreeCapacity(t *testing.T) {
 // or halved; a key that keeps pressing with a steady demand, or presses again
 // by less than a quarter of its allocation, waits for the periodic report.
 func TestHolderUrgentReports(t *testing.T) {
-	h := newTestHolder(t) // refresh 3 s; floor 133
-	hello := h.Ready()[0]
-	if err := h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 300, Burst: 30})); err != nil {
-		t.Fatal(err)
-	}
-	h.Ready() // the acknowledgement
+	h := grantedTestHolder(t, Entry{Key: hk, Count: 300, Burst: 30}) // refresh 3 s; floor 133
 	checkReports(t, h, hk, []reportStep{
 		{1000 * time.Millisecond, 250, false},  // within its allocation
 		{1100 * time.Millisecond, 400, true},   // presses: at once
@@ -143,12 +138,7 @@ func TestHolderUrgentReports(t *testing.T) {
 // it); a fall by a third is not, when no fall by half started the cooling
 // or the demand has risen back since.
 func TestHolderReportsAFallsSecondStep(t *testing.T) {
-	h := newTestHolder(t) // refresh 3 s; floor 133
-	hello := h.Ready()[0]
-	if err := h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 300, Burst: 30})); err != nil {
-		t.Fatal(err)
-	}
-	h.Ready() // the acknowledgement
+	h := grantedTestHolder(t, Entry{Key: hk, Count: 300, Burst: 30}) // refresh 3 s; floor 133
 	checkReports(t, h, hk, []reportStep{
 		{1100 * time.Millisecond, 400, true},  // presses: at once
 		{1900 * time.Millisecond, 290, false}, // a fall by under half: noise
@@ -172,6 +162,19 @@ func TestHolderReportsAFallsSecondStep(t *testing.T) {
 		{2500 * time.Millisecond, 80, false},  // back above what was reported: cooling ends
 		{2600 * time.Millisecond, 50, false},  // a third below 76, but no longer cooling
 	})
+}
+
+// grantedTestHolder is newTestHolder after its first grant, a full table
+// of es, and its acknowledgement.
+func grantedTestHolder(t *testing.T, es ...Entry) *Holder {
+	t.Helper()
+	h := newTestHolder(t)
+	hello := h.Ready()[0]
+	if err := h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, es...)); err != nil {
+		t.Fatal(err)
+	}
+	h.Ready() // the acknowledgement
+	return h
 }
 
 // TestHeldFloorFreedWhenHoldEnds: a region whose use fell keeps its floor
@@ -319,12 +322,7 @@ func allocated(c *cluster, region string, k bucket.Key) bucket.Tokens {
 func TestHolderReportsStopBelowFloor(t *testing.T) {
 	run := func(key bucket.Key, grant []Entry, steps []reportStep) {
 		t.Helper()
-		h := newTestHolder(t) // refresh 3 s; floor 133
-		hello := h.Ready()[0]
-		if err := h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, grant...)); err != nil {
-			t.Fatal(err)
-		}
-		h.Ready() // the acknowledgement
+		h := grantedTestHolder(t, grant...) // refresh 3 s; floor 133
 		checkReports(t, h, key, steps)
 	}
 	run(hk, []Entry{{Key: hk, Count: 100, Burst: 10}}, []reportStep{
