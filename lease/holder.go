@@ -185,26 +185,25 @@ const (
 const (
 	rampNum, rampDen = 5, 4
 	dropNum, dropDen = 1, 2
+	// A fall reported at once is often read in steps: the region's demand
+	// sums each agent's estimate, and an agent takes a fall first from a
+	// window that began before it (region/demand.go), so the first report can
+	// carry a level between the old and the new, from one agent or all; the
+	// next readings, a window or two later, are the level. While cooling
+	// (since a fall by half, until the demand is back at what was last
+	// reported), each further fall by a third (stepNum/stepDen) below the
+	// allocation is reported at once too, above the floor or below it (a
+	// floor its owner does not use is lent). Waiting for a fall by half, it
+	// waited for the periodic report: in the chaos harness's healthy run a
+	// region falling from 900 to 150 a second reported 282 at once and then
+	// 150 (53%) half a second later, and the region the demand had moved to
+	// reached 95% of its fair share 1.6 s after the move, against 0.4–1.0 s
+	// for the other moves. By a quarter or an eighth the library lost more
+	// than it gained (docs/design.md, "Since: a cooling region's steps
+	// reported at once"). Steady noise does not start it: only a fall by half
+	// does.
 	stepNum, stepDen = 2, 3
 )
-
-// A fall reported at once is often read in steps: the region's demand
-// sums each agent's estimate, and an agent takes a fall first from a
-// window that began before it (region/demand.go), so the first report can
-// carry a level between the old and the new, from one agent or all; the
-// next readings, a window or two later, are the level. While cooling
-// (since a fall by half, until the demand is back at what was last
-// reported), each further fall by a third (stepNum/stepDen) below the
-// allocation is reported at once too, above the floor or below it (a
-// floor its owner does not use is lent). Waiting for a fall by half, it
-// waited for the periodic report: in the chaos harness's healthy run a
-// region falling from 900 to 150 a second reported 282 at once and then
-// 150 (53%) half a second later, and the region the demand had moved to
-// reached 95% of its fair share 1.6 s after the move, against 0.4–1.0 s
-// for the other moves. By a quarter or an eighth the library lost more
-// than it gained (docs/design.md, "Since: a cooling region's steps
-// reported at once"). Steady noise does not start it: only a fall by half
-// does.
 
 type sentAt struct {
 	seq uint64
