@@ -371,15 +371,15 @@ func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 	// own: the allocation, which the region already has, and what the
 	// coordinator was last told.
 	base := max(c, d.sent)
+	soon := d.reported.IsZero() || since >= h.refresh/urgentSoon
 	switch {
 	case want > c && (d.reported.IsZero() ||
 		since >= h.refresh/urgentEvery && want*rampDen >= base*rampNum ||
-		since >= h.refresh/urgentSoon && want*soonDen >= base*soonNum):
+		soon && want*soonDen >= base*soonNum):
 		d.cooling = false
-	case (c > hb.floor || want == 0 && d.sent > 0 && h.granted(key)) && want < c && want*dropDen <= d.sent*dropNum &&
-		(d.reported.IsZero() || since >= h.refresh/urgentSoon):
+	case want < c && soon && ((c > hb.floor || want == 0 && d.sent > 0 && h.granted(key)) && want*dropDen <= d.sent*dropNum ||
+		d.cooling && d.sent > 0 && want*stepDen <= d.sent*stepNum):
 		d.cooling = true
-	case d.cooling && want < c && d.sent > 0 && want*stepDen <= d.sent*stepNum && since >= h.refresh/urgentSoon:
 	default:
 		if want >= d.sent {
 			d.cooling = false

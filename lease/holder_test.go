@@ -19,6 +19,19 @@ func newTestHolder(t *testing.T) *Holder {
 	return h
 }
 
+// grantedTestHolder is newTestHolder after its first grant, a full table
+// of es, and its acknowledgement.
+func grantedTestHolder(t *testing.T, es ...Entry) *Holder {
+	t.Helper()
+	h := newTestHolder(t)
+	hello := h.Ready()[0]
+	if err := h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, es...)); err != nil {
+		t.Fatal(err)
+	}
+	h.Ready() // the acknowledgement
+	return h
+}
+
 var hk = bucket.Key{Rule: "api", Subject: "t"}
 
 func grantMsg(term, ver, base, seq uint64, full, renew bool, es ...Entry) Message {
@@ -67,9 +80,7 @@ func TestHolderLeaseFromSendTime(t *testing.T) {
 // lease ends, until Hold after the grant was received plus the drift
 // margin in proportion to Hold (Drift×Hold/TTL: 0.5 s × 20 s / 10 s).
 func TestHolderLentFloorHolds(t *testing.T) {
-	h := newTestHolder(t)
-	hello := h.Ready()[0]
-	_ = h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 20, Burst: 2}))
+	h := grantedTestHolder(t, Entry{Key: hk, Count: 20, Burst: 2})
 	if got := count(t, h, t0.Add(15*time.Second)); got != 20 {
 		t.Fatalf("lease over, hold on: %d, want the lent 20", got)
 	}
@@ -146,10 +157,7 @@ func TestHolderVersions(t *testing.T) {
 // (at), for the grants that answer it.
 func reportedHolder(t *testing.T) (h *Holder, end1, at time.Time, rep []Message) {
 	t.Helper()
-	h = newTestHolder(t)
-	hello := h.Ready()[0]
-	_ = h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, Entry{Key: hk, Count: 300, Burst: 30}))
-	h.Ready()
+	h = grantedTestHolder(t, Entry{Key: hk, Count: 300, Burst: 30})
 	end1 = h.Status(t0).LeaseEnd
 	at = t0.Add(DefaultConfig().Refresh)
 	h.Tick(at)

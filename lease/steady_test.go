@@ -164,19 +164,6 @@ func TestHolderReportsAFallsSecondStep(t *testing.T) {
 	})
 }
 
-// grantedTestHolder is newTestHolder after its first grant, a full table
-// of es, and its acknowledgement.
-func grantedTestHolder(t *testing.T, es ...Entry) *Holder {
-	t.Helper()
-	h := newTestHolder(t)
-	hello := h.Ready()[0]
-	if err := h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, es...)); err != nil {
-		t.Fatal(err)
-	}
-	h.Ready() // the acknowledgement
-	return h
-}
-
 // TestHeldFloorFreedWhenHoldEnds: a region whose use fell keeps its floor
 // for the budget's fill time (its peak's hold); when that hold ends while
 // another region waits for the capacity, the key is rebalanced then, not at
