@@ -129,7 +129,7 @@ th{background:#f3f3f3} td.l,th.l{text-align:left}
 </style></head><body>
 <h1>allot coordinator</h1>
 <p>Region authentication: {{if eq .Auth "insecure"}}<span class="warn">insecure — regions are accepted by name alone</span>{{else}}{{.Auth}}{{end}}.</p>
-{{if .Leading}}<p>Leader, term {{.Term}}{{if .First}} (the first leader: reserves started full){{end}}{{if .Learning}} — <span class="warn">learning: no increases yet</span>{{end}}.</p>
+{{if .Leading}}<p>Leader, term {{.Term}}{{if .First}} (the first leader: reserves started full){{end}}{{if .Learning}} — <span class="warn">learning: {{if .First}}no region raised above its share of a static split yet{{else}}no increases yet{{end}}</span>{{end}}.</p>
 {{else}}<p>Following; leader: {{if .Leader}}{{.Leader}}{{else}}<span class="warn">unknown</span>{{end}}.</p>{{end}}
 {{if .Leading}}
 <h2>Regions</h2>

@@ -14,7 +14,7 @@ func NewCollector(s *Server) *Collector { return &Collector{s: s} }
 var (
 	descLeader     = prometheus.NewDesc("allot_coordinator_leader", "1 while this coordinator leads.", nil, nil)
 	descTerm       = prometheus.NewDesc("allot_coordinator_term", "The leader term this coordinator serves (0 when following).", nil, nil)
-	descLearning   = prometheus.NewDesc("allot_coordinator_learning", "1 while the leader learns what regions hold and grants no increase.", nil, nil)
+	descLearning   = prometheus.NewDesc("allot_coordinator_learning", "1 while the leader learns what regions hold: it grants no increase (the first leader none above a static split's share).", nil, nil)
 	descHotKeys    = prometheus.NewDesc("allot_coordinator_hot_keys", "Keys with allocations, by budget.", []string{"budget"}, nil)
 	descAlloc      = prometheus.NewDesc("allot_coordinator_allocation", "Sum over hot keys of each region's allocation (tokens per period), by budget and region.", []string{"budget", "region"}, nil)
 	descHeadroom   = prometheus.NewDesc("allot_coordinator_escrow_headroom", "Smallest budget minus escrowed allocations among the budget's hot keys (tokens per period).", []string{"budget"}, nil)

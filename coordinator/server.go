@@ -233,7 +233,7 @@ func (s *Server) BecomeLeader(term uint64) error { return s.becomeLeader(term, f
 
 // becomeLeader is BecomeLeader; with first, for the first leader that ever
 // serves the regions (lease.NewFirstAllocator: every key's stored reserve
-// starts full). Only RunElection passes it, from its etcd record (LedKey):
+// starts full, and it raises while it learns). Only RunElection passes it, from its etcd record (LedKey):
 // a coordinator without etcd, which may have been restarted, cannot know.
 func (s *Server) becomeLeader(term uint64, first bool) error {
 	s.mu.Lock()

@@ -1053,6 +1053,18 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		demand[i] = w
 	}
 	a.targets(k, C-fixed, tgt, lb, want, bare, demand)
+	if learning && a.first {
+		// The first leader has no earlier leader's grants to learn, so it
+		// raises while learning, from what the floors leave; but a region
+		// not yet heard from may want its share, so no region rises above
+		// its share of a static split until learning ends.
+		W := bud.b.Split().totalWeight()
+		for i := range tgt {
+			if s := &k.slots[i]; tgt[i] > s.cur {
+				tgt[i] = max(s.cur, min(tgt[i], mulDiv(C, bud.weights[i], W)))
+			}
+		}
+	}
 
 	// Hysteresis: a move smaller than h is not worth its cost (a rebase at
 	// the region, a grant and its acknowledgement, and for an increase the
@@ -1097,20 +1109,22 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		}
 	}
 	avail := C - sum
-	if learning || avail < 0 {
+	// While learning, regions the Allocator has not heard from may hold
+	// more than it counts, so nothing rises at all, except under the first
+	// leader, whose claims bound every region from the start.
+	hold := learning && !a.first
+	if hold || avail < 0 {
 		avail = 0
 	}
 	k.res = min(k.res, float64(bud.unclaimedBurst(base)))
 	if a.cfg.UnsafeSkipEscrow {
-		avail, sum, learning = need, min(sum, C), false
+		avail, sum, hold = need, min(sum, C), false
 	}
 	for i := range k.slots {
 		r, s := bud.regions[i], &k.slots[i]
 		// Raising a region up to its present claim costs nothing only while
 		// the claims fit: above the budget, some claim must stay unrealized.
-		// While learning, regions the Allocator has not heard from may hold
-		// more than it counts, so nothing rises at all.
-		if tgt[i] <= s.cur || r.blocked || sum > C || learning {
+		if tgt[i] <= s.cur || r.blocked || sum > C || hold {
 			continue
 		}
 		v := min(tgt[i], max(s.cur, base[i]))
@@ -1585,7 +1599,7 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 	m := Message{
 		Type: MsgGrant, Region: r.name, Session: r.session, Term: a.term, Seq: r.lastReq,
 		TTL: a.cfg.TTL, Hold: a.cfg.Hold, Refresh: a.cfg.Refresh, Drift: a.cfg.Drift,
-		Renew: renew, Base: r.version, Version: r.version, Learning: now.Before(a.learnUntil),
+		Renew: renew, Base: r.version, Version: r.version, Learning: now.Before(a.learnUntil) && !a.first,
 	}
 	if r.needFull {
 		m.Full, m.Base = true, 0
@@ -1663,7 +1677,7 @@ func (a *Allocator) carry(s *slot) bucket.Tokens {
 func (a *Allocator) flush(now time.Time) {
 	for _, r := range a.regions {
 		if (r.needFull || len(r.changed) > 0) && r.known && !r.released {
-			a.sendGrant(now, r, false)
+			a.sendGrant(now, r, a.first && now.Before(a.learnUntil))
 		}
 	}
 }

@@ -111,25 +111,31 @@ func TestReserveTokensGoWithTheRaise(t *testing.T) {
 // learning and carries a fraction of it. A region whose hello holds more
 // than its floor (so an earlier leader did exist) still empties the key's
 // stored reserve, and the escrow holds throughout.
+// newFirstCluster is newCluster with its Allocator the regions' first
+// leader's (NewFirstAllocator) when first is set.
+func newFirstCluster(t *testing.T, cfg Config, first bool) *cluster {
+	t.Helper()
+	c := newCluster(t, cfg)
+	if first {
+		a, err := NewFirstAllocator(cfg, c.term, c.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.alloc = a
+	}
+	if c.alloc.First() != first {
+		t.Fatalf("the Allocator says first is %v, want %v", c.alloc.First(), first)
+	}
+	return c
+}
+
 func TestFirstLeaderStartsWithTheReserveFull(t *testing.T) {
 	cfg := scenarioConfig()
 	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(600), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
 	k := bucket.Key{Rule: "api", Subject: "t1"}
 	run := func(first bool) (carried bucket.Tokens, c *cluster) {
 		t.Helper()
-		c = newCluster(t, cfg)
-		if first {
-			a, err := NewFirstAllocator(cfg, c.term, c.now)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !a.First() {
-				t.Fatal("NewFirstAllocator's Allocator does not say it is the first")
-			}
-			c.alloc = a
-		} else if c.alloc.First() {
-			t.Fatal("NewAllocator's Allocator says it is the first")
-		}
+		c = newFirstCluster(t, cfg, first)
 		c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 2000}
 		for range 30 {
 			c.step(100 * time.Millisecond)
@@ -194,5 +200,62 @@ func TestFirstLeaderStartsWithTheReserveFull(t *testing.T) {
 	}
 	if got := a.keys[j].res; got != 0 {
 		t.Fatalf("after a hello holding more than the floor, the stored reserve is %.1f, want 0", got)
+	}
+}
+
+// TestFirstLeaderRaisesWhileLearning: the first leader has no earlier
+// leader's grants to learn, so it raises while it learns, up to each
+// region's share of a static split (a region it has not heard from may
+// want its share), and renews what it raises: the holders use it at once.
+// A later leader raises nothing until learning ends.
+func TestFirstLeaderRaisesWhileLearning(t *testing.T) {
+	cfg := scenarioConfig()
+	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(600), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	early := map[string]bucket.Tokens{}
+	run := func(first bool) (most map[string]bucket.Tokens, c *cluster) {
+		t.Helper()
+		c = newFirstCluster(t, cfg, first)
+		// The coordinator's first round runs before any hello arrives, as
+		// at a coordinator's start, so the next one is a refresh interval
+		// away; c never says hello: learning runs its full TTL+2×Drift.
+		c.alloc.Tick(c.now)
+		c.cut["c"] = true
+		c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 2000}
+		c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 2000}
+		most = map[string]bucket.Tokens{}
+		for i := range 50 {
+			c.step(100 * time.Millisecond)
+			if i == 9 {
+				// One second in, before the second round.
+				for _, r := range []string{"a", "b"} {
+					l, _ := c.holders[r].Allocation(c.hnow(r), k)
+					early[r] = l.Count()
+				}
+			}
+			if !c.alloc.Learning(c.now) {
+				t.Fatalf("learning ended at %v with c silent", c.now.Sub(t0))
+			}
+			if err := c.checkI1(); err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range []string{"a", "b"} {
+				l, _ := c.holders[r].Allocation(c.hnow(r), k)
+				most[r] = max(most[r], l.Count())
+			}
+		}
+		return most, c
+	}
+	most, c := run(true)
+	for _, r := range []string{"a", "b"} {
+		if l, _ := c.holders[r].Allocation(c.hnow(r), k); most[r] != 200 || l.Count() != 200 || early[r] != 200 {
+			t.Fatalf("under the first leader, while learning, %s used at most %d, %d after 1 s and %d now, want its share of the static split, 200, from the grant that raised it", r, most[r], early[r], l.Count())
+		}
+	}
+	most, _ = run(false)
+	for _, r := range []string{"a", "b"} {
+		if most[r] != 140 {
+			t.Fatalf("under a later leader, while learning, %s used at most %d, want its floor, 140", r, most[r])
+		}
 	}
 }

@@ -54,7 +54,9 @@
 // may use now, renews, and takes back what regions borrowed, but grants no
 // increase — so it lends no floor either, since nothing lent could be
 // granted to anyone. Its grants say so, and Holders apply them only
-// downwards. Learning ends when every region has acknowledged a grant of
+// downwards. The first leader ever to serve the regions
+// (NewFirstAllocator) has nothing to learn from them: it raises while it
+// learns, but no region above its share of a static split. Learning ends when every region has acknowledged a grant of
 // the new term (each then ignores the old leader and holds no more than the
 // new one counts), or at the latest after one TTL plus twice the drift
 // margin, when every lease the previous leader could have granted has
