@@ -15,7 +15,7 @@ func ToProto(m lease.Message) *leasev1.Message {
 		Type: leasev1.Type(m.Type), Region: m.Region, Session: m.Session, Term: m.Term, Seq: m.Seq,
 		Grant: m.Grant, Version: m.Version, Base: m.Base, Full: m.Full, Renew: m.Renew,
 		TtlUs: m.TTL.Microseconds(), HoldUs: m.Hold.Microseconds(), RefreshUs: m.Refresh.Microseconds(),
-		DriftUs: m.Drift.Microseconds(), Leader: m.Leader, Learning: m.Learning,
+		DriftUs: m.Drift.Microseconds(), Leader: m.Leader, Learning: m.Learning, Quiet: m.Quiet,
 	}
 	if len(m.Entries) > 0 {
 		p.Entries = make([]*leasev1.Entry, len(m.Entries))
@@ -50,7 +50,7 @@ func FromProto(p *leasev1.Message) lease.Message {
 		Type: msgType(p.GetType()), Region: p.GetRegion(), Session: p.GetSession(), Term: p.GetTerm(),
 		Seq: p.GetSeq(), Grant: p.GetGrant(), Version: p.GetVersion(), Base: p.GetBase(), Full: p.GetFull(),
 		Renew: p.GetRenew(), TTL: us(p.GetTtlUs()), Hold: us(p.GetHoldUs()), Refresh: us(p.GetRefreshUs()),
-		Drift: us(p.GetDriftUs()), Leader: p.GetLeader(), Learning: p.GetLearning(),
+		Drift: us(p.GetDriftUs()), Leader: p.GetLeader(), Learning: p.GetLearning(), Quiet: p.GetQuiet(),
 	}
 	if len(p.GetReturns()) > 0 {
 		m.Returns = make([]lease.Return, len(p.Returns))

@@ -79,3 +79,21 @@ func TestCreditCrossesTheWireAndNotUpward(t *testing.T) {
 		t.Fatalf("a hello's entries after sanitize: %+v, want one without credit", up.Entries)
 	}
 }
+
+// TestGrantFlagsCrossTheWire: each of a grant's flags survives the wire on
+// its own (a Quiet grant that arrived loud would be acknowledged, harmless;
+// a loud one that arrived quiet would leave a decrease unacknowledged).
+func TestGrantFlagsCrossTheWire(t *testing.T) {
+	for _, m := range []lease.Message{
+		{Type: lease.MsgGrant, Full: true},
+		{Type: lease.MsgGrant, Renew: true},
+		{Type: lease.MsgGrant, Learning: true},
+		{Type: lease.MsgGrant, Quiet: true},
+		{Type: lease.MsgGrant},
+	} {
+		got := FromProto(ToProto(m))
+		if got.Full != m.Full || got.Renew != m.Renew || got.Learning != m.Learning || got.Quiet != m.Quiet {
+			t.Errorf("%+v after the wire: full %v renew %v learning %v quiet %v", m, got.Full, got.Renew, got.Learning, got.Quiet)
+		}
+	}
+}

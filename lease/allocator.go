@@ -196,6 +196,12 @@ type region struct {
 
 	version uint64 // latest version sent
 	acked   uint64
+	// ackTo is the latest version sent that asks for an acknowledgement;
+	// the versions after it only raise (Message.Quiet), so once ackTo is
+	// acknowledged they all count as acknowledged. lowered says a change
+	// queued since the last grant lowers a slot.
+	ackTo   uint64
+	lowered bool
 	// unackedSince is when the oldest version not yet acknowledged was
 	// sent (approximately: reset on each partial acknowledgement).
 	unackedSince time.Time
@@ -599,6 +605,9 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	acked := r.acked
 	if m.Version <= r.version {
 		r.acked = max(r.acked, m.Version)
+		if r.acked >= r.ackTo {
+			r.acked = r.version // the rest only raise
+		}
 		if r.acked < r.version {
 			r.unackedSince = now // the rest were sent after what was acked
 		}
@@ -636,6 +645,10 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 		a.feed(now, moveShare)
 	}
 }
+
+// quietHeard: a raise is sent Quiet only to a region heard from within
+// Refresh/quietHeard.
+const quietHeard = 4
 
 // moveShare: a region short by at least 1/moveShare of a budget is waiting
 // for a move of demand, not for noise within a contested budget.
@@ -1521,6 +1534,7 @@ func (a *Allocator) set(k *hotKey, i int, v int64) {
 	r, s := k.bud.regions[i], &k.slots[i]
 	s.prune(r.acked)
 	if v < s.cur {
+		r.lowered = true
 		b := k.bud.b
 		s.room = min(s.room+int64(b.BurstOf(bucket.Tokens(s.cur))-b.BurstOf(bucket.Tokens(v))), int64(b.Limit.Burst()))
 	}
@@ -1638,10 +1652,27 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 		r.changed = r.changed[:0]
 		slices.SortFunc(m.Entries, func(x, y Entry) int { return cmpKey(x.Key, y.Key) })
 	}
-	if m.Version > r.version && r.acked == r.version {
-		r.unackedSince = now
+	// A delta that only raises needs no acknowledgement: the claims count
+	// every value sent since the last one acknowledged at its largest, and
+	// for a key the values after ackTo only rise, so the last is the
+	// largest, whichever of them the region holds. Whatever else a grant
+	// tells (a renewal, a full table, a learning grant, a decrease) is
+	// acknowledged, and so is a raise to a region not heard from within a
+	// quarter of a refresh interval: its link may be down, and only a
+	// missing acknowledgement makes the next round resend a lost grant.
+	m.Quiet = m.Version > r.version && !m.Full && !renew && !m.Learning && !r.lowered &&
+		now.Sub(r.heard) < a.cfg.Refresh/quietHeard
+	r.lowered = false
+	if m.Version > r.version && !m.Quiet {
+		if r.acked == r.version {
+			r.unackedSince = now
+		}
+		r.ackTo = m.Version
 	}
 	r.version = m.Version
+	if r.acked >= r.ackTo {
+		r.acked = r.version
+	}
 	// Whatever this grant carries must be capped again if the lease has
 	// run out: the next Tick caps it at the floors before any renewal.
 	if len(m.Entries) > 0 || renew {

@@ -46,6 +46,8 @@ type cluster struct {
 	// stepped, when set, is called after the Allocator steps a message and
 	// before its output is collected.
 	stepped func(m Message)
+	// sent, when set, is called with every message the Allocator sends.
+	sent func(m Message)
 }
 
 type envelope struct {
@@ -134,6 +136,9 @@ func (c *cluster) leaderChange() {
 func (c *cluster) collect() {
 	for _, m := range c.alloc.Ready() {
 		c.trace("%s sent by term %d: %v %v", c.now.Sub(t0), c.alloc.term, m, m.Entries)
+		if c.sent != nil {
+			c.sent(m)
+		}
 		c.send(m.Region, m)
 	}
 	for _, r := range c.regions {

@@ -48,7 +48,9 @@
 // down), so the burst sum is bounded too. A lease is renewed only while the
 // sum fits, so capacity lent by a silent region is handed back before the
 // region may take it up again. Duplicated, reordered or lost messages can only
-// delay an acknowledgement, never shorten a bound.
+// delay an acknowledgement, never shorten a bound. A delta that only raises
+// is Quiet and not acknowledged: after the last value acknowledged, a key's
+// values then only rise, and the last bounds them all.
 //
 // A new leader starts in learning mode: it adopts what regions say they
 // may use now, renews, and takes back what regions borrowed, but grants no

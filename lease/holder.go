@@ -500,7 +500,9 @@ func (h *Holder) grant(now time.Time, m Message) {
 			h.leaseEnd = maxTime(h.leaseEnd, end)
 		}
 	}
-	h.ack(m)
+	if !m.Quiet {
+		h.ack(m) // a grant that only raises asks for none (Message.Quiet)
+	}
 	if apply {
 		h.applyEarly(now)
 	}

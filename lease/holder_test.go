@@ -318,3 +318,116 @@ func TestHolderRenewalAheadOfItsDelta(t *testing.T) {
 		t.Fatalf("a renewal of term 1 extended term 2's lease to %v (ended at %v)", got.Sub(t0), ended.Sub(t0))
 	}
 }
+
+// TestRaiseAsksNoAcknowledgement: a delta that only raises is Quiet and
+// the Holder does not acknowledge it; a decrease, a renewal, a full table
+// and a raise to a region not heard from lately are acknowledged; a quiet
+// grant never leaves the Allocator waiting (no full table resent for it),
+// and the claims bound the holders at every step.
+func TestRaiseAsksNoAcknowledgement(t *testing.T) {
+	cfg := scenarioConfig()
+	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(600), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	c := newCluster(t, cfg)
+	type sentGrant struct {
+		m     Message
+		acked bool
+	}
+	grants := map[uint64]*sentGrant{} // region a's, by grant number
+	last := map[bucket.Key]bucket.Tokens{}
+	loudRaises := 0
+	c.sent = func(m Message) {
+		if m.Region != "a" || m.Type != MsgGrant {
+			return
+		}
+		grants[m.Grant] = &sentGrant{m: m}
+		lowers := false
+		for _, e := range m.Entries {
+			v := e.Count
+			if e.Drop {
+				v = 140
+			}
+			if was, ok := last[e.Key]; ok && v < was || !ok && v < 140 {
+				lowers = true
+			}
+			last[e.Key] = v
+		}
+		if m.Full {
+			clear(last)
+			for _, e := range m.Entries {
+				last[e.Key] = e.Count
+			}
+		}
+		raise := !m.Full && !m.Renew && !m.Learning && !lowers
+		heard := c.now.Sub(c.alloc.byName["a"].heard) < cfg.Refresh/quietHeard
+		if want := raise && heard; m.Quiet != want {
+			t.Fatalf("grant %v %v (a heard %v ago): quiet %v, want %v", m, m.Entries, c.now.Sub(c.alloc.byName["a"].heard), m.Quiet, want)
+		}
+		if raise && !heard {
+			loudRaises++
+		}
+	}
+	c.stepped = func(m Message) {
+		if m.Region == "a" && m.Type == MsgAck {
+			if g := grants[m.Grant]; g != nil {
+				g.acked = true
+			}
+		}
+	}
+	run := func(d time.Duration) {
+		for range int(d / (100 * time.Millisecond)) {
+			c.step(100 * time.Millisecond)
+			if err := c.checkI1(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// a presses alone: it is raised, between rounds too, as b and c lend.
+	c.demand["a"] = map[bucket.Key]bucket.Tokens{k: 2000}
+	c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 10}
+	c.demand["c"] = map[bucket.Key]bucket.Tokens{k: 10}
+	run(6 * time.Second)
+	if l, _ := c.holders["a"].Allocation(c.now, k); l.Count() < 400 {
+		t.Fatalf("a holds %d, want most of the budget", l.Count())
+	}
+	// b presses too: a is decreased.
+	c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 2000}
+	run(6 * time.Second)
+	if l, _ := c.holders["a"].Allocation(c.now, k); l.Count() > 320 {
+		t.Fatalf("a holds %d after b pressed, want about half", l.Count())
+	}
+	var quiet, loud, full int
+	for _, g := range grants {
+		switch {
+		case g.m.Quiet && g.acked:
+			t.Fatalf("quiet grant %v was acknowledged", g.m)
+		case g.m.Quiet:
+			quiet++
+		case !g.acked:
+			t.Fatalf("grant %v was not acknowledged", g.m)
+		default:
+			loud++
+		}
+		if g.m.Full {
+			full++
+		}
+	}
+	if quiet == 0 || loud == 0 {
+		t.Fatalf("%d quiet and %d acknowledged grants to a, want some of each", quiet, loud)
+	}
+	if full != 1 {
+		t.Fatalf("%d full tables sent to a, want only the first: a quiet grant must not leave the Allocator resending", full)
+	}
+	if r := c.alloc.byName["a"]; r.acked != r.version {
+		t.Fatalf("a's versions acknowledged up to %d of %d", r.acked, r.version)
+	}
+
+	// a's messages up are lost (its link may be down) as b stops: the raise
+	// a gets asks for an acknowledgement, whose absence resends it.
+	c.dropUp["a"] = 1 << 20
+	c.demand["b"] = map[bucket.Key]bucket.Tokens{k: 10}
+	run(3 * time.Second)
+	if loudRaises == 0 {
+		t.Fatal("no raise sent to a while it was not heard from, or every one quiet")
+	}
+}

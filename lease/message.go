@@ -88,6 +88,10 @@ type Message struct {
 	// they may come from a hello that later grants of the previous leader
 	// have overtaken.
 	Learning bool
+	// Quiet marks a delta grant that only raises (no entry lower than the
+	// last value sent, no renewal): the Allocator needs no acknowledgement
+	// of it, so the Holder sends none. A later acknowledgement covers it.
+	Quiet bool
 	// TTL is the lease length, Hold how long a lent floor stays lent after
 	// the grant is received, Refresh how often to report, and Drift the
 	// margin for clock drift (down, grant).
@@ -157,6 +161,9 @@ func (m Message) String() string {
 		}
 		if m.Renew {
 			s += " renew"
+		}
+		if m.Quiet {
+			s += " quiet"
 		}
 		s += fmt.Sprintf(" entries=%d", len(m.Entries))
 	case MsgExpire:

@@ -304,7 +304,9 @@ type Message struct {
 	Budgets []*Budget `protobuf:"bytes,19,rep,name=budgets,proto3" json:"budgets,omitempty"`
 	// returns, in an acknowledgement only: tokens the decreases it
 	// acknowledges took away from the region's buckets.
-	Returns       []*Return `protobuf:"bytes,20,rep,name=returns,proto3" json:"returns,omitempty"`
+	Returns []*Return `protobuf:"bytes,20,rep,name=returns,proto3" json:"returns,omitempty"`
+	// quiet, in a grant: it only raises, and asks for no acknowledgement.
+	Quiet         bool `protobuf:"varint,21,opt,name=quiet,proto3" json:"quiet,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -477,6 +479,13 @@ func (x *Message) GetReturns() []*Return {
 		return x.Returns
 	}
 	return nil
+}
+
+func (x *Message) GetQuiet() bool {
+	if x != nil {
+		return x.Quiet
+	}
+	return false
 }
 
 // Return is lease.Return: tokens a decrease of a key's allocation took away
@@ -652,7 +661,7 @@ const file_lease_v1_lease_proto_rawDesc = "" +
 	"\x06credit\x18\x05 \x01(\x03R\x06credit\"C\n" +
 	"\x06Demand\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.allot.lease.v1.KeyR\x03key\x12\x12\n" +
-	"\x04want\x18\x02 \x01(\x03R\x04want\"\xdc\x04\n" +
+	"\x04want\x18\x02 \x01(\x03R\x04want\"\xf2\x04\n" +
 	"\aMessage\x12(\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x14.allot.lease.v1.TypeR\x04type\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x18\n" +
@@ -675,7 +684,8 @@ const file_lease_v1_lease_proto_rawDesc = "" +
 	"\x06leader\x18\x11 \x01(\tR\x06leader\x12\x1a\n" +
 	"\blearning\x18\x12 \x01(\bR\blearning\x120\n" +
 	"\abudgets\x18\x13 \x03(\v2\x16.allot.lease.v1.BudgetR\abudgets\x120\n" +
-	"\areturns\x18\x14 \x03(\v2\x16.allot.lease.v1.ReturnR\areturns\"G\n" +
+	"\areturns\x18\x14 \x03(\v2\x16.allot.lease.v1.ReturnR\areturns\x12\x14\n" +
+	"\x05quiet\x18\x15 \x01(\bR\x05quiet\"G\n" +
 	"\x06Return\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.allot.lease.v1.KeyR\x03key\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\"\xcb\x01\n" +
