@@ -109,6 +109,9 @@ type budget struct {
 	regions                                 []*region // in b.Regions order
 	floors                                  []int64
 	weights                                 []int64
+	// static is each region's share of a static split: Count × weight ÷
+	// Σ weights.
+	static []int64
 }
 
 type hotKey struct {
@@ -286,8 +289,15 @@ func (a *Allocator) First() bool { return a.first }
 // Term returns the Allocator's leader term.
 func (a *Allocator) Term() uint64 { return a.term }
 
-// Learning reports whether the Allocator still withholds increases at now.
+// Learning reports whether the Allocator is still learning at now: it
+// withholds increases, or, as the first leader, raises no region above its
+// share of a static split.
 func (a *Allocator) Learning(now time.Time) bool { return now.Before(a.learnUntil) }
+
+// withholding reports whether the Allocator withholds every increase at
+// now: while it learns, unless it is the first leader, which has no
+// earlier leader's grants to learn. Its grants say so (Message.Learning).
+func (a *Allocator) withholding(now time.Time) bool { return a.Learning(now) && !a.first }
 
 func (a *Allocator) setBudgets(bs []Budget) {
 	a.budgets = make(map[string]*budget, len(bs))
@@ -301,6 +311,10 @@ func (a *Allocator) setBudgets(bs []Budget) {
 			bud.regions = append(bud.regions, a.region(name))
 			bud.floors = append(bud.floors, int64(b.Floor(name).Count))
 			bud.weights = append(bud.weights, b.Split().weight(i))
+		}
+		W := b.Split().totalWeight()
+		for _, w := range bud.weights {
+			bud.static = append(bud.static, mulDiv(bud.count, w, W))
 		}
 		bud.reserveCount = bud.count
 		for _, f := range bud.floors {
@@ -605,9 +619,7 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	acked := r.acked
 	if m.Version <= r.version {
 		r.acked = max(r.acked, m.Version)
-		if r.acked >= r.ackTo {
-			r.acked = r.version // the rest only raise
-		}
+		r.ackQuiet()
 		if r.acked < r.version {
 			r.unackedSince = now // the rest were sent after what was acked
 		}
@@ -643,6 +655,14 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	a.recheck = len(a.starved) > 0
 	if a.recheck && r.acked > acked {
 		a.feed(now, moveShare)
+	}
+}
+
+// ackQuiet counts the quiet versions after ackTo acknowledged once ackTo
+// is: each only raises, so the last bounds them all.
+func (r *region) ackQuiet() {
+	if r.acked >= r.ackTo {
+		r.acked = r.version
 	}
 }
 
@@ -1005,6 +1025,10 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	// from round to round instead of returning at every round.
 	end := now.Add(a.cfg.TTL + a.cfg.Drift)
 	learning := now.Before(a.learnUntil)
+	// While learning, regions the Allocator has not heard from may hold
+	// more than it counts, so nothing rises at all (hold), except under the
+	// first leader, whose claims bound every region from the start.
+	hold := a.withholding(now)
 	tgt, lb, want, bare, base, demand := a.tgt[:n], a.lb[:n], a.want[:n], a.bare[:n], a.base[:n], a.demand[:n]
 	var heldUntil int64 // the earliest end of a peak's hold on a floor
 	k.refill(now.UnixNano(), a.knownFrom())
@@ -1066,15 +1090,14 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		demand[i] = w
 	}
 	a.targets(k, C-fixed, tgt, lb, want, bare, demand)
-	if learning && a.first {
-		// The first leader has no earlier leader's grants to learn, so it
-		// raises while learning, from what the floors leave; but a region
-		// not yet heard from may want its share, so no region rises above
-		// its share of a static split until learning ends.
-		W := bud.b.Split().totalWeight()
+	if learning && !hold {
+		// The first leader raises while learning, from what the floors
+		// leave; but a region not yet heard from may want its share, so no
+		// region rises above its share of a static split until learning
+		// ends.
 		for i := range tgt {
 			if s := &k.slots[i]; tgt[i] > s.cur {
-				tgt[i] = max(s.cur, min(tgt[i], mulDiv(C, bud.weights[i], W)))
+				tgt[i] = max(s.cur, min(tgt[i], bud.static[i]))
 			}
 		}
 	}
@@ -1122,10 +1145,6 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		}
 	}
 	avail := C - sum
-	// While learning, regions the Allocator has not heard from may hold
-	// more than it counts, so nothing rises at all, except under the first
-	// leader, whose claims bound every region from the start.
-	hold := learning && !a.first
 	if hold || avail < 0 {
 		avail = 0
 	}
@@ -1260,10 +1279,9 @@ func (b *budget) unclaimedBurst(claims []int64) int64 {
 func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want, bare, demand []int64) {
 	bud := k.bud
 	if bud.b.Policy == Static {
-		W := bud.b.Split().totalWeight()
 		for i := range tgt {
 			if tgt[i] < 0 {
-				tgt[i] = mulDiv(bud.count, bud.weights[i], W)
+				tgt[i] = bud.static[i]
 			}
 		}
 		return
@@ -1613,7 +1631,7 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 	m := Message{
 		Type: MsgGrant, Region: r.name, Session: r.session, Term: a.term, Seq: r.lastReq,
 		TTL: a.cfg.TTL, Hold: a.cfg.Hold, Refresh: a.cfg.Refresh, Drift: a.cfg.Drift,
-		Renew: renew, Base: r.version, Version: r.version, Learning: now.Before(a.learnUntil) && !a.first,
+		Renew: renew, Base: r.version, Version: r.version, Learning: a.withholding(now),
 	}
 	if r.needFull {
 		m.Full, m.Base = true, 0
@@ -1670,9 +1688,7 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 		r.ackTo = m.Version
 	}
 	r.version = m.Version
-	if r.acked >= r.ackTo {
-		r.acked = r.version
-	}
+	r.ackQuiet()
 	// Whatever this grant carries must be capped again if the lease has
 	// run out: the next Tick caps it at the floors before any renewal.
 	if len(m.Entries) > 0 || renew {
@@ -1704,11 +1720,15 @@ func (a *Allocator) carry(s *slot) bucket.Tokens {
 	return bucket.Tokens(c)
 }
 
-// flush sends the changes made outside a round as grants that do not renew.
+// flush sends the changes made outside a round as grants that do not
+// renew, but for the first leader's while it learns: it raises then, and a
+// leader's first round runs before any hello, so until the round at
+// learning's end its regions would hold no lease to use a raise under.
 func (a *Allocator) flush(now time.Time) {
+	renew := a.first && a.Learning(now)
 	for _, r := range a.regions {
 		if (r.needFull || len(r.changed) > 0) && r.known && !r.released {
-			a.sendGrant(now, r, a.first && now.Before(a.learnUntil))
+			a.sendGrant(now, r, renew)
 		}
 	}
 }
