@@ -335,28 +335,28 @@ func TestRaiseAsksNoAcknowledgement(t *testing.T) {
 	}
 	grants := map[uint64]*sentGrant{} // region a's, by grant number
 	last := map[bucket.Key]bucket.Tokens{}
+	floor := cfg.Budgets[0].Floor("a").Count
 	loudRaises := 0
 	c.sent = func(m Message) {
 		if m.Region != "a" || m.Type != MsgGrant {
 			return
 		}
 		grants[m.Grant] = &sentGrant{m: m}
+		if m.Full {
+			clear(last) // a key it leaves out is at its floor
+		}
 		lowers := false
 		for _, e := range m.Entries {
 			v := e.Count
 			if e.Drop {
-				v = 140
+				v = floor
 			}
-			if was, ok := last[e.Key]; ok && v < was || !ok && v < 140 {
-				lowers = true
+			was, ok := last[e.Key]
+			if !ok {
+				was = floor
 			}
+			lowers = lowers || v < was
 			last[e.Key] = v
-		}
-		if m.Full {
-			clear(last)
-			for _, e := range m.Entries {
-				last[e.Key] = e.Count
-			}
 		}
 		raise := !m.Full && !m.Renew && !m.Learning && !lowers
 		heard := c.now.Sub(c.alloc.byName["a"].heard) < cfg.Refresh/quietHeard
