@@ -166,9 +166,10 @@ func TestAgentAdoptsAnnouncedTable(t *testing.T) {
 // one MemShared. The agent that does not speak ticks once, as it starts
 // (its tick is an hour): every table after that reaches it only by the
 // speaking agent's notice, and its adoption reaches the speaking agent
-// only by its own. Once a grant with a new version arrived, the clock
-// stands still, and the coordinator still sees the grant acknowledged:
-// no agent's tick and no round of the speaking agent is on its path.
+// only by its own. Once a decrease arrived (a raise asks for no
+// acknowledgement), the clock stands still, and the coordinator still sees
+// it acknowledged: no agent's tick and no round of the speaking agent is
+// on its path.
 func TestGrantAcknowledgedWithoutTheAgentsTicks(t *testing.T) {
 	global, spec, budgets, clk, coord := localBudget(t, []string{"eu"}, 0.5)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -213,8 +214,7 @@ func TestGrantAcknowledgedWithoutTheAgentsTicks(t *testing.T) {
 	})
 	watching(t, sh, NoticeAdoption, 1) // the lease client's
 	// eu presses on its floor through eu-0 (900 a second against 300):
-	// the coordinator grants it the reserve, a new version, which eu can
-	// acknowledge only once eu-1 adopted the table carrying it.
+	// the coordinator grants it the reserve.
 	v0 := eu().Version
 	k := bucket.Key{Rule: "api", Subject: "tenant-1"}
 	st.until(80, "a new version of eu's grants", func() bool {
@@ -223,6 +223,11 @@ func TestGrantAcknowledgedWithoutTheAgentsTicks(t *testing.T) {
 		}
 		return eu().Version > v0
 	})
+	// eu stops: the coordinator takes the reserve back, a decrease, which
+	// eu can acknowledge only once eu-1 adopted the table carrying it (a
+	// raise asks for no acknowledgement: lease.Message.Quiet).
+	d0 := coord.Stats().Decreases
+	st.until(80, "a decrease of eu's grants", func() bool { return coord.Stats().Decreases > d0 })
 	// From here the clock stands still: no agent ticks and no round runs.
 	deadline := time.Now().Add(10 * time.Second)
 	for r := eu(); r.Acked != r.Version; r = eu() {
