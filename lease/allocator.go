@@ -61,9 +61,9 @@ type Allocator struct {
 	heldUntil int64
 
 	// Scratch space for allocate, sized to the largest budget.
-	tgt, lb, want, bare, base, demand []int64
-	order, free                       []int
-	small, tried                      []bool
+	tgt, lb, want, bare, base, demand, keep []int64
+	order, free                             []int
+	small, tried                            []bool
 }
 
 // Stats are cumulative counters and current gauges, for metrics.
@@ -154,9 +154,13 @@ type slot struct {
 	// peak is the largest want reported within the budget's fill time of
 	// peakAt (see budget.fill).
 	peak, peakAt int64
-	hist         [4]hval
-	n            uint8
-	queued       bool
+	// top is the largest want reported since topAt, when the region last
+	// reported at least half of it, if that is within Config.Hold: what an
+	// uncontested budget keeps for the region through a lull (share).
+	top, topAt int64
+	hist       [4]hval
+	n          uint8
+	queued     bool
 	// credit is the stored reserve tokens the next grant to the region
 	// carries for this key (Entry.Credit), sent once.
 	credit int64
@@ -333,6 +337,7 @@ func (a *Allocator) setBudgets(bs []Budget) {
 	a.order = make([]int, maxN)
 	a.small = make([]bool, maxN)
 	a.demand = make([]int64, maxN)
+	a.keep = make([]int64, maxN)
 	a.free = make([]int, maxN)
 	a.tried = make([]bool, maxN)
 }
@@ -531,7 +536,7 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 	}
 	for _, d := range m.Demand {
 		if k, i := a.slotFor(now, d.Key, r, int64(d.Want)); k != nil {
-			k.slots[i].setWant(now.UnixNano(), int64(d.Want), k.bud.fill)
+			k.slots[i].setWant(now.UnixNano(), int64(d.Want), k.bud.fill, int64(a.cfg.Hold))
 		}
 	}
 }
@@ -550,7 +555,7 @@ func (a *Allocator) report(now time.Time, r *region, m Message) {
 		}
 		s := &k.slots[i]
 		prev := s.want
-		s.setWant(now.UnixNano(), int64(d.Want), k.bud.fill)
+		s.setWant(now.UnixNano(), int64(d.Want), k.bud.fill, int64(a.cfg.Hold))
 		// A key pressing on its allocation, one a region stopped using or
 		// uses under half of an allocation above its floor, and one whose
 		// demand fell in one region while another waits for capacity are
@@ -1029,7 +1034,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	// more than it counts, so nothing rises at all (hold), except under the
 	// first leader, whose claims bound every region from the start.
 	hold := a.withholding(now)
-	tgt, lb, want, bare, base, demand := a.tgt[:n], a.lb[:n], a.want[:n], a.bare[:n], a.base[:n], a.demand[:n]
+	tgt, lb, want, bare, base, demand, keep := a.tgt[:n], a.lb[:n], a.want[:n], a.bare[:n], a.base[:n], a.demand[:n], a.keep[:n]
 	var heldUntil int64 // the earliest end of a peak's hold on a floor
 	k.refill(now.UnixNano(), a.knownFrom())
 
@@ -1041,7 +1046,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		base[i] = a.claim(now, end, r, s, bud.floors[i])
 		sum += base[i]
 		tgt[i] = -1
-		demand[i] = 0
+		demand[i], keep[i] = 0, 0
 		if !a.canGrant(now, r) || a.expiring {
 			fixed += base[i]
 			tgt[i] = s.cur
@@ -1088,8 +1093,11 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		want[i] = max(w, lb[i])
 		bare[i] = max(w0, lb[i])
 		demand[i] = w
+		if w > 0 && now.UnixNano()-s.topAt <= int64(a.cfg.Hold) {
+			keep[i] = s.top + max(a.headroom(s.top), min(bud.noise, s.top))
+		}
 	}
-	a.targets(k, C-fixed, tgt, lb, want, bare, demand)
+	a.targets(k, C-fixed, tgt, lb, want, bare, demand, keep)
 	if learning && !hold {
 		// The first leader raises while learning, from what the floors
 		// leave; but a region not yet heard from may want its share, so no
@@ -1276,7 +1284,7 @@ func (b *budget) unclaimedBurst(claims []int64) int64 {
 // targets fills tgt for the regions with tgt[i] < 0, sharing capacity by the
 // budget's policy, then moves what would admit nothing to where it admits
 // (concentrate).
-func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want, bare, demand []int64) {
+func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want, bare, demand, keep []int64) {
 	bud := k.bud
 	if bud.b.Policy == Static {
 		for i := range tgt {
@@ -1292,7 +1300,7 @@ func (a *Allocator) targets(k *hotKey, capacity int64, tgt, lb, want, bare, dema
 			free = append(free, i)
 		}
 	}
-	a.share(k, capacity, tgt, lb, want, bare)
+	a.share(k, capacity, tgt, lb, want, bare, keep)
 	if bud.unit > 1 {
 		spare := capacity
 		for _, i := range free {
@@ -1377,7 +1385,7 @@ func (a *Allocator) concentrate(k *hotKey, free []int, spare int64, tgt, lb, dem
 // met region's noise leaves part of it unused; under max-min such a budget
 // is shared by the demands less the headroom (below), which share writes
 // into want: the caller's scratch, not read after.
-func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare []int64) {
+func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare, keep []int64) {
 	bud := k.bud
 	var extra, extra0 int64
 	for i := range tgt {
@@ -1418,9 +1426,30 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare []int64
 	}
 	if extra <= capacity {
 		left := capacity - extra
+		// An uncontested budget keeps for a region still using the key
+		// what it last pressed for within Hold (slot.top), so that demand
+		// coming in bursts with lulls between them finds its raise at the
+		// next burst instead of pressing from its floor again — while
+		// the keeps leave half of the reserve free, so a region that
+		// starts pressing elsewhere still rises at once, and where the
+		// burst holds a token per region (below that concentrate moves
+		// the budget in units, and a unit kept is all another could use).
+		var more int64
+		for i := range tgt {
+			if tgt[i] < 0 {
+				more += max(0, keep[i]-want[i])
+			}
+		}
+		kept := more > 0 && int(bud.b.Limit.Burst()) >= len(tgt) && extra+more <= capacity-bud.reserveCount/2
+		if kept {
+			left -= more
+		}
 		for i := range tgt {
 			if tgt[i] < 0 {
 				tgt[i] = want[i]
+				if kept {
+					tgt[i] = max(want[i], keep[i])
+				}
 			}
 		}
 		// What nobody wants returns to floors, in proportion to what each
@@ -1564,14 +1593,16 @@ func (a *Allocator) set(k *hotKey, i int, v int64) {
 	}
 }
 
-// setWant records a demand reported at t (Unix ns), and the largest one
-// reported within hold. A reading lower than the one before it, once the
-// last peak's hold has ended, starts no hold of its own: the region is
+// setWant records a demand reported at t (Unix ns), the largest one
+// reported within hold (peak), and the largest one reported since the
+// region last reported half of it or more, within keep (top). A reading
+// lower than the one before it, once the last peak's hold has ended,
+// starts no hold of its own (peak): the region is
 // coming down from a level it reported longer ago than the fill time (its
 // demand moved away), not pausing within a burst, and a hold from its
 // first reading of the fall kept its floor from the region the demand
 // moved to for the whole fill time.
-func (s *slot) setWant(t, want, hold int64) {
+func (s *slot) setWant(t, want, hold, keep int64) {
 	prev := s.want
 	s.want, s.wantAt = want, t
 	switch {
@@ -1579,6 +1610,12 @@ func (s *slot) setWant(t, want, hold int64) {
 		s.peak = want // the hold stays ended
 	case want >= s.peak || t-s.peakAt > hold:
 		s.peak, s.peakAt = want, t
+	}
+	switch {
+	case t-s.topAt > keep:
+		s.top, s.topAt = want, t
+	case 2*want >= s.top:
+		s.top, s.topAt = max(s.top, want), t
 	}
 }
 

@@ -269,7 +269,9 @@ type Config struct {
 	// the grant, whether or not its lease lives. Less its drift margin
 	// (Drift×Hold/TTL) it must exceed TTL+Drift+Refresh, so that a lend
 	// acknowledged at one round still covers the next round's window and
-	// regions that refresh never lend and reclaim in the same breath.
+	// regions that refresh never lend and reclaim in the same breath. It
+	// is also how long an uncontested budget keeps a region's raise
+	// through a lull in its use (docs/design.md, "Allocation policy").
 	Hold time.Duration
 	// DemandTTL is how long a demand report counts; a key a region stops
 	// reporting decays toward its floor after it.

@@ -462,9 +462,80 @@ func TestFallingReadingStartsNoHold(t *testing.T) {
 	}
 	for _, st := range steps {
 		at := int64(st.at)
-		s.setWant(at, st.want, hold)
+		s.setWant(at, st.want, hold, int64(time.Minute))
 		if held(&s, at) != st.held || s.peak != st.peak {
 			t.Fatalf("at %s, want %d (%s): held %v peak %d, want held %v peak %d", st.at, st.want, st.why, held(&s, at), s.peak, st.held, st.peak)
 		}
+	}
+}
+
+// TestUncontestedBudgetKeepsABurstsRaise: a region whose use of a key comes
+// in bursts keeps its raise through a lull while the budget is
+// uncontested and the keep leaves half the reserve free, so its next burst
+// finds it; the keep ends Hold after the region last used half of it, and
+// at once when another region's demand needs the capacity.
+func TestUncontestedBudgetKeepsABurstsRaise(t *testing.T) {
+	c, k := oneKeyCluster(t, 1200, 300, 300) // floors 700, reserve 900; Hold 14 s
+	for range 50 {
+		c.step(100 * time.Millisecond)
+	}
+	raised := allocated(c, "a", k)
+	if raised < 1200 {
+		t.Fatalf("a holds %d after 5 s at 1,200 a second, want at least 1,200\n%s", raised, c.show())
+	}
+	c.demand["a"][k] = 100 // the lull: still using the key
+	for range 60 {         // 6 s: three rounds
+		c.step(100 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := allocated(c, "a", k); got != raised {
+		t.Fatalf("a holds %d after 6 s of a lull, want the %d it was raised to kept\n%s", got, raised, c.show())
+	}
+	c.demand["a"][k] = 1200 // the next burst finds its raise
+	for range 5 {
+		c.step(100 * time.Millisecond)
+	}
+	c.demand["a"][k] = 100
+	for range 130 { // 13 s of lull: still within Hold of the burst
+		c.step(100 * time.Millisecond)
+	}
+	if got := allocated(c, "a", k); got != raised {
+		t.Fatalf("a holds %d 13 s after its last burst, want %d kept within Hold (14 s)\n%s", got, raised, c.show())
+	}
+	for range 40 { // past Hold: the keep ends at the next round
+		c.step(100 * time.Millisecond)
+	}
+	if got := allocated(c, "a", k); got > 700 {
+		t.Fatalf("a holds %d 17 s after its last burst, want its floor of 700 at most: the keep outlived Hold\n%s", got, c.show())
+	}
+
+	// c presses for 1,000: the budget is not contested (a's use, b's and
+	// c's fit), but a's keep would leave less than half the reserve free,
+	// so it yields at once.
+	c.demand["a"][k] = 1200
+	for range 30 {
+		c.step(100 * time.Millisecond)
+	}
+	c.demand["a"][k] = 100
+	for range 30 {
+		c.step(100 * time.Millisecond)
+	}
+	if got := allocated(c, "a", k); got != raised {
+		t.Fatalf("a holds %d in its second lull, want %d\n%s", got, raised, c.show())
+	}
+	c.demand["c"][k] = 1000
+	for range 30 { // 3 s: a round and the acknowledgements
+		c.step(100 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := allocated(c, "c", k); got < 1000 {
+		t.Fatalf("c holds %d 3 s after pressing for 1,000, want at least 1,000\n%s", got, c.show())
+	}
+	if got := allocated(c, "a", k); got >= raised {
+		t.Fatalf("a still holds %d after c pressed, want its keep given up\n%s", got, c.show())
 	}
 }

@@ -126,7 +126,7 @@ func TestMaxMinFillsTheBudgetFromLowerBounds(t *testing.T) {
 	} {
 		tgt := []int64{-1, -1, -1}
 		bare := slices.Clone(c.want)
-		a.share(k, 600, tgt, c.lb, slices.Clone(c.want), bare)
+		a.share(k, 600, tgt, c.lb, slices.Clone(c.want), bare, make([]int64, 3))
 		if !slices.Equal(tgt, c.tgt) {
 			t.Errorf("lower bounds %v, wants %v: targets %v, want %v", c.lb, c.want, tgt, c.tgt)
 		}
