@@ -539,3 +539,31 @@ func TestUncontestedBudgetKeepsABurstsRaise(t *testing.T) {
 		t.Fatalf("a still holds %d after c pressed, want its keep given up\n%s", got, c.show())
 	}
 }
+
+// TestKeepEndsWithTheLeadership: a new leader knows no region's top, so a
+// region in a lull when the leadership changes loses its keep at the new
+// leader's first rebalance of the key, as design.md says.
+func TestKeepEndsWithTheLeadership(t *testing.T) {
+	c, k := oneKeyCluster(t, 1200, 300, 300)
+	for range 50 {
+		c.step(100 * time.Millisecond)
+	}
+	raised := allocated(c, "a", k)
+	c.demand["a"][k] = 100
+	for range 30 {
+		c.step(100 * time.Millisecond)
+	}
+	if got := allocated(c, "a", k); got != raised {
+		t.Fatalf("a holds %d in its lull, want %d kept\n%s", got, raised, c.show())
+	}
+	c.leaderChange()
+	for range 150 { // 15 s: the new leader learns (at most TTL + 2×Drift) and rebalances
+		c.step(100 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := allocated(c, "a", k); got > 700 {
+		t.Fatalf("a holds %d 15 s after the leader changed, want its floor of 700 at most: a top outlived the leadership\n%s", got, c.show())
+	}
+}
