@@ -1073,7 +1073,10 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 			w0 = s.want
 			// The headroom: 5% of the demand, or what the bucket's noise
 			// needs (Config.NoiseHeadroom) up to the demand itself.
-			w = s.want + max(a.headroom(s.want), min(bud.noise, s.want))
+			w = a.padded(bud, s.want)
+			if now.UnixNano()-s.topAt <= int64(a.cfg.Hold) {
+				keep[i] = a.padded(bud, s.top) // share: what an uncontested budget keeps
+			}
 			if now.UnixNano()-s.peakAt <= bud.fill {
 				// A region still using the key lends its floor only down
 				// to what it wanted over the bucket's fill time; one that
@@ -1093,9 +1096,6 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 		want[i] = max(w, lb[i])
 		bare[i] = max(w0, lb[i])
 		demand[i] = w
-		if w > 0 && now.UnixNano()-s.topAt <= int64(a.cfg.Hold) {
-			keep[i] = s.top + max(a.headroom(s.top), min(bud.noise, s.top))
-		}
 	}
 	a.targets(k, C-fixed, tgt, lb, want, bare, demand, keep)
 	if learning && !hold {
@@ -1528,6 +1528,13 @@ func waterFill(ord []int, capacity int64, tgt, want, weights []int64) {
 		}
 		break
 	}
+}
+
+// padded is a demand of w with the headroom a region using a key is given:
+// Headroom of it, or NoiseHeadroom's share of the budget where larger, at
+// most w itself.
+func (a *Allocator) padded(bud *budget, w int64) int64 {
+	return w + max(a.headroom(w), min(bud.noise, w))
 }
 
 // headroom is the headroom on a demand of w: Config.Headroom of it,
