@@ -62,6 +62,7 @@ type Allocator struct {
 
 	// Scratch space for allocate, sized to the largest budget.
 	tgt, lb, want, bare, base, demand, keep []int64
+	dist, rem                               []int64 // apportion's
 	order, free                             []int
 	small, tried                            []bool
 }
@@ -316,10 +317,12 @@ func (a *Allocator) setBudgets(bs []Budget) {
 			bud.floors = append(bud.floors, int64(b.Floor(name).Count))
 			bud.weights = append(bud.weights, b.Split().weight(i))
 		}
-		W := b.Split().totalWeight()
-		for _, w := range bud.weights {
-			bud.static = append(bud.static, mulDiv(bud.count, w, W))
+		bud.static = make([]int64, len(b.Regions))
+		all := make([]int, len(b.Regions))
+		for i := range all {
+			all[i] = i
 		}
+		apportion(all, bud.count, b.Split().totalWeight(), bud.weights, bud.static, make([]int64, len(all)))
 		bud.reserveCount = bud.count
 		for _, f := range bud.floors {
 			bud.reserveCount -= f
@@ -340,6 +343,8 @@ func (a *Allocator) setBudgets(bs []Budget) {
 	a.keep = make([]int64, maxN)
 	a.free = make([]int, maxN)
 	a.tried = make([]bool, maxN)
+	a.rem = make([]int64, maxN)
+	a.dist = make([]int64, maxN)
 }
 
 // unitOf returns the smallest count whose burst ⌊burst×c/count⌋ is at
@@ -1397,7 +1402,7 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare, keep [
 	}
 	capacity = max(capacity, 0)
 	if extra > capacity && extra0 <= capacity {
-		fillToward(tgt, bare, want, capacity-extra0, extra-extra0)
+		a.fillToward(tgt, bare, want, capacity-extra0, extra-extra0)
 		return
 	}
 	if extra > capacity && bud.b.Policy != Proportional {
@@ -1417,7 +1422,7 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare, keep [
 			}
 		}
 		if net <= capacity {
-			fillToward(tgt, want, bare, capacity-net, extra0-net)
+			a.fillToward(tgt, want, bare, capacity-net, extra0-net)
 			return
 		}
 		extra = net
@@ -1469,11 +1474,14 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare, keep [
 		return
 	}
 	if bud.b.Policy == Proportional {
+		idx, dist := a.order[:0], a.dist[:len(tgt)]
 		for i := range tgt {
 			if tgt[i] < 0 {
-				tgt[i] = lb[i] + mulDiv(capacity, want[i]-lb[i], extra)
+				idx = append(idx, i)
+				tgt[i], dist[i] = lb[i], want[i]-lb[i]
 			}
 		}
+		apportion(idx, capacity, extra, dist, tgt, a.rem)
 		return
 	}
 	// Max-min fair by weight: water-fill the budget, each region's share
@@ -1493,7 +1501,7 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare, keep [
 	slices.SortFunc(ord, func(x, y int) int { return cmpRatio(want[x], bud.weights[x], want[y], bud.weights[y]) })
 	for n := -1; n != len(ord); {
 		n = len(ord)
-		waterFill(ord, capacity, tgt, want, bud.weights)
+		waterFill(ord, capacity, tgt, want, bud.weights, a.rem)
 		ord = slices.DeleteFunc(ord, func(i int) bool {
 			if tgt[i] >= lb[i] {
 				return false
@@ -1507,8 +1515,9 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare, keep [
 
 // waterFill shares capacity among the regions ord, sorted by want per
 // weight, max-min by weight: a region wanting less than its part gets its
-// want, and the rest share what it leaves. It sets tgt for each of them.
-func waterFill(ord []int, capacity int64, tgt, want, weights []int64) {
+// want, and the rest share what it leaves (apportion: to the token). It
+// sets tgt for each of them; rem is scratch.
+func waterFill(ord []int, capacity int64, tgt, want, weights, rem []int64) {
 	capacity = max(capacity, 0)
 	var wsum int64
 	for _, i := range ord {
@@ -1524,8 +1533,9 @@ func waterFill(ord []int, capacity int64, tgt, want, weights []int64) {
 			continue
 		}
 		for _, i := range ord[j:] {
-			tgt[i] = mulDiv(left, weights[i], wsum)
+			tgt[i] = 0
 		}
+		apportion(ord[j:], left, wsum, weights, tgt, rem)
 		break
 	}
 }
@@ -1544,13 +1554,49 @@ func (a *Allocator) headroom(w int64) int64 {
 }
 
 // fillToward sets tgt[i] for the regions with tgt[i] < 0 to from[i] plus
-// their part of left, in proportion to how far each is from to[i]; room,
-// the sum of those distances, is more than left.
-func fillToward(tgt, from, to []int64, left, room int64) {
+// their part of left, in proportion to how far each is from to[i]
+// (apportion: to the token); room, the sum of those distances, is more
+// than left.
+func (a *Allocator) fillToward(tgt, from, to []int64, left, room int64) {
+	idx, dist := a.order[:0], a.dist[:len(tgt)]
 	for i := range tgt {
 		if tgt[i] < 0 {
-			tgt[i] = from[i] + mulDiv(left, to[i]-from[i], room)
+			idx = append(idx, i)
+			tgt[i], dist[i] = from[i], to[i]-from[i]
 		}
+	}
+	apportion(idx, left, room, dist, tgt, a.rem)
+}
+
+// apportion adds left to tgt over the regions idx, in proportion to w[i] of
+// total (w's sum over idx) by largest remainder: each region's part is
+// ⌊left×w[i]/total⌋, and the tokens those leave, fewer than len(idx), go
+// one each to the regions with the largest remainders, ties to the lowest
+// index; rem is scratch. The parts sum to left exactly, and none exceeds
+// ⌈left×w[i]/total⌉. Parts rounded down alone leave up to a token per
+// region unused every period, which a static split's fractional shares
+// admit: a budget of 500 a second over three regions was granted 166 each,
+// 2 tokens a second short of it.
+func apportion(idx []int, left, total int64, w, tgt, rem []int64) {
+	given := int64(0)
+	for _, i := range idx {
+		q, r := mulDivRem(left, w[i], total)
+		tgt[i] += q
+		rem[i] = r
+		given += q
+	}
+	for ; given < left; given++ {
+		best := -1
+		for _, i := range idx {
+			if rem[i] > 0 && (best < 0 || rem[i] > rem[best] || rem[i] == rem[best] && i < best) {
+				best = i
+			}
+		}
+		if best < 0 {
+			return
+		}
+		tgt[best]++
+		rem[best] = 0
 	}
 }
 

@@ -246,6 +246,23 @@ func mulDiv(a, b, c int64) int64 {
 	return int64(q)
 }
 
+// mulDivRem returns ⌊a×b/c⌋ and the remainder a×b mod c, for a, b ≥ 0 and
+// c > 0 with a×b/c below 2⁶³ (a part of a: b ≤ c); (0, 0) otherwise.
+func mulDivRem(a, b, c int64) (q, r int64) {
+	if a <= 0 || b <= 0 || c <= 0 {
+		return 0, 0
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return 0, 0
+	}
+	uq, ur := bits.Div64(hi, lo, uint64(c))
+	if uq > math.MaxInt64 {
+		return 0, 0
+	}
+	return int64(uq), int64(ur)
+}
+
 // Config holds the Allocator's timing and tuning and the budgets it serves.
 // Build it with DefaultConfig and change what you need; NewAllocator calls
 // Validate.

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -120,8 +121,9 @@ func TestMaxMinFillsTheBudgetFromLowerBounds(t *testing.T) {
 	}{
 		{lb: []int64{0, 0, 133}, want: []int64{1000, 1000, 1000}, tgt: []int64{200, 200, 200}},
 		{lb: []int64{0, 0, 300}, want: []int64{1000, 1000, 1000}, tgt: []int64{150, 150, 300}},
-		// a's demand less the headroom (95) is met; b and c share the rest.
-		{lb: []int64{0, 0, 133}, want: []int64{100, 1000, 1000}, tgt: []int64{95, 252, 252}},
+		// a's demand less the headroom (95) is met; b and c share the
+		// rest, the odd token to the lower index.
+		{lb: []int64{0, 0, 133}, want: []int64{100, 1000, 1000}, tgt: []int64{95, 253, 252}},
 		{lb: []int64{0, 0, 0}, want: []int64{1000, 1000, 1000}, tgt: []int64{200, 200, 200}},
 	} {
 		tgt := []int64{-1, -1, -1}
@@ -129,6 +131,90 @@ func TestMaxMinFillsTheBudgetFromLowerBounds(t *testing.T) {
 		a.share(k, 600, tgt, c.lb, slices.Clone(c.want), bare, make([]int64, 3))
 		if !slices.Equal(tgt, c.tgt) {
 			t.Errorf("lower bounds %v, wants %v: targets %v, want %v", c.lb, c.want, tgt, c.tgt)
+		}
+	}
+}
+
+// TestContestedBudgetIsGrantedToTheToken: a budget of 500 a second over
+// three regions that all want more than it. Shares rounded down gave 166
+// each, and 2 tokens a second went unused that a static split's
+// fractional shares (166⅔ each) admit; by largest remainder the regions
+// hold 167, 167 and 166, every policy alike, and the escrow holds. The
+// last token of each share is an increase below the hysteresis: it is
+// granted because the region presses on its allocation and free capacity
+// covers it whole.
+func TestContestedBudgetIsGrantedToTheToken(t *testing.T) {
+	for _, p := range []AllocationPolicy{MaxMin, Proportional, Static} {
+		cfg := scenarioConfig()
+		cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(500), Regions: []string{"a", "b", "c"}, Reserve: 0.3, Policy: p}}
+		c := newCluster(t, cfg)
+		k := bucket.Key{Rule: "api", Subject: "t1"}
+		for _, r := range c.regions {
+			c.demand[r] = map[bucket.Key]bucket.Tokens{k: 2000}
+		}
+		for range 100 {
+			c.step(100 * time.Millisecond)
+			if err := c.checkI1(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got []bucket.Tokens
+		for _, r := range c.regions {
+			l, _ := c.holders[r].Allocation(c.now, k)
+			got = append(got, l.Count())
+		}
+		if want := []bucket.Tokens{167, 167, 166}; !slices.Equal(got, want) {
+			t.Errorf("policy %v: allocations %v, want %v", p, got, want)
+		}
+	}
+}
+
+// TestApportionAddsUpToTheToken: random parts of random amounts sum to the
+// amount exactly, each within a token of its exact share, rounded up only
+// where rounding down leaves a remainder, the larger remainders first.
+func TestApportionAddsUpToTheToken(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 13))
+	for range 2000 {
+		n := 1 + rng.IntN(10)
+		w := make([]int64, n)
+		var total int64
+		for i := range w {
+			if rng.IntN(5) > 0 {
+				w[i] = rng.Int64N(1_000_000)
+			}
+			total += w[i]
+		}
+		if total == 0 {
+			continue
+		}
+		left := rng.Int64N(total + 1)
+		idx := rng.Perm(n)
+		tgt, rem := make([]int64, n), make([]int64, n)
+		apportion(idx, left, total, w, tgt, rem)
+		var sum int64
+		up := make([]bool, n)
+		for i := range n {
+			sum += tgt[i]
+			lo := mulDiv(left, w[i], total)
+			exact := left*w[i]%total == 0 // left×w[i] < 10¹²: no overflow
+			switch {
+			case tgt[i] == lo:
+			case tgt[i] == lo+1 && !exact:
+				up[i] = true
+			default:
+				t.Fatalf("w=%v left=%d total=%d: part %d is %d, exact share ⌊%d⌋", w, left, total, i, tgt[i], lo)
+			}
+		}
+		if sum != left {
+			t.Fatalf("w=%v left=%d total=%d: parts %v sum to %d", w, left, total, tgt, sum)
+		}
+		for i := range n {
+			for j := range n {
+				ri, rj := left*w[i]%total, left*w[j]%total
+				if up[j] && !up[i] && (ri > rj || ri == rj && ri > 0 && i < j) {
+					t.Fatalf("w=%v left=%d: part %d rounded up before %d (remainders %d, %d)", w, left, j, i, rj, ri)
+				}
+			}
 		}
 	}
 }
