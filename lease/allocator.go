@@ -226,6 +226,13 @@ type region struct {
 
 	grant  uint64
 	grants [32]grantRec
+	// renewal is the last renewal sent (its grant number), at renewalAt;
+	// renewalAcked is set once the region acknowledged it. One left
+	// unacknowledged past half a refresh interval was lost, or its
+	// acknowledgement was (back).
+	renewal      uint64
+	renewalAt    time.Time
+	renewalAcked bool
 
 	// retSeq is the latest acknowledgement whose returns were taken: a
 	// duplicate gives nothing back twice.
@@ -442,12 +449,20 @@ func (a *Allocator) Step(now time.Time, m Message) error {
 	}
 	switch m.Type {
 	case MsgHello:
+		back := a.back(now, r)
 		a.hello(now, r, m)
+		if back {
+			a.round(now)
+		}
 	case MsgReport:
 		if !a.current(r, m) {
 			return nil
 		}
-		a.report(now, r, m)
+		back := a.back(now, r)
+		a.report(now, r, m, !back)
+		if back {
+			a.round(now)
+		}
 	case MsgAck:
 		if !a.current(r, m) || m.Term != a.term {
 			return nil
@@ -546,7 +561,29 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 	}
 }
 
-func (a *Allocator) report(now time.Time, r *region, m Message) {
+// back reports whether r, about to be heard from at now, may be without a
+// lease: its lease lapsed here (cut off, or its link down, past its lease),
+// or the last renewal it was sent went unacknowledged for half a refresh
+// interval (lost, as a flapping link loses every renewal of the rounds that
+// fall while it is down). A round then runs at once (Step), so the region
+// has a table it can apply and a lease to use its raises with now, not at
+// the next round that reaches it. What it was sent while away was lost,
+// and a delta on top of it is refused and asked for again by a hello, a
+// round trip each way; a raise without a lease is not used. The round is
+// the periodic one, its escrow checks and all, run early; a region whose
+// acknowledgement alone was lost costs one round more.
+func (a *Allocator) back(now time.Time, r *region) bool {
+	if !r.known || r.released || a.expiring {
+		return false
+	}
+	return r.lapsed || !now.Before(r.leaseEnd) ||
+		r.renewal != 0 && !r.renewalAcked && now.Sub(r.renewalAt) >= a.cfg.Refresh/2
+}
+
+// report takes r's demand; with urgent, the keys it presses on (and those
+// it stopped using) are rebalanced at once (a round about to run does it
+// for every key).
+func (a *Allocator) report(now time.Time, r *region, m Message, urgent bool) {
 	r.heard = now
 	if m.Seq < r.lastReq {
 		return // overtaken by a later report, which carries all demand
@@ -565,7 +602,7 @@ func (a *Allocator) report(now time.Time, r *region, m Message) {
 		// uses under half of an allocation above its floor, and one whose
 		// demand fell in one region while another waits for capacity are
 		// rebalanced at once rather than at the next round.
-		if !a.expiring && (s.want > s.cur || s.cur > k.bud.floors[i] && 2*s.want < s.cur ||
+		if urgent && !a.expiring && (s.want > s.cur || s.cur > k.bud.floors[i] && 2*s.want < s.cur ||
 			s.want < prev && k.starved) {
 			a.stats.Urgent++
 			a.allocate(now, k)
@@ -640,6 +677,9 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	g := r.grants[m.Grant%uint64(len(r.grants))]
 	if g.id != m.Grant || m.Grant == 0 {
 		return
+	}
+	if m.Grant == r.renewal {
+		r.renewalAcked = true
 	}
 	if g.expire {
 		r.leaseEnd = minTime(r.leaseEnd, now)
@@ -851,6 +891,12 @@ func (a *Allocator) Tick(now time.Time) {
 		a.flush(now)
 		return
 	}
+	a.round(now)
+}
+
+// round rebalances every key and renews every lease it can: what Tick runs
+// every Refresh, and Step at once for a region back after its lease lapsed.
+func (a *Allocator) round(now time.Time) {
 	a.recheck, a.roundNow = false, false
 	for _, k := range a.starved {
 		k.starved = false
@@ -1796,6 +1842,7 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 			from = now
 		}
 		r.leaseEnd = maxTime(r.leaseEnd, from.Add(a.cfg.TTL+a.cfg.Drift))
+		r.renewal, r.renewalAt, r.renewalAcked = r.grant, now, false
 		a.stats.Renewals++
 	}
 	a.stats.Grants++
