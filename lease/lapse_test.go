@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -152,4 +153,50 @@ func pressingOnSixHundred(t *testing.T) (c *cluster, k bucket.Key, count func(st
 		t.Fatalf("after 5 s: %v, want 200 each", got)
 	}
 	return c, k, count, run
+}
+
+// TestEarlyRoundsAreRateLimited: a region whose grants are all lost, with
+// twenty keys whose demand doubles in turn, one every 100 ms step, sends an
+// urgent report at every step (each key's own urgent reports are a
+// quarter of a refresh interval apart), each with its last renewal
+// unacknowledged. A round runs early for it at most once per half refresh
+// interval, not at every report: each round rebalances every key and sends
+// every region a renewal.
+func TestEarlyRoundsAreRateLimited(t *testing.T) {
+	c, k, _, run := pressingOnSixHundred(t)
+	var keys []bucket.Key
+	for i := range 20 {
+		k := bucket.Key{Rule: "api", Subject: fmt.Sprintf("u%d", i)}
+		keys = append(keys, k)
+		c.demand["c"][k] = 1000
+	}
+	run(3 * time.Second)
+	// c's demand for k falls while its grants are lost: the decrease it is
+	// sent goes unacknowledged while a and b wait for what it frees, so c
+	// is not renewed (blocked) and its last renewal stays unacknowledged.
+	c.dropTo["c"] = 1 << 30
+	c.demand["c"][k] = 150
+	run(2 * time.Second)
+	var reports int
+	c.stepped = func(m Message) {
+		if m.Type == MsgReport && m.Region == "c" {
+			reports++
+		}
+	}
+	rounds, blocked := c.alloc.Stats(c.now).Rounds, c.alloc.Stats(c.now).Blocked
+	for i := range 60 { // 6 s
+		u := keys[i%len(keys)]
+		c.demand["c"][u] = 3000 - c.demand["c"][u] // 1000 ↔ 2000
+		run(100 * time.Millisecond)
+	}
+	// Periodic rounds every 2 s (3), early ones at most every second (6).
+	got := c.alloc.Stats(c.now).Rounds - rounds
+	if reports < 30 || c.alloc.Stats(c.now).Blocked == blocked {
+		t.Fatalf("c sent %d reports in 6 s, blocked %d times: the test no longer covers a blocked region reporting often",
+			reports, c.alloc.Stats(c.now).Blocked-blocked)
+	}
+	if got > 9 {
+		t.Fatalf("%d rounds in 6 s for %d reports, want at most 9", got, reports)
+	}
+	t.Logf("%d rounds in 6 s for %d reports", got, reports)
 }
