@@ -914,7 +914,8 @@ func (a *Allocator) Tick(now time.Time) {
 }
 
 // round rebalances every key and renews every lease it can: what Tick runs
-// every Refresh, and Step at once for a region back after its lease lapsed.
+// every Refresh, and Step at once for a region that may be without a lease
+// (back).
 func (a *Allocator) round(now time.Time) {
 	a.recheck, a.roundNow = false, false
 	for _, k := range a.starved {
