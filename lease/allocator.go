@@ -226,13 +226,12 @@ type region struct {
 
 	grant  uint64
 	grants [32]grantRec
-	// renewal is the last renewal sent (its grant number), at renewalAt;
-	// renewalAcked is set once the region acknowledged it. One left
-	// unacknowledged past half a refresh interval was lost, or its
-	// acknowledgement was (back).
-	renewal      uint64
-	renewalAt    time.Time
-	renewalAcked bool
+	// renewal is the last renewal sent (its grant number), at renewalAt,
+	// until the region acknowledges it (0 then). One left unacknowledged
+	// past half a refresh interval was lost, or its acknowledgement was
+	// (back).
+	renewal   uint64
+	renewalAt time.Time
 	// backAt is when a round last ran early for the region (back), and
 	// backAcked the version it had acknowledged then.
 	backAt    time.Time
@@ -570,29 +569,23 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 // its lease lapsed here (cut off, or its link down, past its lease), or
 // the last renewal it was sent went unacknowledged for half a refresh
 // interval (lost, as a flapping link loses every renewal of the rounds
-// that fall while it is down). The round runs in Step, so the region
-// has a table it can apply and a lease to use its raises with now, not at
-// the next round that reaches it. What it was sent while away was lost,
-// and a delta on top of it is refused and asked for again by a hello, a
-// round trip each way; a raise without a lease is not used. The round is
-// the periodic one, its escrow checks and all, run early; a region whose
-// acknowledgement alone was lost costs one round more. A region the round
-// does not renew (blocked until a decrease it was sent is acknowledged)
-// stays without a lease, and its every report, a few a second, ran a
-// round; so a report runs one again within half a refresh interval only
-// once the region has acknowledged a later version, which may have
-// unblocked it. A hello always does (a Holder says hello at most once a
-// refresh interval). Limited to once per half interval whatever the
-// acknowledgements, the rounds that then renewed a region back from a
-// Redis cut came a refresh interval later: redis-cut-closed-tight read
-// 0.006 less.
+// that fall while it is down). The round, the periodic one with its escrow
+// checks run early, gives the region a table it can apply and a lease to
+// use its raises with, where the next round may be a refresh interval
+// away: what it was sent meanwhile was lost, a delta on top of that is
+// refused, and a raise without a lease is not used. A round that cannot
+// renew the region (blocked until a decrease it was sent is acknowledged)
+// leaves it as it was, so a report runs another within half a refresh
+// interval only once the region has acknowledged a later version; a hello
+// always does, the Holder saying hello at most once a refresh interval
+// (docs/design.md, "The protocol").
 func (a *Allocator) back(now time.Time, r *region, hello bool) bool {
 	if !r.known || r.released || a.expiring ||
 		!hello && now.Sub(r.backAt) < a.cfg.Refresh/2 && r.acked == r.backAcked {
 		return false
 	}
 	if r.lapsed || !now.Before(r.leaseEnd) ||
-		r.renewal != 0 && !r.renewalAcked && now.Sub(r.renewalAt) >= a.cfg.Refresh/2 {
+		r.renewal != 0 && now.Sub(r.renewalAt) >= a.cfg.Refresh/2 {
 		r.backAt, r.backAcked = now, r.acked
 		return true
 	}
@@ -698,7 +691,7 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 		return
 	}
 	if m.Grant == r.renewal {
-		r.renewalAcked = true
+		r.renewal = 0
 	}
 	if g.expire {
 		r.leaseEnd = minTime(r.leaseEnd, now)
@@ -1540,14 +1533,7 @@ func (a *Allocator) share(k *hotKey, capacity int64, tgt, lb, want, bare, keep [
 		return
 	}
 	if bud.b.Policy == Proportional {
-		idx, dist := a.order[:0], a.dist[:len(tgt)]
-		for i := range tgt {
-			if tgt[i] < 0 {
-				idx = append(idx, i)
-				tgt[i], dist[i] = lb[i], want[i]-lb[i]
-			}
-		}
-		apportion(idx, capacity, extra, dist, tgt, a.rem)
+		a.fillToward(tgt, lb, want, capacity, extra)
 		return
 	}
 	// Max-min fair by weight: water-fill the budget, each region's share
@@ -1862,7 +1848,7 @@ func (a *Allocator) sendGrant(now time.Time, r *region, renew bool) {
 			from = now
 		}
 		r.leaseEnd = maxTime(r.leaseEnd, from.Add(a.cfg.TTL+a.cfg.Drift))
-		r.renewal, r.renewalAt, r.renewalAcked = r.grant, now, false
+		r.renewal, r.renewalAt = r.grant, now
 		a.stats.Renewals++
 	}
 	a.stats.Grants++

@@ -232,33 +232,24 @@ func limitOf(period time.Duration, count, burst bucket.Tokens) bucket.Limit {
 // mulDiv returns ⌊a×b/c⌋ for a, b ≥ 0, c > 0 without overflow, saturating
 // at MaxInt64.
 func mulDiv(a, b, c int64) int64 {
-	if a <= 0 || b <= 0 || c <= 0 {
-		return 0
-	}
-	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	if hi >= uint64(c) {
-		return math.MaxInt64
-	}
-	q, _ := bits.Div64(hi, lo, uint64(c))
-	if q > math.MaxInt64 {
-		return math.MaxInt64
-	}
-	return int64(q)
+	q, _ := mulDivRem(a, b, c)
+	return q
 }
 
-// mulDivRem returns ⌊a×b/c⌋ and the remainder a×b mod c, for a, b ≥ 0 and
-// c > 0 with a×b/c below 2⁶³ (a part of a: b ≤ c); (0, 0) otherwise.
+// mulDivRem returns ⌊a×b/c⌋ and the remainder a×b mod c for a, b ≥ 0 and
+// c > 0 without overflow; (0, 0) when any is not positive, (MaxInt64, 0)
+// when the quotient does not fit.
 func mulDivRem(a, b, c int64) (q, r int64) {
 	if a <= 0 || b <= 0 || c <= 0 {
 		return 0, 0
 	}
 	hi, lo := bits.Mul64(uint64(a), uint64(b))
 	if hi >= uint64(c) {
-		return 0, 0
+		return math.MaxInt64, 0
 	}
 	uq, ur := bits.Div64(hi, lo, uint64(c))
 	if uq > math.MaxInt64 {
-		return 0, 0
+		return math.MaxInt64, 0
 	}
 	return int64(uq), int64(ur)
 }
