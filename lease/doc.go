@@ -72,6 +72,7 @@
 //
 //	h, _ := lease.NewHolder(cfg, now)         // or RestoreHolder(cfg, saved, now)
 //	h.Demand(now, key, want)                  // per key in use, at least every refresh
+//	h.Fed(now)                                // after giving every key's demand at now
 //	h.Tick(now)                               // every ~100 ms
 //	h.Step(now, msgFromCoordinator)
 //	for _, m := range h.Ready() { send(m) }

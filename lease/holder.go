@@ -81,7 +81,9 @@ type Holder struct {
 	lastHello  time.Time
 	lastReport time.Time
 	demand     map[bucket.Key]*holderDemand
-	urgent     bool
+	// fedAt is the latest time the region's whole demand was given (Fed).
+	fedAt  time.Time
+	urgent bool
 	// credits are the stored reserve tokens of adopted grants not yet
 	// taken (TakeCredits). They are not part of a Snapshot: a new
 	// speaking agent does not put them in the buckets again.
@@ -346,11 +348,13 @@ func (h *Holder) allocation(now time.Time, key bucket.Key, hb *holderBudget) (bu
 // period of key (admitted plus denied, over recent arrivals). Call it, at
 // least once every refresh interval, for every key the region uses or holds
 // an entry for, however little it uses: every report carries all demand
-// recorded within the last refresh interval, and a key missing from a
-// report counts as unused, so its floor may be lent to a region pressing on
-// the budget. (The Allocator keeps state only for keys some region presses
-// on, so reporting light use costs it no memory.) A key pressing on its allocation is reported at once; the others
-// ride on the next periodic report. Keys of unknown rules are ignored.
+// recorded within the last refresh interval or at the latest feed (Fed),
+// and a key missing from a report counts as unused, so its floor may be
+// lent to a region pressing on the budget. (The Allocator keeps state only
+// for keys some region presses on, so reporting light use costs it no
+// memory.) A key pressing on its allocation is reported at once; the
+// others ride on the next periodic report. Keys of unknown rules are
+// ignored.
 func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 	hb := h.budgets[key.Rule]
 	if hb == nil || want < 0 {
@@ -389,6 +393,22 @@ func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 	d.reported = now
 	h.urgent = true
 }
+
+// Fed records that every key the region uses was given to Demand at now,
+// the time of those calls. A key given then keeps its demand until a later
+// feed, however late that comes, for up to feedKeep refresh intervals: a
+// feed that comes late (a speaker slowed by its store reads the agents'
+// reports late) says nothing about the demand, and reading it as gone
+// lent the region's floor and took it back at every late feed. Without
+// feeds a demand counts for one refresh interval (Demand).
+func (h *Holder) Fed(now time.Time) {
+	h.fedAt = now
+}
+
+// feedKeep is how many refresh intervals the demand of the latest feed
+// counts while no later feed comes: a few late reads of the agents'
+// reports, as long as the speaker keeps an agent's report (DemandMaxAge).
+const feedKeep = 4
 
 // granted reports whether the coordinator's table gives the region an
 // entry for key.
@@ -725,12 +745,14 @@ func (h *Holder) report(now time.Time) {
 	h.send(Message{Type: MsgReport, Term: h.term, Version: h.version, Demand: h.demands(now)}, now)
 }
 
-// demands lists the demand recorded within the last refresh interval, and
-// once more with Want 0 a key whose demand has gone.
+// demands lists the demand recorded within the last refresh interval or
+// at the latest feed (Fed), and once more with Want 0 a key whose demand
+// has gone.
 func (h *Holder) demands(now time.Time) []Demand {
 	var ds []Demand
+	fed := !h.fedAt.IsZero() && now.Sub(h.fedAt) <= feedKeep*h.refresh
 	for k, d := range h.demand {
-		if now.Sub(d.at) > h.refresh {
+		if now.Sub(d.at) > h.refresh && !(fed && d.at.Equal(h.fedAt)) {
 			if d.want == 0 {
 				delete(h.demand, k)
 				continue

@@ -239,6 +239,7 @@ func (s *Speaker) Tick(now time.Time, reports []DemandReport, live []string) {
 		for _, d := range s.sum {
 			s.holder.Demand(now, d.Key, d.Want)
 		}
+		s.holder.Fed(now)
 	}
 	s.holder.Tick(now)
 }

@@ -256,6 +256,61 @@ func TestSpeakerSumsFreshDemandOfLiveAgents(t *testing.T) {
 	}
 }
 
+// TestSpeakerLateFeedIsNoStop: a Tick whose reports come late, or not at
+// all (the store did not answer), says nothing about the demand: the
+// report it sends carries the demand of the latest reports read, for up
+// to four refresh intervals, where it used to read a refresh interval
+// without them as a stop. A key the latest reports lack has stopped.
+func TestSpeakerLateFeedIsNoStop(t *testing.T) {
+	s, _ := speakerFixture(t)
+	h := hello(t, s, t0)
+	if err := s.Step(t0, grant(h, 1, 150)); err != nil { // refresh 1 s
+		t.Fatal(err)
+	}
+	s.Ready()
+	s.Advance(Outcome{})
+	y := bucket.Key{Rule: "api", Subject: "y"}
+	live := []string{"a-0"}
+	report := func(at time.Time, reports []DemandReport) []lease.Demand {
+		t.Helper()
+		s.Tick(at, reports, live)
+		var rep *lease.Message
+		rd := s.Ready()
+		s.Advance(Outcome{})
+		for i, m := range rd.Send {
+			if m.Type == lease.MsgReport {
+				rep = &rd.Send[i]
+			}
+		}
+		if rep == nil {
+			t.Fatalf("no report at %s", at.Sub(t0))
+		}
+		return rep.Demand
+	}
+	t1 := t0.Add(2 * time.Second)
+	fed := []DemandReport{{Agent: "a-0", At: t1, Keys: []DemandItem{{Rule: "api", Subject: "x", Want: 100}, {Rule: "api", Subject: "y", Want: 5}}}}
+	if got, want := report(t1, fed), []lease.Demand{{Key: spkKey, Want: 100}, {Key: y, Want: 5}}; !slices.Equal(got, want) {
+		t.Fatalf("fed: reported %+v, want %+v", got, want)
+	}
+	// 1.5 s later, the reports could not be read.
+	t2 := t1.Add(1500 * time.Millisecond)
+	if got, want := report(t2, nil), []lease.Demand{{Key: spkKey, Want: 100}, {Key: y, Want: 5}}; !slices.Equal(got, want) {
+		t.Fatalf("a feed 1.5 refresh intervals old: reported %+v, want %+v (the demand read last)", got, want)
+	}
+	// Reports without y, then none for 1.2 s.
+	t3 := t2.Add(200 * time.Millisecond)
+	s.Tick(t3, []DemandReport{{Agent: "a-0", At: t3, Keys: []DemandItem{{Rule: "api", Subject: "x", Want: 120}}}}, live)
+	s.Ready()
+	s.Advance(Outcome{})
+	if got, want := report(t3.Add(1200*time.Millisecond), nil), []lease.Demand{{Key: spkKey, Want: 120}, {Key: y, Want: 0}}; !slices.Equal(got, want) {
+		t.Fatalf("after a feed without y: reported %+v, want %+v", got, want)
+	}
+	// Past four refresh intervals without a feed, the demand has gone.
+	if got, want := report(t3.Add(4100*time.Millisecond), nil), []lease.Demand{{Key: spkKey, Want: 0}}; !slices.Equal(got, want) {
+		t.Fatalf("4.1 s after the last feed: reported %+v, want %+v", got, want)
+	}
+}
+
 // TestRestoreSpeakerResumesTheLease: a new speaker restored from the
 // shared table holds its lease at once under a new session, counts its
 // allocations as settled, publishes above it and says hello with what it
