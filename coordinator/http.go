@@ -142,9 +142,9 @@ th{background:#f3f3f3} td.l,th.l{text-align:left}
 {{range .Budgets}}<tr><td class="l">{{.Rule}}</td><td>{{.HotKeys}}</td><td>{{.Headroom}}</td><td class="l">{{$b := .}}{{range $i, $r := .Regions}}{{$r}}={{index $b.Counts $i}} {{end}}</td></tr>{{end}}
 </table>
 <h2>Hot keys</h2>
-<table><tr><th class="l">key</th><th>budget</th><th>escrow</th><th class="l">allocation per region (want)</th></tr>
+<table><tr><th class="l">key</th><th>budget</th><th>escrow</th><th class="l">allocation per region (want; claim)</th></tr>
 {{range .Keys}}{{$k := .}}<tr><td class="l">{{.Key.Rule}}/{{.Key.Subject}}</td><td>{{.Budget.Limit}}</td><td>{{.Escrow}}</td>
-<td class="l">{{range $i, $r := .Regions}}{{$c := index $k.Counts $i}}{{$r}} {{$c}} ({{index $k.Wants $i}})
+<td class="l">{{range $i, $r := .Regions}}{{$c := index $k.Counts $i}}{{$r}} {{$c}} ({{index $k.Wants $i}}; {{index $k.Claims $i}})
 <span class="bar" style="width:{{bar $c $k.Budget}}px"></span> {{end}}</td></tr>{{end}}
 </table>{{if .MoreKeys}}<p>… more keys not shown.</p>{{end}}
 {{end}}

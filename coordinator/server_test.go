@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -278,6 +279,26 @@ func TestStatusAndMetrics(t *testing.T) {
 		code, body := get(tc.path)
 		if code != 200 || !strings.Contains(body, tc.want) {
 			t.Errorf("GET %s = %d, body lacks %q:\n%.2000s", tc.path, code, tc.want, body)
+		}
+	}
+	// Every hot key's claims: one per region, none below its allocation.
+	_, js := get("/status.json")
+	var st struct {
+		Keys []struct {
+			Counts, Claims []int64
+		}
+	}
+	if err := json.Unmarshal([]byte(js), &st); err != nil || len(st.Keys) == 0 {
+		t.Fatalf("status.json: %v, %d keys", err, len(st.Keys))
+	}
+	for _, k := range st.Keys {
+		if len(k.Claims) != len(k.Counts) {
+			t.Fatalf("claims %v for counts %v", k.Claims, k.Counts)
+		}
+		for i := range k.Counts {
+			if k.Claims[i] < k.Counts[i] {
+				t.Errorf("claim %d below allocation %d", k.Claims[i], k.Counts[i])
+			}
 		}
 	}
 	// b and c lent their floors to a: what that took from their full

@@ -169,6 +169,9 @@ type slot struct {
 	// (BurstOf before less after) that no return has matched: the most the
 	// region's acknowledgements may give back (Message.Returns).
 	room int64
+	// claim is what the last allocation counted the region may use within
+	// its window (Allocator.claim, and at least cur), for KeyStatus.
+	claim int64
 }
 
 type hval struct {
@@ -1262,6 +1265,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	// allocation's increases.
 	for i := range k.slots {
 		base[i] = max(base[i], k.slots[i].cur)
+		k.slots[i].claim = base[i]
 	}
 	k.res = max(0, min(k.res, float64(bud.unclaimedBurst(base))))
 	k.resSum, k.resAt, k.resEnd = sum, now.UnixNano(), end.UnixNano()

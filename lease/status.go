@@ -44,6 +44,11 @@ type KeyStatus struct {
 	Counts  []bucket.Tokens // each region's allocation (count per period)
 	Floors  []bucket.Tokens
 	Wants   []bucket.Tokens // each region's latest reported demand
+	// Claims are what the last allocation counted each region may use
+	// within its lease window: its allocation, or more while a decrease
+	// is unacknowledged or a lent floor may return before the window ends.
+	// Capacity another region waits for is held by them.
+	Claims []bucket.Tokens
 	// Escrow is the sum of what regions may still use at the last
 	// allocation; Budget.Limit.Count() minus it is the headroom.
 	Escrow bucket.Tokens
@@ -63,6 +68,7 @@ func (a *Allocator) Keys(limit int) []KeyStatus {
 			st.Counts = append(st.Counts, bucket.Tokens(k.slots[i].cur))
 			st.Floors = append(st.Floors, bucket.Tokens(k.bud.floors[i]))
 			st.Wants = append(st.Wants, bucket.Tokens(k.slots[i].want))
+			st.Claims = append(st.Claims, bucket.Tokens(k.slots[i].claim))
 		}
 		out = append(out, st)
 	}
