@@ -59,9 +59,10 @@ type envelope struct {
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// scenarioConfig is DefaultConfig with the simulator's scenario timings:
-// leases of 10 s refreshed every 2 s, a drift margin of 0.5 s, a hold just
-// above its minimum and demand kept for two refresh intervals and a third.
+// scenarioConfig is DefaultConfig with leases of 10 s refreshed every 2 s,
+// a drift margin of 0.5 s, a hold just above its minimum (the tightest the
+// protocol allows; the simulator runs twice the TTL) and demand kept for
+// two refresh intervals and a third.
 func scenarioConfig() Config {
 	cfg := DefaultConfig()
 	cfg.TTL, cfg.Refresh, cfg.Drift = 10*time.Second, 2*time.Second, 500*time.Millisecond

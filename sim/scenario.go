@@ -749,10 +749,14 @@ func (sc *Scenario) Validate() error {
 
 // LeaseConfig is the lease protocol's configuration for the scenario,
 // without budgets: the TTL and refresh it gives, the Drift whose margin
-// covers its relative drift (lease.DriftFor), a hold half a refresh
-// interval above the least the protocol allows, and a demand TTL of two
-// refresh intervals and a third. The simulator and the chaos harness both
-// run the protocol with it.
+// covers its relative drift (lease.DriftFor), a hold of twice the TTL as
+// in lease.DefaultConfig (and at least half a refresh interval above the
+// least the protocol allows), and a demand TTL of two refresh intervals
+// and a third. The simulator and the chaos harness both run the protocol
+// with it. A hold only just above the least keeps a lend committed only
+// while acknowledgements come back within that half interval: under a
+// slow Redis they took seconds, and every lent floor was counted back at
+// every round (docs/design.md, "redis-slow traced").
 func (sc *Scenario) LeaseConfig() lease.Config {
 	c := sc.Coordinator
 	cfg := lease.DefaultConfig()
@@ -760,7 +764,7 @@ func (sc *Scenario) LeaseConfig() lease.Config {
 	cfg.Drift = lease.DriftFor(c.LeaseTTL, c.Drift)
 	// Hold less its margin (Drift×Hold/TTL) must exceed TTL+Drift+Refresh.
 	need := float64(cfg.TTL+cfg.Drift+cfg.Refresh+cfg.Refresh/2) / (1 - float64(cfg.Drift)/float64(max(cfg.TTL, 1)))
-	cfg.Hold = time.Duration(math.Ceil(need/float64(time.Millisecond))) * time.Millisecond
+	cfg.Hold = max(2*cfg.TTL, time.Duration(math.Ceil(need/float64(time.Millisecond)))*time.Millisecond)
 	cfg.DemandTTL = 2*cfg.Refresh + cfg.Refresh/3
 	return cfg
 }
