@@ -52,6 +52,16 @@ func grant(h lease.Message, n uint64, count bucket.Tokens) lease.Message {
 		Entries: []lease.Entry{{Key: spkKey, Count: count, Burst: count}}}
 }
 
+// lastReport is the last report among ms.
+func lastReport(ms []lease.Message) (lease.Message, bool) {
+	for i := len(ms) - 1; i >= 0; i-- {
+		if ms[i].Type == lease.MsgReport {
+			return ms[i], true
+		}
+	}
+	return lease.Message{}, false
+}
+
 func count(ms []lease.Message, typ lease.MsgType) int {
 	n := 0
 	for _, m := range ms {
@@ -241,12 +251,7 @@ func TestSpeakerSumsFreshDemandOfLiveAgents(t *testing.T) {
 		{Agent: "a-3", At: at.Add(-time.Minute), Keys: []DemandItem{{Rule: "api", Subject: "x", Want: 1000}}},                   // stale
 	}
 	s.Tick(at, reports, []string{"a-0", "a-1", "a-3"})
-	var rep lease.Message
-	for _, m := range s.Ready().Send {
-		if m.Type == lease.MsgReport {
-			rep = m
-		}
-	}
+	rep, _ := lastReport(s.Ready().Send)
 	want := []lease.Demand{{Key: spkKey, Want: 30}, {Key: y, Want: 3}}
 	if !slices.Equal(rep.Demand, want) {
 		t.Fatalf("reported %+v, want %+v", rep.Demand, want)
@@ -274,15 +279,10 @@ func TestSpeakerLateFeedIsNoStop(t *testing.T) {
 	report := func(at time.Time, reports []DemandReport) []lease.Demand {
 		t.Helper()
 		s.Tick(at, reports, live)
-		var rep *lease.Message
 		rd := s.Ready()
 		s.Advance(Outcome{})
-		for i, m := range rd.Send {
-			if m.Type == lease.MsgReport {
-				rep = &rd.Send[i]
-			}
-		}
-		if rep == nil {
+		rep, ok := lastReport(rd.Send)
+		if !ok {
 			t.Fatalf("no report at %s", at.Sub(t0))
 		}
 		return rep.Demand
@@ -483,13 +483,8 @@ func TestSpeakerResettlesAfterALapse(t *testing.T) {
 	s.Tick(end.Add(-time.Millisecond), nil, []string{"a-0"})
 	rd = s.Ready()
 	s.Advance(Outcome{})
-	var report lease.Message
-	for _, m := range rd.Send {
-		if m.Type == lease.MsgReport {
-			report = m
-		}
-	}
-	if report.Type != lease.MsgReport {
+	report, ok := lastReport(rd.Send)
+	if !ok {
 		t.Fatalf("no report before the lease's end: %+v", rd.Send)
 	}
 	// Past the end an agent decides under the floor: the bucket moves to it.

@@ -753,10 +753,9 @@ func (sc *Scenario) Validate() error {
 // in lease.DefaultConfig (and at least half a refresh interval above the
 // least the protocol allows), and a demand TTL of two refresh intervals
 // and a third. The simulator and the chaos harness both run the protocol
-// with it. A hold only just above the least keeps a lend committed only
-// while acknowledgements come back within that half interval: under a
-// slow Redis they took seconds, and every lent floor was counted back at
-// every round (docs/design.md, "redis-slow traced").
+// with it. A lend stays committed only while acknowledgements come back
+// within the hold's slack over that least (docs/design.md, "redis-slow
+// traced").
 func (sc *Scenario) LeaseConfig() lease.Config {
 	c := sc.Coordinator
 	cfg := lease.DefaultConfig()
