@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -267,29 +268,40 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-t.C():
 			a.tick(ctx, &lastPoll)
 			t.Reset(a.cfg.Tick)
-		case <-tables:
-			a.adopt(ctx)
+		case <-tables.C():
+			a.adopt(ctx, tables.Take())
 		}
 	}
 }
 
-// adopt loads the table the speaking agent announced, and when it is
-// newer than the view's, decides with it, stores the agent's report
-// (its demand as of now) as adopting it, and announces that: the speaking agent
-// then acknowledges the grant the table carries without waiting for this
-// agent's next tick. The speaking agent adopts its tables as it publishes
-// them.
-func (a *Agent) adopt(ctx context.Context) {
+// adopt decides with the newest of the tables the speaking agent
+// announced (bodies: the notices' bodies, as Take returns them), when it
+// is newer than the view's, and stores the agent's report (its demand as
+// of now) as adopting it, announced: the speaking agent then acknowledges
+// the grant the table carries without waiting for this agent's next tick.
+// Only when no body is a table (a speaker of another version) does it
+// load the stored one. The speaking agent adopts its tables as it
+// publishes them.
+func (a *Agent) adopt(ctx context.Context, bodies [][]byte) {
 	a.mu.Lock()
 	speaking := a.speaking
 	a.mu.Unlock()
 	if speaking {
 		return
 	}
-	t, err := a.deps.Shared.LoadTable(ctx)
-	if err != nil {
-		a.noteErr(err)
-		return
+	var t *region.Table
+	for _, b := range bodies {
+		var u region.Table
+		if json.Unmarshal(b, &u) == nil && u.Region == a.Region() && u.Newer(t) {
+			t = &u
+		}
+	}
+	if t == nil {
+		var err error
+		if t, err = a.deps.Shared.LoadTable(ctx); err != nil {
+			a.noteErr(err)
+			return
+		}
 	}
 	if t == nil || !a.view.Set(t) {
 		return
@@ -297,11 +309,17 @@ func (a *Agent) adopt(ctx context.Context) {
 	now := a.deps.Clock.Now()
 	rep := region.ReportOf(a.cfg.Name, now, a.core.Demand(now))
 	rep.Pub, rep.Speaker = t.Pub, t.Speaker
-	if err := a.deps.Shared.PutDemand(ctx, rep); err != nil {
+	var err error
+	if nf, ok := a.deps.Shared.(Notifier); ok {
+		err = nf.Adopt(ctx, rep)
+	} else {
+		err = a.deps.Shared.PutDemand(ctx, rep)
+	}
+	if err != nil && !errors.Is(err, ErrNotAnnounced) {
 		a.noteErr(err)
 		return
 	}
-	a.notices.note(a.log, announce(ctx, a.deps.Shared, NoticeAdoption), "adoptions", "region", a.Region(), "agent", a.cfg.Name)
+	a.notices.note(a.log, err, "adoptions", "region", a.Region(), "agent", a.cfg.Name)
 }
 
 // tick is one round of the agent's periodic work.

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -95,8 +96,8 @@ type LeaseClient struct {
 	// cost; Run alone uses them.
 	down, downLogged time.Time
 	downTries        int
-	// adoptions wakes Run when an agent announced an adoption.
-	adoptions <-chan struct{}
+	// adoptions holds the adoptions the agents announced.
+	adoptions *Inbox
 }
 
 // noCoordinatorLogEvery spaces the log lines of a coordinator outage: one
@@ -322,8 +323,8 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 		case <-tick.C():
 			err = c.round(ctx, st)
 			tick.Reset(c.cfg.Tick)
-		case <-c.adoptions:
-			err = c.adopted(ctx, st)
+		case <-c.adoptions.C():
+			err = c.adopted(ctx, st, c.adoptions.Take())
 		}
 		if err != nil {
 			_ = st.Close() // the send failed; the stream is dropped either way
@@ -352,19 +353,30 @@ func (c *LeaseClient) round(ctx context.Context, st lease.Stream) error {
 	return c.send(st, out)
 }
 
-// adopted reads the agents' reports when an agent announced an adoption
-// while acknowledgements wait for one, and sends those the reports
-// release on st.
-func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream) error {
+// adopted takes the reports the agents announced as adopting a table
+// (bodies: the notices' bodies, as Take returns them) while
+// acknowledgements wait for one, and sends those the reports release on
+// st. Only when a body is no report (an agent of another version) does it
+// read the stored reports.
+func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream, bodies [][]byte) error {
 	c.mu.Lock()
 	waiting := c.sp.PendingAcks() > 0
 	c.mu.Unlock()
 	if !waiting {
 		return nil
 	}
-	reports, err := c.deps.Shared.Demands(ctx)
-	if err != nil {
-		return nil // the next round reads them again
+	reports := make([]region.DemandReport, len(bodies))
+	for i, b := range bodies {
+		if json.Unmarshal(b, &reports[i]) != nil || reports[i].Agent == "" {
+			reports = nil
+			break
+		}
+	}
+	if len(reports) == 0 {
+		var err error
+		if reports, err = c.deps.Shared.Demands(ctx); err != nil {
+			return nil // the next round reads them again
+		}
 	}
 	c.mu.Lock()
 	c.sp.Adopted(c.deps.Clock.Now(), reports)
@@ -427,8 +439,9 @@ func (c *LeaseClient) carryLocked(ctx context.Context) []lease.Message {
 			f, _ := c.deps.Fence()
 			ok, err := c.deps.Shared.PublishTable(ctx, t, f)
 			if ok {
-				// The other agents load it now rather than at their ticks.
-				c.notices.note(c.log, announce(ctx, c.deps.Shared, NoticeTable), "tables", "region", c.cfg.Region)
+				// A Notifier announced it as it stored it, or says it could not.
+				c.notices.note(c.log, err, "tables", "region", c.cfg.Region)
+				err = nil
 			}
 			if err == nil && !ok {
 				if cur, lerr := c.deps.Shared.LoadTable(ctx); lerr == nil && cur != nil && cur.Pub >= t.Pub {

@@ -2,8 +2,11 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,25 +20,48 @@ import (
 	"github.com/allot-dev/allot/region"
 )
 
-// woken waits on the real clock, up to 10 s, for a wake-up on c: notices
-// cross goroutines (and, for RedisShared, a real Redis), not lease time.
-func woken(t *testing.T, c <-chan struct{}, what string) {
+// woken waits on the real clock, up to 10 s, for a wake-up on in, and
+// returns the bodies it holds: notices cross goroutines (and, for
+// RedisShared, a real Redis), not lease time.
+func woken(t *testing.T, in *Inbox, what string) [][]byte {
 	t.Helper()
 	select {
-	case <-c:
+	case <-in.C():
+		return in.Take()
 	case <-time.After(10 * time.Second):
 		t.Fatalf("%s: no wake-up within 10 s", what)
+		return nil
 	}
 }
 
-// idle reports whether c holds no wake-up now.
-func idle(c <-chan struct{}) bool {
+// idle reports whether in holds no wake-up and no body now.
+func idle(in *Inbox) bool {
 	select {
-	case <-c:
+	case <-in.C():
 		return false
 	default:
-		return true
+		return len(in.Take()) == 0
 	}
+}
+
+// tableIn decodes a NoticeTable's body.
+func tableIn(t *testing.T, b []byte) *region.Table {
+	t.Helper()
+	var tab region.Table
+	if err := json.Unmarshal(b, &tab); err != nil {
+		t.Fatalf("a table notice's body %q: %v", b, err)
+	}
+	return &tab
+}
+
+// reportIn decodes a NoticeAdoption's body.
+func reportIn(t *testing.T, b []byte) region.DemandReport {
+	t.Helper()
+	var r region.DemandReport
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("an adoption notice's body %q: %v", b, err)
+	}
+	return r
 }
 
 // watching waits on the real clock, up to 10 s, until n channels watch
@@ -57,39 +83,80 @@ func watching(t *testing.T, sh *MemShared, kind Notice, n int) {
 	}
 }
 
-// TestMemSharedNotices: a notice wakes every watcher of its kind and no
-// other; wake-ups coalesce, and a watch ends with its context.
+// TestMemSharedNotices: a stored table wakes every watcher of tables and
+// no other, carrying the table; wake-ups coalesce while the bodies wait,
+// oldest first; a table not stored is not announced; an adoption carries
+// its report; and a watch ends with its context.
 func TestMemSharedNotices(t *testing.T) {
 	sh := NewMemShared()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	t1, t2 := sh.Watch(ctx, NoticeTable), sh.Watch(ctx, NoticeTable)
 	ad := sh.Watch(ctx, NoticeAdoption)
-	for range 3 {
-		if err := sh.Announce(ctx, NoticeTable); err != nil {
-			t.Fatal(err)
+	for i, pub := range []uint64{1, 2, 3, 2} {
+		ok, err := sh.PublishTable(ctx, &region.Table{Region: "eu", Speaker: "eu-0", Pub: pub}, Fence{})
+		if err != nil || ok != (i < 3) {
+			t.Fatalf("publish %d: %v %v, want stored %v", pub, ok, err, i < 3)
 		}
 	}
-	woken(t, t1, "first table watcher")
-	woken(t, t2, "second table watcher")
+	for i, in := range []*Inbox{t1, t2} {
+		bodies := woken(t, in, "a table watcher")
+		if len(bodies) != 3 {
+			t.Fatalf("watcher %d holds %d bodies, want the 3 tables stored", i, len(bodies))
+		}
+		for j, b := range bodies {
+			if got := tableIn(t, b); got.Pub != uint64(j+1) || got.Speaker != "eu-0" {
+				t.Fatalf("watcher %d's body %d is %+v, want eu-0's publication %d", i, j, got, j+1)
+			}
+		}
+	}
 	if !idle(t1) || !idle(ad) {
-		t.Fatal("three table notices left a second wake-up, or woke the adoption watcher")
+		t.Fatal("three tables left a second wake-up, or woke the adoption watcher")
 	}
 	wctx, wcancel := context.WithCancel(ctx)
 	gone := sh.Watch(wctx, NoticeAdoption)
 	wcancel()
 	watching(t, sh, NoticeAdoption, 1) // AfterFunc removes it on its own goroutine
-	if err := sh.Announce(ctx, NoticeAdoption); err != nil {
+	rep := region.DemandReport{Agent: "eu-1", At: t0, Pub: 3, Speaker: "eu-0"}
+	if err := sh.Adopt(ctx, rep); err != nil {
 		t.Fatal(err)
 	}
-	woken(t, ad, "adoption watcher")
+	bodies := woken(t, ad, "adoption watcher")
+	if len(bodies) != 1 || reportIn(t, bodies[0]).Pub != 3 || reportIn(t, bodies[0]).Agent != "eu-1" {
+		t.Fatalf("adoption bodies %q, want eu-1's report adopting 3", bodies)
+	}
+	if reps, _ := sh.Demands(ctx); len(reps) != 1 || reps[0].Pub != 3 {
+		t.Fatalf("stored reports %+v, want eu-1's adopting 3", reps)
+	}
 	if !idle(gone) {
 		t.Fatal("a watch whose context ended was woken")
 	}
 }
 
-// TestRedisSharedNotices: notices over a real Redis's pub/sub reach a
-// watcher on another connection, by kind and by region.
+// TestInboxKeepsTheNewest: an inbox that is not read keeps the newest
+// inboxCap bodies; the older are dropped (the ticks read the store).
+func TestInboxKeepsTheNewest(t *testing.T) {
+	in := newInbox()
+	for i := range inboxCap + 5 {
+		in.put([]byte(strconv.Itoa(i)))
+	}
+	got := in.Take()
+	if len(got) != inboxCap || string(got[0]) != "5" || string(got[inboxCap-1]) != strconv.Itoa(inboxCap+4) {
+		t.Fatalf("kept %d bodies from %q to %q, want %d from 5", len(got), got[0], got[len(got)-1], inboxCap)
+	}
+	if in.Take() != nil {
+		t.Fatal("a second Take returned bodies again")
+	}
+	var none *Inbox
+	if none.C() != nil || none.Take() != nil {
+		t.Fatal("the nil inbox is not empty")
+	}
+}
+
+// TestRedisSharedNotices: over a real Redis's pub/sub, the script that
+// stores a table announces it and the one that stores a report announces
+// that, each carrying what it stored, to a watcher on another connection,
+// by kind and by region; a table not stored is not announced.
 func TestRedisSharedNotices(t *testing.T) {
 	addr := testenv.RedisAddr(t)
 	c1 := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
@@ -103,34 +170,101 @@ func TestRedisSharedNotices(t *testing.T) {
 	watcher := NewRedisShared(c2, prefix, "eu", 5*time.Second, time.Minute)
 	tables, adoptions := watcher.Watch(ctx, NoticeTable), watcher.Watch(ctx, NoticeAdoption)
 	usTables := us.Watch(ctx, NoticeTable)
-	if err := eu.Announce(ctx, NoticeTable); err != nil {
+	tab := &region.Table{Region: "eu", Speaker: "eu-0", Pub: 7, Version: 3,
+		Entries: []lease.Entry{{Key: bucket.Key{Rule: "api", Subject: "t1"}, Count: 40, Burst: 9}}}
+	if ok, err := eu.PublishTable(ctx, tab, Fence{}); err != nil || !ok {
+		t.Fatalf("publish: %v %v", ok, err)
+	}
+	bodies := woken(t, tables, "eu's table watcher")
+	if len(bodies) != 1 || !tableIn(t, bodies[0]).Same(tab) || tableIn(t, bodies[0]).Pub != 7 {
+		t.Fatalf("table notices %q, want publication 7 as stored", bodies)
+	}
+	if ok, err := eu.PublishTable(ctx, &region.Table{Region: "eu", Pub: 6}, Fence{}); err != nil || ok {
+		t.Fatalf("publish an older table: %v %v, want not stored", ok, err)
+	}
+	rep := region.DemandReport{Agent: "eu-1", At: t0, Pub: 7, Speaker: "eu-0",
+		Keys: []region.DemandItem{{Rule: "api", Subject: "t1", Want: 12}}}
+	if err := eu.Adopt(ctx, rep); err != nil {
 		t.Fatal(err)
 	}
-	woken(t, tables, "eu's table watcher")
-	if err := eu.Announce(ctx, NoticeAdoption); err != nil {
-		t.Fatal(err)
+	bodies = woken(t, adoptions, "eu's adoption watcher")
+	if len(bodies) != 1 {
+		t.Fatalf("adoption notices %q, want one", bodies)
 	}
-	woken(t, adoptions, "eu's adoption watcher")
+	if got := reportIn(t, bodies[0]); got.Agent != "eu-1" || got.Pub != 7 || !got.At.Equal(t0) || len(got.Keys) != 1 || got.Keys[0].Want != 12 {
+		t.Fatalf("adoption notice %+v, want the report %+v", got, rep)
+	}
+	if reps, err := watcher.Demands(ctx); err != nil || len(reps) != 1 || reps[0].Pub != 7 || reps[0].Keys[0].Want != 12 {
+		t.Fatalf("stored reports %+v %v, want eu-1's adopting 7", reps, err)
+	}
 	// Redis delivers a subscriber's messages in order: once us's own
 	// notice arrives, an eu notice would have arrived before it.
-	if err := us.Announce(ctx, NoticeTable); err != nil {
-		t.Fatal(err)
+	if ok, err := us.PublishTable(ctx, &region.Table{Region: "us", Pub: 1}, Fence{}); err != nil || !ok {
+		t.Fatalf("publish us: %v %v", ok, err)
 	}
 	woken(t, usTables, "us's table watcher")
 	if !idle(tables) || !idle(adoptions) {
-		t.Fatal("a notice of one kind, or of another region, woke eu's watchers twice")
+		t.Fatal("a table not stored, or a notice of another region, woke eu's watchers")
 	}
 }
 
+// blindShared is a region's MemShared as one agent reaches it through a
+// store that never shows what the notices carry: with noTable LoadTable
+// fails, and Demands shows hide's reports adopting no table. Only a
+// notice's body can then tell the agent of a table, or the speaking agent
+// of hide's adoption. With oldAgent, hide announces its adoptions as an
+// agent of an earlier version did, with a body that is no report.
+type blindShared struct {
+	*MemShared
+	noTable  bool
+	hide     string
+	oldAgent bool
+}
+
+func (b *blindShared) LoadTable(ctx context.Context) (*region.Table, error) {
+	if b.noTable {
+		return nil, errors.New("test: this agent cannot read the table")
+	}
+	return b.MemShared.LoadTable(ctx)
+}
+
+func (b *blindShared) Demands(ctx context.Context) ([]region.DemandReport, error) {
+	reps, err := b.MemShared.Demands(ctx)
+	for i := range reps {
+		if b.hide != "" && reps[i].Agent == b.hide {
+			reps[i].Pub, reps[i].Speaker = 0, ""
+		}
+	}
+	return reps, err
+}
+
+func (b *blindShared) Adopt(ctx context.Context, r region.DemandReport) error {
+	if !b.oldAgent {
+		return b.MemShared.Adopt(ctx, r)
+	}
+	m := b.MemShared
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.demand[r.Agent] = r
+	for _, w := range m.watchers[NoticeAdoption] {
+		w.put([]byte("1"))
+	}
+	return nil
+}
+
 // TestAgentAdoptsAnnouncedTable: told of a table, an agent that does not
-// speak decides with it and stores its report again as adopting it, and
-// announces that, before its next tick (the manual clock never moves).
+// speak decides with the table the notice carries, without reading the
+// store (its LoadTable fails), and stores its report again as adopting
+// it, announced, before its next tick (the manual clock never moves). A
+// notice with no table in it (a speaker of an earlier version) has it load
+// the stored table.
 func TestAgentAdoptsAnnouncedTable(t *testing.T) {
 	clk := clock.NewManual(t0)
 	sh := NewMemSharedOn(clk)
+	blind := &blindShared{MemShared: sh, noTable: true}
 	cfg := DefaultConfig()
 	cfg.Name, cfg.Core.Region = "eu-1", "eu"
-	a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), Shared: sh, Clock: clk,
+	a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), Shared: blind, Clock: clk,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -146,16 +280,30 @@ func TestAgentAdoptsAnnouncedTable(t *testing.T) {
 	if ok, err := sh.PublishTable(ctx, tab, Fence{}); err != nil || !ok {
 		t.Fatalf("publish: %v %v", ok, err)
 	}
-	if err := sh.Announce(ctx, NoticeTable); err != nil {
-		t.Fatal(err)
-	}
-	woken(t, adoptions, "the adoption")
+	bodies := woken(t, adoptions, "the adoption")
 	if got := a.View().Table(); got == nil || got.Pub != 42 {
 		t.Fatalf("the agent decides with %+v, want publication 42", got)
+	}
+	if len(bodies) != 1 || reportIn(t, bodies[0]).Pub != 42 {
+		t.Fatalf("adoption notices %q, want one adopting 42", bodies)
 	}
 	reps, err := sh.Demands(ctx)
 	if err != nil || len(reps) != 1 || reps[0].Agent != "eu-1" || reps[0].Pub != 42 || reps[0].Speaker != "eu-0" || !reps[0].At.Equal(t0) {
 		t.Fatalf("stored reports %+v %v, want eu-1's of %s adopting eu-0's publication 42", reps, err, t0)
+	}
+
+	// A speaker of an earlier version: its notice is a wake-up, "1".
+	blind.noTable = false
+	if ok, err := sh.PublishTable(ctx, &region.Table{Region: "eu", Speaker: "eu-0", Pub: 43}, Fence{}); err != nil || !ok {
+		t.Fatalf("publish: %v %v", ok, err)
+	}
+	woken(t, adoptions, "the adoption of 43")
+	sh.mu.Lock()
+	sh.table = &region.Table{Region: "eu", Speaker: "eu-0", Pub: 44}
+	sh.watchers[NoticeTable][0].put([]byte("1"))
+	sh.mu.Unlock()
+	if bodies := woken(t, adoptions, "the adoption of 44"); len(bodies) != 1 || reportIn(t, bodies[0]).Pub != 44 {
+		t.Fatalf("adoption notices %q, want one adopting the stored 44", bodies)
 	}
 	if !clk.Now().Equal(t0) {
 		t.Fatalf("the clock moved to %s", clk.Now())
@@ -170,7 +318,26 @@ func TestAgentAdoptsAnnouncedTable(t *testing.T) {
 // acknowledgement), the clock stands still, and the coordinator still sees
 // it acknowledged: no agent's tick and no round of the speaking agent is
 // on its path.
+//
+// Through a blind store (blindShared) the notices' bodies are all that
+// can carry the table to eu-1 and its adoption back: no read of the store
+// is on the path either. With eu-1 of an earlier version (its notices
+// carry no report), the speaking agent reads the stored reports.
 func TestGrantAcknowledgedWithoutTheAgentsTicks(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		speaker  blindShared
+		listener blindShared
+	}{
+		{"readable store", blindShared{}, blindShared{}},
+		{"blind store", blindShared{hide: "eu-1"}, blindShared{noTable: true}},
+		{"agent of an earlier version", blindShared{}, blindShared{oldAgent: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { grantAcknowledgedWithoutTicks(t, tc.speaker, tc.listener) })
+	}
+}
+
+func grantAcknowledgedWithoutTicks(t *testing.T, speaker, listener blindShared) {
 	global, spec, budgets, clk, coord := localBudget(t, []string{"eu"}, 0.5)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -183,10 +350,13 @@ func TestGrantAcknowledgedWithoutTheAgentsTicks(t *testing.T) {
 		cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Tick = 400*time.Millisecond, 100*time.Millisecond, tick
 		cfg.Speaker.Budgets = budgets
 		cfg.Tick, cfg.SpeakerWait = tick, 0
+		through := speaker
 		if i == 1 {
 			cfg.Tick, cfg.SpeakerLease = time.Hour, 2*time.Hour
+			through = listener
 		}
-		a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), Shared: sh,
+		through.MemShared = sh
+		a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), Shared: &through,
 			Membership: NewStaticMembership(name, "eu-0", "eu-1"), Transport: coord.Transport("eu"), Clock: clk,
 			Logger: logger, Seed: uint64(i + 1)})
 		if err != nil {
@@ -257,18 +427,22 @@ func TestRedisSharedNoticesAfterARestart(t *testing.T) {
 	pub, sub := srv.Client(t), srv.Client(t)
 	from := NewRedisShared(pub, "allot-test:", "eu", 5*time.Second, time.Minute)
 	tables := NewRedisShared(sub, "allot-test:", "eu", 5*time.Second, time.Minute).Watch(ctx, NoticeTable)
-	if err := from.Announce(ctx, NoticeTable); err != nil {
-		t.Fatal(err)
+	if ok, err := from.PublishTable(ctx, &region.Table{Region: "eu", Pub: 1}, Fence{}); err != nil || !ok {
+		t.Fatalf("publish: %v %v", ok, err)
 	}
 	woken(t, tables, "before the restart")
 	srv.Restart(t)
-	// The subscriber reconnects on its own schedule: announce until one
+	// The subscriber reconnects on its own schedule: publish until one
 	// arrives, for at most 20 s of real time.
 	deadline := time.Now().Add(20 * time.Second)
-	for {
-		_ = from.Announce(ctx, NoticeTable) // fails until the publisher has reconnected too
+	for pub := uint64(2); ; pub++ {
+		// Fails until the publisher has reconnected too.
+		_, _ = from.PublishTable(ctx, &region.Table{Region: "eu", Pub: pub}, Fence{})
 		select {
-		case <-tables:
+		case <-tables.C():
+			if got := tableIn(t, tables.Take()[0]); got.Pub < 2 {
+				t.Fatalf("after the restart the notice carried publication %d", got.Pub)
+			}
 			return
 		case <-time.After(100 * time.Millisecond):
 		}
@@ -294,17 +468,26 @@ func TestRedisSharedNoticesOnACluster(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		shared = append(shared, NewRedisShared(c, "allot-test:", "eu", 5*time.Second, time.Minute))
 	}
-	adoptions := shared[1].Watch(ctx, NoticeAdoption)
-	if err := shared[0].Announce(ctx, NoticeAdoption); err != nil {
+	tables, adoptions := shared[1].Watch(ctx, NoticeTable), shared[1].Watch(ctx, NoticeAdoption)
+	if ok, err := shared[0].PublishTable(ctx, &region.Table{Region: "eu", Pub: 5}, Fence{}); err != nil || !ok {
+		t.Fatalf("publish: %v %v", ok, err)
+	}
+	if b := woken(t, tables, "the table watcher on the cluster"); len(b) != 1 || tableIn(t, b[0]).Pub != 5 {
+		t.Fatalf("table notices %q, want publication 5", b)
+	}
+	if err := shared[0].Adopt(ctx, region.DemandReport{Agent: "eu-1", At: t0, Pub: 5}); err != nil {
 		t.Fatal(err)
 	}
-	woken(t, adoptions, "the watcher on the cluster")
+	if b := woken(t, adoptions, "the adoption watcher on the cluster"); len(b) != 1 || reportIn(t, b[0]).Pub != 5 {
+		t.Fatalf("adoption notices %q, want eu-1's adopting 5", b)
+	}
 }
 
 // TestRefusedNoticesWarnOnce: a Redis user without the notice channels'
-// permission (an ACL with resetchannels) cannot announce. The region
-// still works, at its ticks' pace, and the speaking agent warns once,
-// not at every table it publishes.
+// permission (an ACL with resetchannels) cannot announce: its tables and
+// reports are stored all the same, with an error that says they were not
+// announced. The region still works, at its ticks' pace, and the speaking
+// agent warns once, not at every table it publishes.
 func TestRefusedNoticesWarnOnce(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	ctx := context.Background()
@@ -314,8 +497,20 @@ func TestRefusedNoticesWarnOnce(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "agent", Password: "agent-secret-1234", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
 	sh := NewRedisShared(c, "allot:", "eu", 5*time.Second, time.Minute)
-	if err := sh.Announce(ctx, NoticeTable); err == nil || !strings.Contains(err.Error(), "NOPERM") {
-		t.Fatalf("announce as a user without channels: %v, want NOPERM", err)
+	if ok, err := sh.PublishTable(ctx, &region.Table{Region: "eu", Pub: 1}, Fence{}); !ok || !errors.Is(err, ErrNotAnnounced) || !strings.Contains(err.Error(), "publish to the channel") {
+		t.Fatalf("publish as a user without channels: %v %v, want stored, not announced (no permission)", ok, err)
+	}
+	if tab, err := sh.LoadTable(ctx); err != nil || tab == nil || tab.Pub != 1 {
+		t.Fatalf("stored table %+v %v, want publication 1", tab, err)
+	}
+	if err := sh.Adopt(ctx, region.DemandReport{Agent: "eu-1", At: t0, Pub: 1}); !errors.Is(err, ErrNotAnnounced) || !strings.Contains(err.Error(), "publish to the channel") {
+		t.Fatalf("adopt as a user without channels: %v, want stored, not announced (no permission)", err)
+	}
+	if reps, err := sh.Demands(ctx); err != nil || len(reps) != 1 || reps[0].Pub != 1 {
+		t.Fatalf("stored reports %+v %v, want eu-1's adopting 1", reps, err)
+	}
+	if err := srv.Client(t).Del(ctx, "allot:region:{eu}:table", "allot:region:{eu}:demand").Err(); err != nil {
+		t.Fatal(err)
 	}
 
 	global, spec, budgets, clk, coord := localBudget(t, []string{"eu"}, 0.5)

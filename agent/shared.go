@@ -50,30 +50,42 @@ type Shared interface {
 
 // Notifier is a Shared that passes notices between a region's agents, so
 // a table or an adoption is acted on when it is stored rather than at the
-// next tick: the speaking agent announces each table it stores
-// (NoticeTable) and every other agent loads it at once and stores its
-// report again with it (NoticeAdoption), which lets the speaking agent
-// acknowledge a grant without waiting for the agents' ticks and its own.
-// A notice carries nothing but the wake-up; one lost (a subscription down
-// or reconnecting) costs only that wait, since the ticks still read the
-// store. RedisShared and MemShared implement it.
+// next tick. Each notice carries what it announces, so acting on it takes
+// no read of the store:
+//   - PublishTable announces each table it stores (NoticeTable) in the
+//     same round trip, carrying the table; every other agent decides with
+//     it at once,
+//   - and stores its report again with it, announced (NoticeAdoption,
+//     carrying the report) in that round trip too (Adopt), which lets the
+//     speaking agent acknowledge a grant without waiting for the agents'
+//     ticks and its own.
+//
+// A notice lost (a subscription down or reconnecting, an inbox full) costs
+// only that wait, since the ticks still read the store; a notice whose body
+// a watcher cannot read (an agent of another version) wakes it to read the
+// store. A table or report stored but not announced (a Redis user without
+// the channels' permission) is reported by an error that wraps
+// ErrNotAnnounced. RedisShared and MemShared implement it.
 type Notifier interface {
-	// Announce sends a notice of kind n to the region's agents that watch
-	// for it.
-	Announce(ctx context.Context, n Notice) error
-	// Watch returns a channel that receives a wake-up after notices of
-	// kind n, until ctx ends. Wake-ups are coalesced: the channel holds at
-	// most one.
-	Watch(ctx context.Context, n Notice) <-chan struct{}
+	// Adopt stores r as PutDemand does and announces it (NoticeAdoption).
+	Adopt(ctx context.Context, r region.DemandReport) error
+	// Watch returns an inbox of the notices of kind n, until ctx ends.
+	Watch(ctx context.Context, n Notice) *Inbox
 }
+
+// ErrNotAnnounced: a table or report was stored, and its notice could not
+// be sent.
+var ErrNotAnnounced = errors.New("agent: stored, not announced")
 
 // Notice is a kind of notice between a region's agents.
 type Notice uint8
 
 const (
-	// NoticeTable: the speaking agent stored a new table.
+	// NoticeTable: the speaking agent stored a new table; the notice
+	// carries it as stored (JSON).
 	NoticeTable Notice = iota + 1
-	// NoticeAdoption: an agent stored a report that adopts a new table.
+	// NoticeAdoption: an agent stored a report that adopts a new table;
+	// the notice carries the report (JSON).
 	NoticeAdoption
 )
 
@@ -87,19 +99,60 @@ func (n Notice) String() string {
 	return "notice(" + strconv.Itoa(int(n)) + ")"
 }
 
-// watch is sh's Watch for n, or nil (a channel that never receives) when
-// sh passes no notices.
-func watch(ctx context.Context, sh Shared, n Notice) <-chan struct{} {
-	if nf, ok := sh.(Notifier); ok {
-		return nf.Watch(ctx, n)
-	}
-	return nil
+// inboxCap is how many notices' bodies an Inbox keeps before it drops the
+// oldest: more than a region's agents announce between two reads.
+const inboxCap = 64
+
+// Inbox is one watcher's notices of one kind: a wake-up on C after each
+// (coalesced: C holds at most one), and their bodies, oldest first, until
+// Take. The nil Inbox never wakes. It is safe for concurrent use.
+type Inbox struct {
+	c      chan struct{}
+	mu     sync.Mutex
+	bodies [][]byte
 }
 
-// announce is sh's Announce of n, when sh passes notices.
-func announce(ctx context.Context, sh Shared, n Notice) error {
+func newInbox() *Inbox { return &Inbox{c: make(chan struct{}, 1)} }
+
+// C returns the channel of wake-ups (nil for the nil Inbox).
+func (b *Inbox) C() <-chan struct{} {
+	if b == nil {
+		return nil
+	}
+	return b.c
+}
+
+// Take returns the bodies received since the last Take, oldest first.
+func (b *Inbox) Take() [][]byte {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := b.bodies
+	b.bodies = nil
+	return out
+}
+
+// put keeps body and wakes the watcher.
+func (b *Inbox) put(body []byte) {
+	b.mu.Lock()
+	if len(b.bodies) == inboxCap {
+		b.bodies = slices.Delete(b.bodies, 0, 1)
+	}
+	b.bodies = append(b.bodies, body)
+	b.mu.Unlock()
+	select {
+	case b.c <- struct{}{}:
+	default:
+	}
+}
+
+// watch is sh's Watch for n, or nil (an inbox that never wakes) when sh
+// passes no notices.
+func watch(ctx context.Context, sh Shared, n Notice) *Inbox {
 	if nf, ok := sh.(Notifier); ok {
-		return nf.Announce(ctx, n)
+		return nf.Watch(ctx, n)
 	}
 	return nil
 }
@@ -120,14 +173,6 @@ func (l *announceLog) note(log *slog.Logger, err error, what string, attrs ...an
 	case err == nil && l.down:
 		l.down = false
 		log.Info("agent: announcing "+what+" again", attrs...)
-	}
-}
-
-// wake puts a wake-up on c unless one waits there already.
-func wake(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
 	}
 }
 
@@ -174,8 +219,8 @@ type MemShared struct {
 	lease  Fence
 	until  time.Time // the lease's expiry
 	tokens uint64
-	// watchers are the channels watching each kind of notice.
-	watchers map[Notice][]chan struct{}
+	// watchers are the inboxes watching each kind of notice.
+	watchers map[Notice][]*Inbox
 }
 
 var (
@@ -239,6 +284,7 @@ func (m *MemShared) PublishTable(_ context.Context, t *region.Table, f Fence) (b
 		return false, nil
 	}
 	m.table = t
+	m.announceLocked(NoticeTable, t)
 	return true, nil
 }
 
@@ -269,31 +315,45 @@ func (m *MemShared) Demands(context.Context) ([]region.DemandReport, error) {
 	return out, nil
 }
 
-// Announce implements Notifier.
-func (m *MemShared) Announce(_ context.Context, n Notice) error {
+// Adopt implements Notifier.
+func (m *MemShared) Adopt(_ context.Context, r region.DemandReport) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, c := range m.watchers[n] {
-		wake(c)
-	}
+	m.demand[r.Agent] = r
+	m.announceLocked(NoticeAdoption, r)
 	return nil
 }
 
+// announceLocked hands v, encoded as RedisShared's notices carry it, to
+// every watcher of n. Requires that m.mu is held.
+func (m *MemShared) announceLocked(n Notice, v any) {
+	if len(m.watchers[n]) == 0 {
+		return
+	}
+	body, err := json.Marshal(v)
+	if err != nil {
+		body = nil // a body no watcher reads: they read the store
+	}
+	for _, b := range m.watchers[n] {
+		b.put(body)
+	}
+}
+
 // Watch implements Notifier.
-func (m *MemShared) Watch(ctx context.Context, n Notice) <-chan struct{} {
-	c := make(chan struct{}, 1)
+func (m *MemShared) Watch(ctx context.Context, n Notice) *Inbox {
+	in := newInbox()
 	m.mu.Lock()
 	if m.watchers == nil {
-		m.watchers = map[Notice][]chan struct{}{}
+		m.watchers = map[Notice][]*Inbox{}
 	}
-	m.watchers[n] = append(m.watchers[n], c)
+	m.watchers[n] = append(m.watchers[n], in)
 	m.mu.Unlock()
 	context.AfterFunc(ctx, func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		m.watchers[n] = slices.DeleteFunc(m.watchers[n], func(w chan struct{}) bool { return w == c })
+		m.watchers[n] = slices.DeleteFunc(m.watchers[n], func(w *Inbox) bool { return w == in })
 	})
-	return c
+	return in
 }
 
 // RedisShared is Shared in the regional Redis: the speaker lease in a
@@ -332,23 +392,16 @@ func NewRedisShared(c redis.UniversalClient, prefix, region string, timeout, ttl
 		tokenKey: base + "speaker-token", noticeCh: base + "notice:", timeout: timeout, ttl: ttl}
 }
 
-// Announce implements Notifier: a PUBLISH on the kind's channel.
-func (r *RedisShared) Announce(ctx context.Context, n Notice) error {
-	ctx, cancel := r.ctx(ctx)
-	defer cancel()
-	if err := r.c.Publish(ctx, r.noticeCh+n.String(), "1").Err(); err != nil {
-		return fmt.Errorf("%w: agent: announce %s on %s: %w", bucket.ErrUnavailable, n, r.noticeCh+n.String(), err)
-	}
-	return nil
-}
+// channel is the pub/sub channel of notices of kind n.
+func (r *RedisShared) channel(n Notice) string { return r.noticeCh + n.String() }
 
 // Watch implements Notifier: a subscription to the kind's channel, which
 // the client re-establishes after a lost connection (notices sent
 // meanwhile are lost). It returns once Redis confirmed the subscription,
 // or after the timeout.
-func (r *RedisShared) Watch(ctx context.Context, n Notice) <-chan struct{} {
-	out := make(chan struct{}, 1)
-	ps := r.c.Subscribe(ctx, r.noticeCh+n.String())
+func (r *RedisShared) Watch(ctx context.Context, n Notice) *Inbox {
+	in := newInbox()
+	ps := r.c.Subscribe(ctx, r.channel(n))
 	cctx, cancel := r.ctx(ctx)
 	_, _ = ps.Receive(cctx) // the confirmation; a failure is retried by the client
 	cancel()
@@ -359,19 +412,37 @@ func (r *RedisShared) Watch(ctx context.Context, n Notice) <-chan struct{} {
 			select {
 			case <-ctx.Done():
 				return
-			case _, ok := <-msgs:
+			case m, ok := <-msgs:
 				if !ok {
 					return
 				}
-				wake(out)
+				in.put([]byte(m.Payload))
 			}
 		}
 	}()
-	return out
+	return in
 }
 
+// stored reads the reply of a script that stores and then announces: 1,
+// or, stored but not announced, the error PUBLISH gave (a string).
+func stored(res any, what, ch string) error {
+	if msg, ok := res.(string); ok {
+		return fmt.Errorf("%w: %s on %s: %s", ErrNotAnnounced, what, ch, msg)
+	}
+	return nil
+}
+
+// announceLua announces ARGV[i] on channel ARGV[j] as the last step of a
+// script that stored it, returning PUBLISH's error as a string: a Redis
+// user without the channel's permission still stores.
+const announceLua = `
+local sent = redis.pcall('PUBLISH', ARGV[%d], ARGV[%d])
+if type(sent) == 'table' and sent.err then return sent.err end
+return 1`
+
 // publishScript: KEYS table, lease; ARGV pub, body, ttl ms, fence ("":
-// none). -1: the fence is not the lease; 0: a table as new is stored.
+// none), channel. -1: the fence is not the lease; 0: a table as new is
+// stored; then as announceLua, the body announced on the channel.
 var publishScript = redis.NewScript(`
 local lease = redis.call('GET', KEYS[2])
 if ARGV[4] == '' then
@@ -382,8 +453,13 @@ end
 local cur = redis.call('HGET', KEYS[1], 'pub')
 if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'pub', ARGV[1], 'body', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1`)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])` + fmt.Sprintf(announceLua, 5, 2))
+
+// adoptScript: KEYS demand; ARGV agent, report, ttl ms, channel. As
+// announceLua: the report announced on the channel.
+var adoptScript = redis.NewScript(`
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])` + fmt.Sprintf(announceLua, 4, 2))
 
 // holdScript: KEYS lease, token counter; ARGV agent, held fence (""),
 // lease ttl ms, counter ttl ms. The lease's value, or nil when another
@@ -448,15 +524,19 @@ func (r *RedisShared) PublishTable(ctx context.Context, t *region.Table, f Fence
 	}
 	ctx, cancel := r.ctx(ctx)
 	defer cancel()
-	n, err := publishScript.Run(ctx, r.c, []string{r.tableKey, r.leaseKey}, strconv.FormatUint(t.Pub, 10), body,
-		r.ttl.Milliseconds(), f.String()).Int()
+	ch := r.channel(NoticeTable)
+	res, err := publishScript.Run(ctx, r.c, []string{r.tableKey, r.leaseKey}, strconv.FormatUint(t.Pub, 10), body,
+		r.ttl.Milliseconds(), f.String(), ch).Result()
 	if err != nil {
 		return false, fmt.Errorf("%w: agent: publish table to %s: %w", bucket.ErrUnavailable, r.tableKey, err)
 	}
-	if n < 0 {
-		return false, fmt.Errorf("%w: publish table to %s under %q", ErrNotSpeaker, r.tableKey, f.String())
+	if n, ok := res.(int64); ok && n < 1 {
+		if n < 0 {
+			return false, fmt.Errorf("%w: publish table to %s under %q", ErrNotSpeaker, r.tableKey, f.String())
+		}
+		return false, nil
 	}
-	return n == 1, nil
+	return true, stored(res, "agent: announce table "+strconv.FormatUint(t.Pub, 10), ch)
 }
 
 // LoadTable implements Shared.
@@ -494,6 +574,23 @@ func (r *RedisShared) PutDemand(ctx context.Context, d region.DemandReport) erro
 		return fmt.Errorf("%w: agent: put demand to %s: %w", bucket.ErrUnavailable, r.demKey, err)
 	}
 	return nil
+}
+
+// Adopt implements Notifier: the report stored and announced by one
+// script.
+func (r *RedisShared) Adopt(ctx context.Context, d region.DemandReport) error {
+	b, err := json.Marshal(d)
+	if err != nil {
+		return fmt.Errorf("agent: encode demand: %w", err)
+	}
+	ctx, cancel := r.ctx(ctx)
+	defer cancel()
+	ch := r.channel(NoticeAdoption)
+	res, err := adoptScript.Run(ctx, r.c, []string{r.demKey}, d.Agent, b, r.ttl.Milliseconds(), ch).Result()
+	if err != nil {
+		return fmt.Errorf("%w: agent: put demand to %s: %w", bucket.ErrUnavailable, r.demKey, err)
+	}
+	return stored(res, "agent: announce adoption by "+d.Agent, ch)
 }
 
 // Demands implements Shared.

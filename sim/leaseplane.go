@@ -92,8 +92,8 @@ const (
 	plToRegion
 	plElected
 	plReconnect
-	plAdopt // an agent told of a publication loads it
-	plWake  // the speaking agent told of an adoption reads the reports
+	plAdopt // an agent told of a publication adopts the table the notice carries
+	plWake  // the speaking agent told of an adoption takes the report the notice carries
 )
 
 // tickEvery is how often the coordinator's driver ticks the Allocator.
@@ -261,14 +261,16 @@ func (p *leasePlane) carry(w *world, r int, t Micros) {
 			p.checkSettled(w, r, t, tb, o.Unsettled)
 			rp.last = tb
 			p.published++
-			if refused, stored, ok := rp.shared.publish(w, p, r, rp.speaker, t, tb); ok && refused {
+			refused, stored, ok := rp.shared.publish(w, p, r, rp.speaker, t, tb)
+			if ok && refused {
 				o.Refused, o.StoredPub = true, stored
 				p.refused++
 			}
 			ag.view.Set(tb)
 			rp.view.Set(tb)
-			if !o.Refused {
-				p.notify(w, r, t)
+			if ok && !refused {
+				// The script that stored it announced it.
+				p.notify(w, r, t, tb)
 			}
 		}
 		rp.sp.Advance(o)
@@ -362,27 +364,28 @@ func (p *leasePlane) handle(w *world, e *event) {
 			}
 		}
 	case plAdopt:
+		// The notice carries the table (e.p): no read of the store. It
+		// is lost when the agent's link to the store drops it.
 		r, ai := int(e.aux), int(e.agt)
 		ag, rp := p.a.agents[r][ai], p.regions[r]
-		if !ag.alive || ai == rp.speaker {
-			return
-		}
-		tb, ok := rp.shared.loadTable(w, p, r, ai, t)
-		if !ok || tb == nil || !ag.view.Set(tb) {
+		if !ag.alive || ai == rp.speaker || !p.reachShared(w, r, ai, t) || !ag.view.Set(e.p.(*region.Table)) {
 			return
 		}
 		if p.a.report(w, r, ai, t, p.regionNow(w, r, t)) {
-			// The report's write and the notice reach the store, the
-			// notice the speaking agent, which reads the reports.
-			w.at(t+4*w.net.lat[r][r], p.a.si, event{sub: alPlane, flag: plWake, aux: e.aux})
+			// One script stores the report and announces it, carrying
+			// it: the notice reaches the speaking agent one one-way trip
+			// after the store took it (two after the agent sent it).
+			// Adopted reads only who adopted what, not the demand, whose
+			// buffer the agent reuses.
+			rep := rp.shared.reports[ai]
+			rep.Keys = nil
+			w.at(t+2*w.net.lat[r][r], p.a.si, event{sub: alPlane, flag: plWake, aux: e.aux, p: rep})
 		}
 	case plWake:
 		r := int(e.aux)
-		if rp := p.regions[r]; rp.sp != nil && rp.sp.PendingAcks() > 0 {
-			if reports, ok := rp.shared.demands(w, p, r, rp.speaker, t); ok {
-				rp.sp.Adopted(p.regionNow(w, r, t), reports)
-				p.carry(w, r, t)
-			}
+		if rp := p.regions[r]; rp.sp != nil && rp.sp.PendingAcks() > 0 && p.reachShared(w, r, rp.speaker, t) {
+			rp.sp.Adopted(p.regionNow(w, r, t), []region.DemandReport{e.p.(region.DemandReport)})
+			p.carry(w, r, t)
 		}
 	case plReconnect:
 		r := int(e.aux)
@@ -393,15 +396,15 @@ func (p *leasePlane) handle(w *world, e *event) {
 	}
 }
 
-// notify is the notice of region r's publication at t (agent.Notifier):
-// every other live agent hears of it one round trip after the table was
-// stored (the speaking agent's announce, the store's push), and has loaded
-// it after another (plAdopt loads it then, from the store as it is then).
-func (p *leasePlane) notify(w *world, r int, t Micros) {
+// notify is the notice of region r's publication of tb at t
+// (agent.Notifier): the script that stores the table announces it,
+// carrying it, so every other live agent has it one one-way trip after
+// the store took it (plAdopt).
+func (p *leasePlane) notify(w *world, r int, t Micros, tb *region.Table) {
 	rp := p.regions[r]
 	for ai, ag := range p.a.agents[r] {
 		if ag.alive && ai != rp.speaker {
-			w.at(t+4*w.net.lat[r][r], p.a.si, event{sub: alPlane, flag: plAdopt, aux: int32(r), agt: int32(ai)}) // #nosec G115 -- indexes
+			w.at(t+w.net.lat[r][r], p.a.si, event{sub: alPlane, flag: plAdopt, aux: int32(r), agt: int32(ai), p: tb}) // #nosec G115 -- indexes
 		}
 	}
 }
