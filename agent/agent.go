@@ -143,7 +143,8 @@ type Agent struct {
 	rng   *rand.Rand
 
 	started time.Time // when Run began, by the agent's clock
-	// notices logs failed announces; Run's goroutine alone uses it.
+	// notices logs failed announces; Run's adopting goroutine alone uses
+	// it.
 	notices announceLog
 
 	mu        sync.Mutex
@@ -260,16 +261,30 @@ func (a *Agent) Run(ctx context.Context) error {
 	// After the first round: a subscription to a store that does not
 	// answer waits for its timeout.
 	tables := watch(ctx, a.deps.Shared, NoticeTable)
+	// Tables are adopted on a goroutine of their own: a round makes
+	// several calls to the store, and under a slow store a notice waiting
+	// for the round to end would wait most of a round.
+	adopting := make(chan struct{})
+	go func() {
+		defer close(adopting)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tables.C():
+				a.adopt(ctx, tables.Take())
+			}
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
+			<-adopting
 			a.stop()
 			return nil
 		case <-t.C():
 			a.tick(ctx, &lastPoll)
 			t.Reset(a.cfg.Tick)
-		case <-tables.C():
-			a.adopt(ctx, tables.Take())
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -308,6 +309,70 @@ func TestAgentAdoptsAnnouncedTable(t *testing.T) {
 	if !clk.Now().Equal(t0) {
 		t.Fatalf("the clock moved to %s", clk.Now())
 	}
+}
+
+// stuckShared is a MemShared whose PutDemand, once armed, blocks until
+// released: an agent's round stuck on a slow store.
+type stuckShared struct {
+	*MemShared
+	armed   atomic.Bool
+	stuck   chan struct{} // closed once a PutDemand blocks
+	release chan struct{}
+}
+
+func (s *stuckShared) PutDemand(ctx context.Context, r region.DemandReport) error {
+	if s.armed.CompareAndSwap(true, false) {
+		close(s.stuck)
+		<-s.release
+	}
+	return s.MemShared.PutDemand(ctx, r)
+}
+
+// TestAgentAdoptsWhileItsRoundWaits: an agent whose round is stuck on the
+// store (its report's write does not return) still adopts an announced
+// table and announces its adoption: the notice does not wait for the
+// round.
+func TestAgentAdoptsWhileItsRoundWaits(t *testing.T) {
+	clk := clock.NewManual(t0)
+	sh := &stuckShared{MemShared: NewMemSharedOn(clk), stuck: make(chan struct{}), release: make(chan struct{})}
+	cfg := DefaultConfig()
+	cfg.Name, cfg.Core.Region = "eu-1", "eu"
+	a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), Shared: sh, Clock: clk,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	released := false
+	defer func() {
+		if !released {
+			close(sh.release)
+		}
+		cancel()
+		<-done
+	}()
+	watching(t, sh.MemShared, NoticeTable, 1) // past its first round
+	adoptions := sh.Watch(ctx, NoticeAdoption)
+	sh.armed.Store(true)
+	clk.Advance(cfg.Tick) // the next round, which sticks
+	select {
+	case <-sh.stuck:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent's round did not reach the store within 10 s")
+	}
+	if ok, err := sh.PublishTable(ctx, &region.Table{Region: "eu", Speaker: "eu-0", Pub: 42}, Fence{}); err != nil || !ok {
+		t.Fatalf("publish: %v %v", ok, err)
+	}
+	if b := woken(t, adoptions, "the adoption while the round waits"); len(b) != 1 || reportIn(t, b[0]).Pub != 42 {
+		t.Fatalf("adoption notices %q, want one adopting 42", b)
+	}
+	if got := a.View().Table(); got == nil || got.Pub != 42 {
+		t.Fatalf("the agent decides with %+v, want publication 42", got)
+	}
+	close(sh.release)
+	released = true
 }
 
 // TestGrantAcknowledgedWithoutTheAgentsTicks: a region of two agents on
