@@ -118,16 +118,17 @@ func TestMemSharedNotices(t *testing.T) {
 	gone := sh.Watch(wctx, NoticeAdoption)
 	wcancel()
 	watching(t, sh, NoticeAdoption, 1) // AfterFunc removes it on its own goroutine
-	rep := region.DemandReport{Agent: "eu-1", At: t0, Pub: 3, Speaker: "eu-0"}
+	rep := region.DemandReport{Agent: "eu-1", At: t0, Pub: 3, Speaker: "eu-0",
+		Keys: []region.DemandItem{{Rule: "api", Subject: "t1", Want: 12}}}
 	if err := sh.Adopt(ctx, rep); err != nil {
 		t.Fatal(err)
 	}
 	bodies := woken(t, ad, "adoption watcher")
-	if len(bodies) != 1 || reportIn(t, bodies[0]).Pub != 3 || reportIn(t, bodies[0]).Agent != "eu-1" {
-		t.Fatalf("adoption bodies %q, want eu-1's report adopting 3", bodies)
+	if len(bodies) != 1 || reportIn(t, bodies[0]).Pub != 3 || reportIn(t, bodies[0]).Agent != "eu-1" || len(reportIn(t, bodies[0]).Keys) != 0 {
+		t.Fatalf("adoption bodies %q, want eu-1's report adopting 3, without its keys", bodies)
 	}
-	if reps, _ := sh.Demands(ctx); len(reps) != 1 || reps[0].Pub != 3 {
-		t.Fatalf("stored reports %+v, want eu-1's adopting 3", reps)
+	if reps, _ := sh.Demands(ctx); len(reps) != 1 || reps[0].Pub != 3 || len(reps[0].Keys) != 1 {
+		t.Fatalf("stored reports %+v, want eu-1's adopting 3, with its key", reps)
 	}
 	if !idle(gone) {
 		t.Fatal("a watch whose context ended was woken")
@@ -192,11 +193,25 @@ func TestRedisSharedNotices(t *testing.T) {
 	if len(bodies) != 1 {
 		t.Fatalf("adoption notices %q, want one", bodies)
 	}
-	if got := reportIn(t, bodies[0]); got.Agent != "eu-1" || got.Pub != 7 || !got.At.Equal(t0) || len(got.Keys) != 1 || got.Keys[0].Want != 12 {
-		t.Fatalf("adoption notice %+v, want the report %+v", got, rep)
+	if got := reportIn(t, bodies[0]); got.Agent != "eu-1" || got.Pub != 7 || got.Speaker != "eu-0" || !got.At.Equal(t0) || len(got.Keys) != 0 {
+		t.Fatalf("adoption notice %+v, want the report %+v without its keys", got, rep)
 	}
 	if reps, err := watcher.Demands(ctx); err != nil || len(reps) != 1 || reps[0].Pub != 7 || reps[0].Keys[0].Want != 12 {
 		t.Fatalf("stored reports %+v %v, want eu-1's adopting 7", reps, err)
+	}
+	// A table larger than a notice carries is announced as a wake-up.
+	big := &region.Table{Region: "eu", Speaker: "eu-0", Pub: 8}
+	for i := range 2000 {
+		big.Entries = append(big.Entries, lease.Entry{Key: bucket.Key{Rule: "api", Subject: "tenant-" + strconv.Itoa(i)}, Count: 40, Burst: 9})
+	}
+	if ok, err := eu.PublishTable(ctx, big, Fence{}); err != nil || !ok {
+		t.Fatalf("publish the large table: %v %v", ok, err)
+	}
+	if b := woken(t, tables, "the large table's notice"); len(b) != 1 || string(b[0]) != "1" {
+		t.Fatalf("the large table's notice carried %d bytes, want a bare wake-up", len(b[0]))
+	}
+	if got, err := watcher.LoadTable(ctx); err != nil || got == nil || got.Pub != 8 || len(got.Entries) != 2000 {
+		t.Fatalf("the stored large table: %v, want publication 8 with 2000 entries", err)
 	}
 	// Redis delivers a subscriber's messages in order: once us's own
 	// notice arrives, an eu notice would have arrived before it.

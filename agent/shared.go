@@ -82,10 +82,11 @@ type Notice uint8
 
 const (
 	// NoticeTable: the speaking agent stored a new table; the notice
-	// carries it as stored (JSON).
+	// carries it as stored (JSON), or "1" when it is larger than
+	// NoticeBodyMax.
 	NoticeTable Notice = iota + 1
 	// NoticeAdoption: an agent stored a report that adopts a new table;
-	// the notice carries the report (JSON).
+	// the notice carries the report without its keys (JSON).
 	NoticeAdoption
 )
 
@@ -284,7 +285,13 @@ func (m *MemShared) PublishTable(_ context.Context, t *region.Table, f Fence) (b
 		return false, nil
 	}
 	m.table = t
-	m.announceLocked(NoticeTable, t)
+	if len(m.watchers[NoticeTable]) > 0 {
+		body, err := json.Marshal(t)
+		if err != nil {
+			body = nil // a body no watcher reads: they read the store
+		}
+		m.announceLocked(NoticeTable, tableNotice(body))
+	}
 	return true, nil
 }
 
@@ -320,20 +327,19 @@ func (m *MemShared) Adopt(_ context.Context, r region.DemandReport) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.demand[r.Agent] = r
-	m.announceLocked(NoticeAdoption, r)
+	if len(m.watchers[NoticeAdoption]) > 0 {
+		body, err := adoptionNotice(r)
+		if err != nil {
+			body = nil // a body no watcher reads: the speaking agent reads the store
+		}
+		m.announceLocked(NoticeAdoption, body)
+	}
 	return nil
 }
 
-// announceLocked hands v, encoded as RedisShared's notices carry it, to
-// every watcher of n. Requires that m.mu is held.
-func (m *MemShared) announceLocked(n Notice, v any) {
-	if len(m.watchers[n]) == 0 {
-		return
-	}
-	body, err := json.Marshal(v)
-	if err != nil {
-		body = nil // a body no watcher reads: they read the store
-	}
+// announceLocked hands body, as RedisShared's notices carry it, to every
+// watcher of n. Requires that m.mu is held.
+func (m *MemShared) announceLocked(n Notice, body []byte) {
 	for _, b := range m.watchers[n] {
 		b.put(body)
 	}
@@ -440,9 +446,35 @@ local sent = redis.pcall('PUBLISH', ARGV[%d], ARGV[%d])
 if type(sent) == 'table' and sent.err then return sent.err end
 return 1`
 
+// NoticeBodyMax is the largest table (its JSON) a notice carries: 64 KiB,
+// a few hundred entries. A larger one is announced with a bare wake-up,
+// "1", and each agent reads it from the store, as it reads a table it
+// missed: Redis disconnects a subscriber that falls behind once its output
+// buffer passes client-output-buffer-limit's pubsub class (8 MB for a
+// minute by default), and each inbox keeps inboxCap bodies.
+const NoticeBodyMax = 64 << 10
+
+// tableNotice is what a notice of a table whose JSON is body carries.
+func tableNotice(body []byte) []byte {
+	if len(body) > NoticeBodyMax || body == nil {
+		return []byte("1")
+	}
+	return body
+}
+
+// adoptionNotice is what a notice of r's adoption carries: the report
+// without its keys (Speaker.Adopted reads who adopted what, at what
+// instant; the demand is read from the store at the speaking agent's
+// tick), so its size does not follow the keys an agent uses.
+func adoptionNotice(r region.DemandReport) ([]byte, error) {
+	r.Keys = nil
+	return json.Marshal(r)
+}
+
 // publishScript: KEYS table, lease; ARGV pub, body, ttl ms, fence ("":
-// none), channel. -1: the fence is not the lease; 0: a table as new is
-// stored; then as announceLua, the body announced on the channel.
+// none), channel, notice. -1: the fence is not the lease; 0: a table as
+// new is stored; then as announceLua, the notice announced on the
+// channel.
 var publishScript = redis.NewScript(`
 local lease = redis.call('GET', KEYS[2])
 if ARGV[4] == '' then
@@ -453,13 +485,13 @@ end
 local cur = redis.call('HGET', KEYS[1], 'pub')
 if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'pub', ARGV[1], 'body', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])` + fmt.Sprintf(announceLua, 5, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])` + fmt.Sprintf(announceLua, 5, 6))
 
-// adoptScript: KEYS demand; ARGV agent, report, ttl ms, channel. As
-// announceLua: the report announced on the channel.
+// adoptScript: KEYS demand; ARGV agent, report, ttl ms, channel, notice.
+// As announceLua: the notice announced on the channel.
 var adoptScript = redis.NewScript(`
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])` + fmt.Sprintf(announceLua, 4, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])` + fmt.Sprintf(announceLua, 4, 5))
 
 // holdScript: KEYS lease, token counter; ARGV agent, held fence (""),
 // lease ttl ms, counter ttl ms. The lease's value, or nil when another
@@ -526,7 +558,7 @@ func (r *RedisShared) PublishTable(ctx context.Context, t *region.Table, f Fence
 	defer cancel()
 	ch := r.channel(NoticeTable)
 	res, err := publishScript.Run(ctx, r.c, []string{r.tableKey, r.leaseKey}, strconv.FormatUint(t.Pub, 10), body,
-		r.ttl.Milliseconds(), f.String(), ch).Result()
+		r.ttl.Milliseconds(), f.String(), ch, tableNotice(body)).Result()
 	if err != nil {
 		return false, fmt.Errorf("%w: agent: publish table to %s: %w", bucket.ErrUnavailable, r.tableKey, err)
 	}
@@ -583,10 +615,14 @@ func (r *RedisShared) Adopt(ctx context.Context, d region.DemandReport) error {
 	if err != nil {
 		return fmt.Errorf("agent: encode demand: %w", err)
 	}
+	note, err := adoptionNotice(d)
+	if err != nil {
+		return fmt.Errorf("agent: encode demand: %w", err)
+	}
 	ctx, cancel := r.ctx(ctx)
 	defer cancel()
 	ch := r.channel(NoticeAdoption)
-	res, err := adoptScript.Run(ctx, r.c, []string{r.demKey}, d.Agent, b, r.ttl.Milliseconds(), ch).Result()
+	res, err := adoptScript.Run(ctx, r.c, []string{r.demKey}, d.Agent, b, r.ttl.Milliseconds(), ch, note).Result()
 	if err != nil {
 		return fmt.Errorf("%w: agent: put demand to %s: %w", bucket.ErrUnavailable, r.demKey, err)
 	}

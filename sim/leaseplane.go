@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -365,10 +366,19 @@ func (p *leasePlane) handle(w *world, e *event) {
 		}
 	case plAdopt:
 		// The notice carries the table (e.p): no read of the store. It
-		// is lost when the agent's link to the store drops it.
+		// is lost when the agent's link to the store drops it. A bare
+		// wake-up (a table too large to carry) has the agent read the
+		// store as it is now.
 		r, ai := int(e.aux), int(e.agt)
 		ag, rp := p.a.agents[r][ai], p.regions[r]
-		if !ag.alive || ai == rp.speaker || !p.reachShared(w, r, ai, t) || !ag.view.Set(e.p.(*region.Table)) {
+		if !ag.alive || ai == rp.speaker || !p.reachShared(w, r, ai, t) {
+			return
+		}
+		tb, ok := e.p.(*region.Table)
+		if !ok {
+			tb = rp.shared.table
+		}
+		if tb == nil || !ag.view.Set(tb) {
 			return
 		}
 		if p.a.report(w, r, ai, t, p.regionNow(w, r, t)) {
@@ -399,14 +409,34 @@ func (p *leasePlane) handle(w *world, e *event) {
 // notify is the notice of region r's publication of tb at t
 // (agent.Notifier): the script that stores the table announces it,
 // carrying it, so every other live agent has it one one-way trip after
-// the store took it (plAdopt).
+// the store took it (plAdopt). A table larger than a notice carries
+// (noticeBodyMax) is announced with a bare wake-up: each agent reads the
+// store a round trip later (plAdopt with no table).
 func (p *leasePlane) notify(w *world, r int, t Micros, tb *region.Table) {
 	rp := p.regions[r]
+	at, carried := t+w.net.lat[r][r], any(tb)
+	if tooLargeForNotice(tb) {
+		at, carried = t+3*w.net.lat[r][r], nil
+	}
 	for ai, ag := range p.a.agents[r] {
 		if ag.alive && ai != rp.speaker {
-			w.at(t+w.net.lat[r][r], p.a.si, event{sub: alPlane, flag: plAdopt, aux: int32(r), agt: int32(ai), p: tb}) // #nosec G115 -- indexes
+			w.at(at, p.a.si, event{sub: alPlane, flag: plAdopt, aux: int32(r), agt: int32(ai), p: carried}) // #nosec G115 -- indexes
 		}
 	}
+}
+
+// noticeBodyMax is agent.NoticeBodyMax (TestNoticeBodyMaxIsTheAgents).
+const noticeBodyMax = 64 << 10
+
+// tooLargeForNotice reports whether tb's JSON is larger than a notice
+// carries. A table of 256 entries or fewer is not encoded: each entry's
+// JSON takes well under 256 bytes.
+func tooLargeForNotice(tb *region.Table) bool {
+	if len(tb.Entries) <= 256 {
+		return false
+	}
+	b, err := json.Marshal(tb)
+	return err != nil || len(b) > noticeBodyMax
 }
 
 // corruptGrant is the corrupted wire of Options.CorruptGrants: every grant
