@@ -184,6 +184,14 @@ func TestRedisSharedNotices(t *testing.T) {
 	if ok, err := eu.PublishTable(ctx, &region.Table{Region: "eu", Pub: 6}, Fence{}); err != nil || ok {
 		t.Fatalf("publish an older table: %v %v, want not stored", ok, err)
 	}
+	// Nor one refused as not the speaker lease's holder's.
+	held, err := eu.HoldSpeaker(ctx, "eu-0", Fence{}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := eu.PublishTable(ctx, &region.Table{Region: "eu", Pub: 9}, Fence{}); !errors.Is(err, ErrNotSpeaker) || ok {
+		t.Fatalf("publish without the speaker lease: %v %v, want ErrNotSpeaker", ok, err)
+	}
 	rep := region.DemandReport{Agent: "eu-1", At: t0, Pub: 7, Speaker: "eu-0",
 		Keys: []region.DemandItem{{Rule: "api", Subject: "t1", Want: 12}}}
 	if err := eu.Adopt(ctx, rep); err != nil {
@@ -204,7 +212,7 @@ func TestRedisSharedNotices(t *testing.T) {
 	for i := range 2000 {
 		big.Entries = append(big.Entries, lease.Entry{Key: bucket.Key{Rule: "api", Subject: "tenant-" + strconv.Itoa(i)}, Count: 40, Burst: 9})
 	}
-	if ok, err := eu.PublishTable(ctx, big, Fence{}); err != nil || !ok {
+	if ok, err := eu.PublishTable(ctx, big, held); err != nil || !ok {
 		t.Fatalf("publish the large table: %v %v", ok, err)
 	}
 	if b := woken(t, tables, "the large table's notice"); len(b) != 1 || string(b[0]) != "1" {
