@@ -136,7 +136,8 @@ func TestMemSharedNotices(t *testing.T) {
 }
 
 // TestInboxKeepsTheNewest: an inbox that is not read keeps the newest
-// inboxCap bodies; the older are dropped (the ticks read the store).
+// inboxCap bodies; the older are dropped (the ticks read the store). A
+// body larger than any notice carries is kept as a bare wake-up.
 func TestInboxKeepsTheNewest(t *testing.T) {
 	in := newInbox()
 	for i := range inboxCap + 5 {
@@ -148,6 +149,10 @@ func TestInboxKeepsTheNewest(t *testing.T) {
 	}
 	if in.Take() != nil {
 		t.Fatal("a second Take returned bodies again")
+	}
+	in.put(make([]byte, NoticeBodyMax+1))
+	if got := in.Take(); len(got) != 1 || got[0] != nil {
+		t.Fatalf("a body over NoticeBodyMax kept as %d bytes, want a bare wake-up (nil)", len(got[0]))
 	}
 	var none *Inbox
 	if none.C() != nil || none.Take() != nil {

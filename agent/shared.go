@@ -135,8 +135,14 @@ func (b *Inbox) Take() [][]byte {
 	return out
 }
 
-// put keeps body and wakes the watcher.
+// put keeps body and wakes the watcher. A body larger than any notice
+// carries (NoticeBodyMax) is kept as nil, a wake-up that makes the
+// watcher read the store: nobody with access to the channel can make an
+// inbox hold more than inboxCap such bodies.
 func (b *Inbox) put(body []byte) {
+	if len(body) > NoticeBodyMax {
+		body = nil
+	}
 	b.mu.Lock()
 	if len(b.bodies) == inboxCap {
 		b.bodies = slices.Delete(b.bodies, 0, 1)
