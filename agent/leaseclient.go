@@ -314,8 +314,19 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 				c.reached()
 			}
 			c.mu.Lock()
-			if serr := c.sp.Step(c.deps.Clock.Now(), m); serr != nil {
-				c.log.Warn("agent: bad message from coordinator", "region", c.cfg.Region, "msg", m.String(), "err", serr)
+			c.step(m)
+			// Messages that arrived meanwhile are stepped too, and carried
+			// out together: under a slow regional store, a settle and a
+			// publication per message fell behind a coordinator that renews
+			// and regrants faster than that, and each table and
+			// acknowledgement waited for every one before it.
+			for drained := false; !drained; {
+				select {
+				case m := <-recv:
+					c.step(m)
+				default:
+					drained = true
+				}
 			}
 			out := c.carryLocked(ctx)
 			c.mu.Unlock()
@@ -331,6 +342,13 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 			<-done
 			return heard, err
 		}
+	}
+}
+
+// step steps the Speaker with m. Requires c.mu.
+func (c *LeaseClient) step(m lease.Message) {
+	if err := c.sp.Step(c.deps.Clock.Now(), m); err != nil {
+		c.log.Warn("agent: bad message from coordinator", "region", c.cfg.Region, "msg", m.String(), "err", err)
 	}
 }
 

@@ -168,3 +168,73 @@ func TestLeaseClientLogsAnOutageNotEveryRedial(t *testing.T) {
 		}
 	})
 }
+
+// slowPublish is a MemShared whose PublishTable takes delay: a slow
+// regional store.
+type slowPublish struct {
+	*MemShared
+	delay time.Duration
+}
+
+func (s *slowPublish) PublishTable(ctx context.Context, t *region.Table, f Fence) (bool, error) {
+	time.Sleep(s.delay) // in a synctest bubble: the store's latency, on the fake clock
+	return s.MemShared.PublishTable(ctx, t, f)
+}
+
+// TestLeaseClientCarriesQueuedMessagesTogether: a region whose store
+// takes 600 ms for every publication is renewed every 400 ms, faster than
+// it can publish a table for each renewal. The messages that queue
+// meanwhile are stepped together and carried out with one settle and one
+// publication, so the region's table keeps up with the coordinator's
+// lease; carried out one by one, the queue grew and the table fell
+// further and further behind the lease the coordinator had granted (its
+// lease over long before the coordinator's).
+func TestLeaseClientCarriesQueuedMessagesTogether(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a"}}}
+		coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		view := region.NewTableView("a", lease.Split{Regions: []string{"a"}})
+		cfg := DefaultSpeakerConfig()
+		cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
+		cfg.Refresh, cfg.Drift, cfg.Tick = 400*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
+		client, err := NewLeaseClient(cfg, LeaseDeps{Shared: &slowPublish{MemShared: NewMemShared(), delay: 600 * time.Millisecond},
+			Store: bucket.NewMemory(bucket.MemoryOptions{}), View: view, Transport: coord.Transport("a"),
+			Members: func() []string { return []string{"a-0"} }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go coord.Run(ctx, 50*time.Millisecond)
+		go client.Run(ctx)
+		worst := time.Duration(0)
+		for i := range 40 {
+			time.Sleep(500 * time.Millisecond)
+			var granted time.Time
+			for _, r := range coord.Regions() {
+				if r.Region == "a" {
+					granted = r.LeaseEnd
+				}
+			}
+			tb := view.Table()
+			if tb == nil || tb.LeaseEnd.IsZero() || i < 4 { // no lease granted yet
+				continue
+			}
+			worst = max(worst, granted.Sub(tb.LeaseEnd))
+		}
+		cancel()
+		time.Sleep(2 * time.Second) // a publication under way ends; every goroutine stops
+		synctest.Wait()
+		t.Logf("the table's lease end at most %v behind the coordinator's", worst)
+		// A table carries the last renewal stepped before its publication
+		// began: up to a publication (600 ms) and a renewal's interval
+		// behind, about 2 s. One by one, the queue grew by a message every
+		// few seconds: 10.4 s behind after 20 s, and growing.
+		if worst > 3*time.Second {
+			t.Fatalf("the region's table fell %v behind the lease the coordinator granted", worst)
+		}
+	})
+}
