@@ -260,22 +260,26 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.tick(ctx, &lastPoll)
 	// After the first round: a subscription to a store that does not
 	// answer waits for its timeout.
-	tables := watch(ctx, a.deps.Shared, NoticeTable)
 	// Tables are adopted on a goroutine of their own: a round makes
 	// several calls to the store, and under a slow store a notice waiting
 	// for the round to end would wait most of a round.
 	adopting := make(chan struct{})
-	go func() {
-		defer close(adopting)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tables.C():
-				a.adopt(ctx, tables.Take())
+	if nf, ok := a.deps.Shared.(Notifier); ok {
+		tables := nf.Watch(ctx, NoticeTable)
+		go func() {
+			defer close(adopting)
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tables.C():
+					a.adopt(ctx, nf, tables.Take())
+				}
 			}
-		}
-	}()
+		}()
+	} else {
+		close(adopting)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -297,7 +301,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // Only when no body is a table (a speaker of another version) does it
 // load the stored one. The speaking agent adopts its tables as it
 // publishes them.
-func (a *Agent) adopt(ctx context.Context, bodies [][]byte) {
+func (a *Agent) adopt(ctx context.Context, nf Notifier, bodies [][]byte) {
 	a.mu.Lock()
 	speaking := a.speaking
 	a.mu.Unlock()
@@ -324,12 +328,7 @@ func (a *Agent) adopt(ctx context.Context, bodies [][]byte) {
 	now := a.deps.Clock.Now()
 	rep := region.ReportOf(a.cfg.Name, now, a.core.Demand(now))
 	rep.Pub, rep.Speaker = t.Pub, t.Speaker
-	var err error
-	if nf, ok := a.deps.Shared.(Notifier); ok {
-		err = nf.Adopt(ctx, rep)
-	} else {
-		err = a.deps.Shared.PutDemand(ctx, rep)
-	}
+	err := nf.Adopt(ctx, rep)
 	if err != nil && !errors.Is(err, ErrNotAnnounced) {
 		a.noteErr(err)
 		return

@@ -320,13 +320,8 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 			// publication per message fell behind a coordinator that renews
 			// and regrants faster than that, and each table and
 			// acknowledgement waited for every one before it.
-			for drained := false; !drained; {
-				select {
-				case m := <-recv:
-					c.step(m)
-				default:
-					drained = true
-				}
+			for len(recv) > 0 { // this loop alone receives from recv
+				c.step(<-recv)
 			}
 			out := c.carryLocked(ctx)
 			c.mu.Unlock()

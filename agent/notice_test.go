@@ -281,6 +281,27 @@ func (b *blindShared) Adopt(ctx context.Context, r region.DemandReport) error {
 	return nil
 }
 
+// runListener runs eu-1, an agent of region eu that does not speak (no
+// coordinator), on sh and the manual clock clk, until the test ends. It
+// returns the agent and its config once the agent watches for tables (its
+// first round done); watched is the MemShared underneath sh.
+func runListener(t *testing.T, clk *clock.Manual, sh Shared, watched *MemShared) (*Agent, Config) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Name, cfg.Core.Region = "eu-1", "eu"
+	a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), Shared: sh, Clock: clk,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	watching(t, watched, NoticeTable, 1)
+	return a, cfg
+}
+
 // TestAgentAdoptsAnnouncedTable: told of a table, an agent that does not
 // speak decides with the table the notice carries, without reading the
 // store (its LoadTable fails), and stores its report again as adopting
@@ -291,19 +312,8 @@ func TestAgentAdoptsAnnouncedTable(t *testing.T) {
 	clk := clock.NewManual(t0)
 	sh := NewMemSharedOn(clk)
 	blind := &blindShared{MemShared: sh, noTable: true}
-	cfg := DefaultConfig()
-	cfg.Name, cfg.Core.Region = "eu-1", "eu"
-	a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), Shared: blind, Clock: clk,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); a.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	// Its first round is done once it watches for tables.
-	watching(t, sh, NoticeTable, 1)
+	a, _ := runListener(t, clk, blind, sh)
+	ctx := t.Context()
 	adoptions := sh.Watch(ctx, NoticeAdoption)
 	tab := &region.Table{Region: "eu", Speaker: "eu-0", Pub: 42}
 	if ok, err := sh.PublishTable(ctx, tab, Fence{}); err != nil || !ok {
@@ -343,15 +353,14 @@ func TestAgentAdoptsAnnouncedTable(t *testing.T) {
 // released: an agent's round stuck on a slow store.
 type stuckShared struct {
 	*MemShared
-	armed   atomic.Bool
-	stuck   chan struct{} // closed once a PutDemand blocks
-	release chan struct{}
+	armed atomic.Bool
+	stuck chan struct{} // closed once a PutDemand blocks
 }
 
 func (s *stuckShared) PutDemand(ctx context.Context, r region.DemandReport) error {
 	if s.armed.CompareAndSwap(true, false) {
 		close(s.stuck)
-		<-s.release
+		<-ctx.Done() // until the agent stops
 	}
 	return s.MemShared.PutDemand(ctx, r)
 }
@@ -362,26 +371,9 @@ func (s *stuckShared) PutDemand(ctx context.Context, r region.DemandReport) erro
 // round.
 func TestAgentAdoptsWhileItsRoundWaits(t *testing.T) {
 	clk := clock.NewManual(t0)
-	sh := &stuckShared{MemShared: NewMemSharedOn(clk), stuck: make(chan struct{}), release: make(chan struct{})}
-	cfg := DefaultConfig()
-	cfg.Name, cfg.Core.Region = "eu-1", "eu"
-	a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), Shared: sh, Clock: clk,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); a.Run(ctx) }()
-	released := false
-	defer func() {
-		if !released {
-			close(sh.release)
-		}
-		cancel()
-		<-done
-	}()
-	watching(t, sh.MemShared, NoticeTable, 1) // past its first round
+	sh := &stuckShared{MemShared: NewMemSharedOn(clk), stuck: make(chan struct{})}
+	a, cfg := runListener(t, clk, sh, sh.MemShared)
+	ctx := t.Context()
 	adoptions := sh.Watch(ctx, NoticeAdoption)
 	sh.armed.Store(true)
 	clk.Advance(cfg.Tick) // the next round, which sticks
@@ -399,8 +391,6 @@ func TestAgentAdoptsWhileItsRoundWaits(t *testing.T) {
 	if got := a.View().Table(); got == nil || got.Pub != 42 {
 		t.Fatalf("the agent decides with %+v, want publication 42", got)
 	}
-	close(sh.release)
-	released = true
 }
 
 // TestGrantAcknowledgedWithoutTheAgentsTicks: a region of two agents on

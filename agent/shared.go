@@ -493,11 +493,13 @@ if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'pub', ARGV[1], 'body', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])` + fmt.Sprintf(announceLua, 5, 6))
 
-// adoptScript: KEYS demand; ARGV agent, report, ttl ms, channel, notice.
-// As announceLua: the notice announced on the channel.
-var adoptScript = redis.NewScript(`
+// demandScript: KEYS demand; ARGV agent, report, ttl ms, and to announce
+// it, channel and notice. As announceLua: the notice announced on the
+// channel.
+var demandScript = redis.NewScript(`
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])` + fmt.Sprintf(announceLua, 4, 5))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if #ARGV < 5 then return 1 end` + fmt.Sprintf(announceLua, 4, 5))
 
 // holdScript: KEYS lease, token counter; ARGV agent, held fence (""),
 // lease ttl ms, counter ttl ms. The lease's value, or nil when another
@@ -597,38 +599,34 @@ func (r *RedisShared) LoadTable(ctx context.Context) (*region.Table, error) {
 
 // PutDemand implements Shared.
 func (r *RedisShared) PutDemand(ctx context.Context, d region.DemandReport) error {
-	b, err := json.Marshal(d)
-	if err != nil {
-		return fmt.Errorf("agent: encode demand: %w", err)
-	}
-	ctx, cancel := r.ctx(ctx)
-	defer cancel()
-	_, err = r.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, r.demKey, d.Agent, b)
-		p.PExpire(ctx, r.demKey, r.ttl)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("%w: agent: put demand to %s: %w", bucket.ErrUnavailable, r.demKey, err)
-	}
-	return nil
+	return r.putDemand(ctx, d, false)
 }
 
 // Adopt implements Notifier: the report stored and announced by one
 // script.
 func (r *RedisShared) Adopt(ctx context.Context, d region.DemandReport) error {
+	return r.putDemand(ctx, d, true)
+}
+
+// putDemand stores d, and with announce also announces its adoption, in
+// one script.
+func (r *RedisShared) putDemand(ctx context.Context, d region.DemandReport, announce bool) error {
 	b, err := json.Marshal(d)
 	if err != nil {
 		return fmt.Errorf("agent: encode demand: %w", err)
 	}
-	note, err := adoptionNotice(d)
-	if err != nil {
-		return fmt.Errorf("agent: encode demand: %w", err)
+	args := []any{d.Agent, b, r.ttl.Milliseconds()}
+	ch := r.channel(NoticeAdoption)
+	if announce {
+		note, err := adoptionNotice(d)
+		if err != nil {
+			return fmt.Errorf("agent: encode demand: %w", err)
+		}
+		args = append(args, ch, note)
 	}
 	ctx, cancel := r.ctx(ctx)
 	defer cancel()
-	ch := r.channel(NoticeAdoption)
-	res, err := adoptScript.Run(ctx, r.c, []string{r.demKey}, d.Agent, b, r.ttl.Milliseconds(), ch, note).Result()
+	res, err := demandScript.Run(ctx, r.c, []string{r.demKey}, args...).Result()
 	if err != nil {
 		return fmt.Errorf("%w: agent: put demand to %s: %w", bucket.ErrUnavailable, r.demKey, err)
 	}

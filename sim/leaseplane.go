@@ -368,7 +368,7 @@ func (p *leasePlane) handle(w *world, e *event) {
 		// The notice carries the table (e.p): no read of the store. It
 		// is lost when the agent's link to the store drops it. A bare
 		// wake-up (a table too large to carry) has the agent read the
-		// store as it is now.
+		// store as it is now, over that link again.
 		r, ai := int(e.aux), int(e.agt)
 		ag, rp := p.a.agents[r][ai], p.regions[r]
 		if !ag.alive || ai == rp.speaker || !p.reachShared(w, r, ai, t) {
@@ -376,7 +376,9 @@ func (p *leasePlane) handle(w *world, e *event) {
 		}
 		tb, ok := e.p.(*region.Table)
 		if !ok {
-			tb = rp.shared.table
+			if tb, ok = rp.shared.loadTable(w, p, r, ai, t); !ok {
+				return
+			}
 		}
 		if tb == nil || !ag.view.Set(tb) {
 			return
