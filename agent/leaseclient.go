@@ -292,6 +292,16 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 			}
 		}
 	}()
+	// The round's read of the agents' reports runs off this loop
+	// (reading, while one is under way), so a grant or an adoption is
+	// carried out while the read waits for the store; the tick is
+	// re-armed once the round is done, or as the stream ends.
+	var reading chan []region.DemandReport
+	defer func() {
+		if reading != nil {
+			tick.Reset(c.cfg.Tick)
+		}
+	}()
 	c.mu.Lock()
 	c.sp.Connected(c.deps.Clock.Now())
 	out := c.carryLocked(ctx)
@@ -327,7 +337,10 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 			c.mu.Unlock()
 			err = c.send(st, out)
 		case <-tick.C():
-			err = c.round(ctx, st)
+			reading = c.readReports(ctx)
+		case reports := <-reading:
+			reading = nil
+			err = c.roundWith(ctx, st, reports)
 			tick.Reset(c.cfg.Tick)
 		case <-c.adoptions.C():
 			err = c.adopted(ctx, st, c.adoptions.Take())
@@ -350,10 +363,34 @@ func (c *LeaseClient) step(m lease.Message) {
 // round ticks the Speaker with the agents' reports and the live members
 // and sends what it says on st (dropped when st is nil).
 func (c *LeaseClient) round(ctx context.Context, st lease.Stream) error {
+	return c.roundWith(ctx, st, c.demands(ctx))
+}
+
+// demands reads the agents' reports; nil when the store did not answer,
+// and then neither demand nor adoption moves the round.
+func (c *LeaseClient) demands(ctx context.Context) []region.DemandReport {
 	reports, err := c.deps.Shared.Demands(ctx)
 	if err != nil {
-		reports = nil // neither demand nor adoption moves this round
+		return nil
 	}
+	return reports
+}
+
+// readReports reads the agents' reports on a goroutine of its own and
+// delivers them on the channel it returns. Under a slow regional store
+// that read took a round trip of the loop in every round: a grant or an
+// adoption that arrived meanwhile waited for it.
+func (c *LeaseClient) readReports(ctx context.Context) chan []region.DemandReport {
+	ch := make(chan []region.DemandReport, 1)
+	go func() { ch <- c.demands(ctx) }()
+	return ch
+}
+
+// roundWith is round with the reports already read. A read that the
+// store ran before an agent stored the adoption it announced meanwhile
+// puts that agent back to its earlier table; the next round's read has the
+// adoption again, so an acknowledgement waits at most that round longer.
+func (c *LeaseClient) roundWith(ctx context.Context, st lease.Stream, reports []region.DemandReport) error {
 	now := c.deps.Clock.Now()
 	members := liveOf(c.deps.Members(), reports, now, c.cfg.DemandMaxAge)
 	c.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -234,6 +235,77 @@ func TestLeaseClientCarriesQueuedMessagesTogether(t *testing.T) {
 		// behind, about 2 s. One by one, the queue grew by a message every
 		// few seconds: 10.4 s behind after 20 s, and growing.
 		if worst > 3*time.Second {
+			t.Fatalf("the region's table fell %v behind the lease the coordinator granted", worst)
+		}
+	})
+}
+
+// slowDemands is a MemShared whose Demands takes delay: the speaking
+// agent's read of the reports under a slow regional store.
+type slowDemands struct {
+	*MemShared
+	delay time.Duration
+}
+
+func (s *slowDemands) Demands(ctx context.Context) ([]region.DemandReport, error) {
+	time.Sleep(s.delay) // in a synctest bubble: the store's latency, on the fake clock
+	return s.MemShared.Demands(ctx)
+}
+
+// TestLeaseClientCarriesGrantsWhileItReadsReports: a region whose store
+// takes 800 ms to read the agents' reports still publishes each renewal
+// as it arrives. The read runs off the client's loop; on the loop, every
+// grant that arrived during a read waited for its end, and the table
+// trailed the coordinator's lease by up to a read more.
+func TestLeaseClientCarriesGrantsWhileItReadsReports(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a"}}}
+		coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		view := region.NewTableView("a", lease.Split{Regions: []string{"a"}})
+		cfg := DefaultSpeakerConfig()
+		cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
+		cfg.Refresh, cfg.Drift, cfg.Tick = 400*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
+		client, err := NewLeaseClient(cfg, LeaseDeps{Shared: &slowDemands{MemShared: NewMemShared(), delay: 800 * time.Millisecond},
+			Store: bucket.NewMemory(bucket.MemoryOptions{}), View: view, Transport: coord.Transport("a"),
+			Members: func() []string { return []string{"a-0"} }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go coord.Run(ctx, 50*time.Millisecond)
+		go client.Run(ctx)
+		var lags []time.Duration
+		for i := range 400 {
+			time.Sleep(50 * time.Millisecond)
+			var granted time.Time
+			for _, r := range coord.Regions() {
+				if r.Region == "a" {
+					granted = r.LeaseEnd
+				}
+			}
+			tb := view.Table()
+			if tb == nil || tb.LeaseEnd.IsZero() || i < 40 { // no lease granted yet
+				continue
+			}
+			lags = append(lags, granted.Sub(tb.LeaseEnd))
+		}
+		cancel()
+		time.Sleep(2 * time.Second) // a read under way ends; every goroutine stops
+		synctest.Wait()
+		slices.Sort(lags)
+		if len(lags) == 0 {
+			t.Fatal("the region was never granted a lease")
+		}
+		worst := lags[len(lags)-1]
+		t.Logf("the table's lease end behind the coordinator's: median %v, worst %v", lags[len(lags)/2], worst)
+		// The coordinator's lease ends the drift margin on each side (200
+		// ms) after the table's, and a renewal comes every 400 ms: about
+		// 600 ms. A grant that waits for a read trails by up to 800 ms more.
+		if worst > time.Second {
 			t.Fatalf("the region's table fell %v behind the lease the coordinator granted", worst)
 		}
 	})
