@@ -253,6 +253,26 @@ func (m *Memory) Rebase(_ context.Context, key Key, from, to Limit) (Tokens, err
 	return lost, nil
 }
 
+// RebaseReturn implements CreditRebaser: Rebase, then Return of n under
+// to, under one lock.
+func (m *Memory) RebaseReturn(_ context.Context, key Key, from, to Limit, n Tokens) (Tokens, error) {
+	if err := checkRebase(from, to); err != nil {
+		return 0, err
+	}
+	if n <= 0 {
+		return 0, errCost(n)
+	}
+	now := m.clock.Now().UnixMicro()
+	s, h := m.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, st := s.get(h, key)
+	ns, lost := rebase(st, now, &from, &to)
+	_, ns = giveBack(ns, now, &to, n)
+	s.put(h, key, p, st, ns)
+	return lost, nil
+}
+
 // Peek implements Store.
 func (m *Memory) Peek(_ context.Context, key Key, l Limit) (Decision, error) {
 	if err := Check(l, 1); err != nil {

@@ -48,6 +48,17 @@ type Rebaser interface {
 	Rebase(ctx context.Context, key Key, from, to Limit) (lost Tokens, err error)
 }
 
+// CreditRebaser is implemented by stores that can Rebase a bucket and then
+// Return n tokens to it under the new limit in one atomic call: the
+// settlement of a raise that carries tokens of the budget's stored reserve
+// (region.Change.Apply), one round trip to the store where Rebase and
+// Return took two. The in-process store, redisstore.Store and
+// breaker.Store implement it.
+type CreditRebaser interface {
+	Rebaser
+	RebaseReturn(ctx context.Context, key Key, from, to Limit, n Tokens) (lost Tokens, err error)
+}
+
 // Pinger is implemented by stores that can tell cheaply whether they
 // answer, without touching a bucket: a circuit breaker probes a store
 // that failed with it (redisstore.Store sends PING).

@@ -8,6 +8,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -408,22 +409,62 @@ func (r *Store) Return(ctx context.Context, key bucket.Key, l bucket.Limit, n bu
 // (bucket.Rebase), told so by a from-burst of 0. The script returns the
 // tokens the move took away in its granted value.
 func (r *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit) (bucket.Tokens, error) {
-	if err := bucket.Check(to, 1); err != nil {
+	f, err := rebaseFrom(from, to)
+	if err != nil {
 		return 0, err
 	}
-	fnum, fden, fburst := int64(1), int64(1), int64(0)
-	if !from.AdmitsNothing() {
-		if err := bucket.Check(from, 1); err != nil {
-			return 0, err
-		}
-		fnum, fden = from.IntervalFraction()
-		fburst = int64(from.Burst())
-	}
-	res, err := r.run(ctx, codeRebase, key, to, 1, "", fnum, fden, fburst)
+	res, err := r.run(ctx, codeRebase, key, to, 1, "", f[:]...)
 	if err != nil {
 		return 0, err
 	}
 	return res.granted, nil
+}
+
+// rebaseFrom checks a rebase's limits and returns the from-limit as the
+// script reads it: num, den and burst, a burst of 0 for a limit that
+// admits nothing.
+func rebaseFrom(from, to bucket.Limit) ([3]int64, error) {
+	if err := bucket.Check(to, 1); err != nil {
+		return [3]int64{}, err
+	}
+	if from.AdmitsNothing() {
+		return [3]int64{1, 1, 0}, nil
+	}
+	if err := bucket.Check(from, 1); err != nil {
+		return [3]int64{}, err
+	}
+	num, den := from.IntervalFraction()
+	return [3]int64{num, den, int64(from.Burst())}, nil
+}
+
+// RebaseReturn implements bucket.CreditRebaser: the script applies the
+// rebase and the return in order, in one call, at one instant. It goes
+// straight to the store rather than through the batching of decisions:
+// the two operations must run in that order in one call, and a
+// settlement is rare.
+func (r *Store) RebaseReturn(ctx context.Context, key bucket.Key, from, to bucket.Limit, n bucket.Tokens) (bucket.Tokens, error) {
+	f, err := rebaseFrom(from, to)
+	if err != nil {
+		return 0, err
+	}
+	if n <= 0 {
+		return 0, errCost(n)
+	}
+	bk := r.RedisKey(key)
+	num, den := to.IntervalFraction()
+	ops := []*op{
+		{code: codeRebase, bk: bk, args: [7]int64{num, den, int64(to.Burst()), 1, f[0], f[1], f[2]}},
+		{code: codeReturn, bk: bk, args: [7]int64{num, den, int64(to.Burst()), int64(n)}},
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
+	defer cancel()
+	if err = r.exec(ctx, ops); err == nil {
+		err = cmp.Or(ops[0].err, ops[1].err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%w: redis rebase and return on %s: %w", bucket.ErrUnavailable, bk, err)
+	}
+	return ops[0].res.granted, nil
 }
 
 // Peek implements bucket.Store.

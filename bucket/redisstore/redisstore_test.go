@@ -395,3 +395,73 @@ func TestClientDoesNotRetryARefusedDial(t *testing.T) {
 		t.Fatalf("%d dials for one call to a stopped server, want 4 (one per attempt)", n)
 	}
 }
+
+// countCalls is a go-redis hook that counts the round trips a client
+// makes: each command sent alone, and each pipeline.
+type countCalls struct{ n atomic.Int64 }
+
+func (c *countCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *countCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *countCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// TestRebaseReturnIsOneCall: the settlement of a raise that carries
+// credit (Rebase, then Return under the new limit) is one round trip to
+// Redis, where the two calls took two, and leaves the bucket as they do.
+func TestRebaseReturnIsOneCall(t *testing.T) {
+	ctx := context.Background()
+	base := testenv.RedisClient(t)
+	c := redis.NewClient(base.Options())
+	t.Cleanup(func() { c.Close() })
+	calls := &countCalls{}
+	c.AddHook(calls)
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	s := newRedisStore(t, c, redisstore.Options{Now: clk.Now, Timeout: 5 * time.Second})
+	from, to := bucket.PerSecond(100), bucket.PerSecond(200)
+	one := bucket.Key{Rule: "rebase-return", Subject: fmt.Sprint(rand.Int64())}
+	two := bucket.Key{Rule: "rebase-return", Subject: fmt.Sprint(rand.Int64())}
+	for _, k := range []bucket.Key{one, two} {
+		if _, err := s.TakeUpTo(ctx, k, from, 70); err != nil { // also loads the script
+			t.Fatal(err)
+		}
+	}
+	calls.n.Store(0)
+	lost, err := s.RebaseReturn(ctx, one, from, to, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := calls.n.Load(); n != 1 {
+		t.Fatalf("RebaseReturn made %d calls, want 1", n)
+	}
+	calls.n.Store(0)
+	lost2, err := s.Rebase(ctx, two, from, to)
+	if err == nil {
+		err = s.Return(ctx, two, to, 60)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := calls.n.Load(); n != 2 {
+		t.Fatalf("Rebase and Return made %d calls, want 2", n)
+	}
+	d1, err1 := s.Peek(ctx, one, to)
+	d2, err2 := s.Peek(ctx, two, to)
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	// 30 of 100 left, spent under 200, and 60 back: 90.
+	if lost != lost2 || d1 != d2 || d1.Remaining != 90 {
+		t.Fatalf("in one call: lost %d, %+v; in two: lost %d, %+v; want the same, 90 left", lost, d1, lost2, d2)
+	}
+}

@@ -316,7 +316,18 @@ func matchesModel(t *testing.T, newStore Factory) {
 						t.Fatal(err)
 					}
 					clk.Set(now)
-					got, err := rebaser(t, s).Rebase(ctx, key, l, next)
+					var got bucket.Tokens
+					if cr, ok := s.(bucket.CreditRebaser); ok && rng.IntN(2) == 0 {
+						// With a credit, in one call: the same as Rebase
+						// and then Return.
+						credit := bucket.Tokens(1 + rng.IntN(int(next.Burst())))
+						if _, st, err = bucket.Return(st, now, next, credit); err != nil {
+							t.Fatal(err)
+						}
+						got, err = cr.RebaseReturn(ctx, key, l, next, credit)
+					} else {
+						got, err = rebaser(t, s).Rebase(ctx, key, l, next)
+					}
 					if err != nil {
 						t.Fatalf("seed %d step %d: rebase %s -> %s: %v", seed, i, l, next, err)
 					}
