@@ -231,14 +231,18 @@ type region struct {
 	grants [32]grantRec
 	// renewal is the last renewal sent (its grant number), at renewalAt,
 	// until the region acknowledges it (0 then). One left unacknowledged
-	// past half a refresh interval was lost, or its acknowledgement was
-	// (back).
+	// past lostAfter was lost, or its acknowledgement was (back).
 	renewal   uint64
 	renewalAt time.Time
 	// backAt is when a round last ran early for the region (back), and
 	// backAcked the version it had acknowledged then.
 	backAt    time.Time
 	backAcked uint64
+	// ackWait is how long the region takes to acknowledge a grant,
+	// smoothed over the first acknowledgement of each as TCP smooths its
+	// round-trip time, and ackDev its mean deviation; zero before the
+	// first (lostAfter).
+	ackWait, ackDev time.Duration
 
 	// retSeq is the latest acknowledgement whose returns were taken: a
 	// duplicate gives nothing back twice.
@@ -254,6 +258,7 @@ type grantRec struct {
 	id     uint64
 	at     time.Time
 	expire bool
+	acked  bool // its first acknowledgement was timed (region.ackWait)
 }
 
 // NewAllocator returns an Allocator for leader term (≥ 1), starting at now
@@ -570,9 +575,9 @@ func (a *Allocator) hello(now time.Time, r *region, m Message) {
 // back reports whether a round should run at once for r, about to be heard
 // from at now (and notes that one does), since r may be without a lease:
 // its lease lapsed here (cut off, or its link down, past its lease), or
-// the last renewal it was sent went unacknowledged for half a refresh
-// interval (lost, as a flapping link loses every renewal of the rounds
-// that fall while it is down). The round, the periodic one with its escrow
+// the last renewal it was sent went unacknowledged for lostAfter (lost,
+// as a flapping link loses every renewal of the rounds that fall while it
+// is down). The round, the periodic one with its escrow
 // checks run early, gives the region a table it can apply and a lease to
 // use its raises with, where the next round may be a refresh interval
 // away: what it was sent meanwhile was lost, a delta on top of that is
@@ -588,7 +593,7 @@ func (a *Allocator) back(now time.Time, r *region, hello bool) bool {
 		return false
 	}
 	if r.lapsed || !now.Before(r.leaseEnd) ||
-		r.renewal != 0 && now.Sub(r.renewalAt) >= a.cfg.Refresh/2 {
+		r.renewal != 0 && now.Sub(r.renewalAt) >= a.lostAfter(r) {
 		r.backAt, r.backAcked = now, r.acked
 		return true
 	}
@@ -696,6 +701,10 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	if m.Grant == r.renewal {
 		r.renewal = 0
 	}
+	if !g.acked {
+		r.grants[m.Grant%uint64(len(r.grants))].acked = true
+		r.timeAck(now.Sub(g.at))
+	}
 	if g.expire {
 		r.leaseEnd = minTime(r.leaseEnd, now)
 		return
@@ -721,6 +730,31 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	if a.recheck && r.acked > acked {
 		a.feed(now, moveShare)
 	}
+}
+
+// timeAck takes d, how long the region took to acknowledge a grant, into
+// ackWait and ackDev (RFC 6298's gains: 1/8 and 1/4).
+func (r *region) timeAck(d time.Duration) {
+	if r.ackWait == 0 {
+		r.ackWait, r.ackDev = d, d/2
+		return
+	}
+	r.ackDev += (max(d-r.ackWait, r.ackWait-d) - r.ackDev) / 4
+	r.ackWait += (d - r.ackWait) / 8
+}
+
+// lostAfter is how long a grant to r goes unacknowledged before it counts
+// as lost (its whole table is resent, a renewal runs a round early, and a
+// decrease stops the region's renewal while another region waits): half a
+// refresh interval, or, for a region that acknowledges slower than that,
+// its smoothed wait and four deviations, up to two refresh intervals. A
+// region whose regional Redis answers slowly acknowledges each grant a
+// settle, a publication and its agents' adoptions later: 300–600 ms under
+// chaos's redis-slow, where half a refresh interval resent whole tables
+// and renewed every lease that were only late, and each of those cost the
+// region's speaking agent a settle and a publication more.
+func (a *Allocator) lostAfter(r *region) time.Duration {
+	return min(max(a.cfg.Refresh/2, r.ackWait+4*r.ackDev), 2*a.cfg.Refresh)
 }
 
 // ackQuiet counts the quiet versions after ackTo acknowledged once ackTo
@@ -923,11 +957,11 @@ func (a *Allocator) round(now time.Time) {
 	a.stats.Rounds++
 	for _, r := range a.regions {
 		r.blocked = false
-		// A change still unacknowledged after half a refresh interval was
-		// lost, or a later one was: resend the whole table (a region that
+		// A change still unacknowledged after lostAfter was lost, or a
+		// later one was: resend the whole table (a region that
 		// missed a delta cannot apply the next one, and a blocked region
 		// gets no renewal to notice the gap by).
-		if r.acked < r.version && now.Sub(r.unackedSince) >= a.cfg.Refresh/2 && a.canGrant(now, r) {
+		if r.acked < r.version && now.Sub(r.unackedSince) >= a.lostAfter(r) && a.canGrant(now, r) {
 			r.needFull = true
 		}
 	}
@@ -1301,8 +1335,8 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	// would carry the excess past the window; let it lapse or be acked. That
 	// is needed when the key is over its budget, and worth it when another
 	// region waits for the capacity: a region that does not acknowledge a
-	// decrease within half a refresh interval (cut off, or its messages
-	// lost: the same test that resends its whole table) must not keep the
+	// decrease within lostAfter (cut off, or its messages lost: the same
+	// test that resends its whole table) must not keep the
 	// capacity for as long as it was last heard from. A region that
 	// acknowledges is renewed again at the next round. Only a region
 	// holding more than its floor gains anything from a renewal: below it,
@@ -1310,7 +1344,7 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	for i := range k.slots {
 		r := bud.regions[i]
 		if m := k.slots[i].max(); m > bud.floors[i] && (sum > C ||
-			waiting && m > k.slots[i].cur && r.acked < r.version && now.Sub(r.unackedSince) >= a.cfg.Refresh/2) {
+			waiting && m > k.slots[i].cur && r.acked < r.version && now.Sub(r.unackedSince) >= a.lostAfter(r)) {
 			r.blocked = true
 		}
 	}

@@ -200,3 +200,48 @@ func TestEarlyRoundsAreRateLimited(t *testing.T) {
 	}
 	t.Logf("%d rounds in 6 s for %d reports", got, reports)
 }
+
+// TestSlowAcknowledgementsAreNotTakenForLost: every message takes 1.2 s,
+// so each grant is acknowledged 2.4 s after it was sent, past the 2 s
+// refresh interval. The demand of region a moves every 3 s, so it is sent
+// a delta each time. None is lost, and once the coordinator has timed the
+// regions' acknowledgements it resends no whole table and runs no round
+// early (15 rounds in 30 s); counting every grant unacknowledged after
+// half a refresh interval as lost, it resent 10 whole tables and ran 20
+// rounds.
+func TestSlowAcknowledgementsAreNotTakenForLost(t *testing.T) {
+	cfg := scenarioConfig()
+	cfg.Budgets = []Budget{{Rule: "api", Limit: bucket.PerSecond(600), Regions: []string{"a", "b", "c"}, Reserve: 0.3}}
+	c := newCluster(t, cfg)
+	c.tickEvery = 200 * time.Millisecond
+	c.latency = 1200 * time.Millisecond
+	k := bucket.Key{Rule: "api", Subject: "t1"}
+	for _, r := range c.regions {
+		c.demand[r] = map[bucket.Key]bucket.Tokens{k: 150}
+	}
+	full := 0
+	c.sent = func(m Message) {
+		if m.Type == MsgGrant && m.Full && c.now.Sub(t0) > 10*time.Second {
+			full++
+		}
+	}
+	var rounds uint64
+	for i := range 400 { // 40 s
+		if i%30 == 0 {
+			c.demand["a"][k] = 150 + bucket.Tokens(i%60)*5 // 150 and 300 in turn
+		}
+		if i == 100 {
+			rounds = c.alloc.Stats(c.now).Rounds
+		}
+		c.step(100 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rounds = c.alloc.Stats(c.now).Rounds - rounds
+	t.Logf("after 10 s: %d whole tables resent, %d rounds in 30 s", full, rounds)
+	// A round every refresh interval: 15 in 30 s.
+	if full > 0 || rounds > 17 {
+		t.Fatalf("%d whole tables resent and %d rounds in 30 s, want none resent and about 15 rounds", full, rounds)
+	}
+}
