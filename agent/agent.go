@@ -366,9 +366,6 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	a.mu.Lock()
 	a.members = members
 	a.mu.Unlock()
-	fence, held := a.holdSpeaker(ctx, now, speak)
-	a.setSpeaking(ctx, speak && held, fence)
-
 	if a.cfg.FailoverPoll > 0 && a.deps.Redis != nil && now.Sub(*lastPoll) >= a.cfg.FailoverPoll {
 		*lastPoll = now
 		a.pollFailover(ctx, now)
@@ -380,15 +377,10 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 		a.log.Warn("agent: breaker on the regional store opened", "region", a.Region(), "agent", a.cfg.Name,
 			"opened", n, "state", a.core.Breaker().State(now).String(), "deadline", a.core.Breaker().Deadline(), "err", a.core.LastError())
 	}
+	// The report goes first, as Tick sampled the demand: after the
+	// round's other calls to the store it was as old as they took, a few
+	// round trips under a slow store, when it reached the speaking agent.
 	ok := true
-	if !speak {
-		if t, err := a.deps.Shared.LoadTable(ctx); err != nil {
-			a.noteErr(err)
-			ok = false
-		} else if t != nil {
-			a.view.Set(t)
-		}
-	}
 	rep := region.ReportOf(a.cfg.Name, now, a.core.Demand(now))
 	if t := a.view.Table(); t != nil {
 		rep.Pub, rep.Speaker = t.Pub, t.Speaker
@@ -396,6 +388,22 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	if err := a.deps.Shared.PutDemand(ctx, rep); err != nil {
 		a.noteErr(err)
 		ok = false
+	}
+	fence, held := a.holdSpeaker(ctx, now, speak)
+	a.setSpeaking(ctx, speak && held, fence)
+	if !speak {
+		if t, err := a.deps.Shared.LoadTable(ctx); err != nil {
+			a.noteErr(err)
+			ok = false
+		} else if t != nil && a.view.Set(t) {
+			// A table no notice brought (none announced, or one lost):
+			// the report says so at once, as it did when it came last.
+			rep.Pub, rep.Speaker = t.Pub, t.Speaker
+			if err := a.deps.Shared.PutDemand(ctx, rep); err != nil {
+				a.noteErr(err)
+				ok = false
+			}
+		}
 	}
 	if ok {
 		a.noteOK()

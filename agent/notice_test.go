@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -628,4 +630,99 @@ func TestRefusedNoticesWarnOnce(t *testing.T) {
 	if n := log.count(msg); n != 1 {
 		t.Fatalf("%d warnings that tables cannot be announced over %d publications, want 1\n%s", n, len(pubs), log.String())
 	}
+}
+
+// slowRound is a MemShared whose LoadTable takes delay, and that records
+// how old each report is when it is stored.
+type slowRound struct {
+	*MemShared
+	delay time.Duration
+	mu    sync.Mutex
+	ages  []time.Duration
+}
+
+func (s *slowRound) LoadTable(ctx context.Context) (*region.Table, error) {
+	time.Sleep(s.delay) // in a synctest bubble: the store's latency, on the fake clock
+	return s.MemShared.LoadTable(ctx)
+}
+
+func (s *slowRound) PutDemand(ctx context.Context, r region.DemandReport) error {
+	s.mu.Lock()
+	s.ages = append(s.ages, time.Since(r.At))
+	s.mu.Unlock()
+	return s.MemShared.PutDemand(ctx, r)
+}
+
+// TestAgentReportsBeforeItsSlowerCalls: an agent's round stores its
+// report before it reads the table, so under a store that takes 400 ms to
+// answer that read, the report is stored as the round sampled it. After
+// the read it was 400 ms old when stored, and as much older when the
+// speaking agent read it.
+func TestAgentReportsBeforeItsSlowerCalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sh := &slowRound{MemShared: NewMemShared(), delay: 400 * time.Millisecond}
+		cfg := DefaultConfig()
+		cfg.Name, cfg.Core.Region = "eu-1", "eu"
+		a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{}), Shared: sh,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = a.Run(ctx) }()
+		time.Sleep(5 * time.Second)
+		cancel()
+		<-done
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		if len(sh.ages) < 5 {
+			t.Fatalf("%d reports stored in 5 s", len(sh.ages))
+		}
+		for _, age := range sh.ages {
+			if age > 0 {
+				t.Fatalf("reports stored %v after the round sampled them, want at once (all: %v)", age, sh.ages)
+			}
+		}
+	})
+}
+
+// noNotices hides a MemShared's notices: a region whose Redis user may not
+// publish, or an agent of a version without them.
+type noNotices struct{ Shared }
+
+// TestAgentReportsATableItLoadedInTheSameRound: without notices, an agent
+// that loads a new table in its round stores a report adopting it in that
+// round, not a round later, so the speaking agent's acknowledgement does
+// not wait a tick more for the report going first.
+func TestAgentReportsATableItLoadedInTheSameRound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sh := NewMemShared()
+		cfg := DefaultConfig()
+		cfg.Name, cfg.Core.Region = "eu-1", "eu"
+		a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{}), Shared: noNotices{sh},
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = a.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+		time.Sleep(1050 * time.Millisecond) // between two rounds
+		if ok, err := sh.PublishTable(ctx, &region.Table{Region: "eu", Speaker: "eu-0", Pub: 42}, Fence{}); err != nil || !ok {
+			t.Fatalf("publish: %v %v", ok, err)
+		}
+		published := time.Now()
+		for {
+			reps, _ := sh.Demands(ctx)
+			if len(reps) == 1 && reps[0].Pub == 42 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if took := time.Since(published); took > cfg.Tick {
+			t.Fatalf("the report adopting the table came %v after it was stored, want within a tick (%v)", took, cfg.Tick)
+		}
+	})
 }
