@@ -309,41 +309,63 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 	if err := c.send(st, out); err != nil {
 		return false, err
 	}
+	// takeReports ticks the Speaker with the reports a read brought.
+	takeReports := func(reports []region.DemandReport) error {
+		reading = nil
+		defer tick.Reset(c.cfg.Tick)
+		return c.roundWith(ctx, st, reports)
+	}
 	for {
 		var err error
+		// An adoption, the reports a read brought and the tick that
+		// starts the next read go before a grant waiting with them: none
+		// of them calls the store but to settle what a grant left
+		// unsettled, where a grant costs a settle and a publication, two
+		// round trips. Taken in the order the select drew them, under a
+		// slow regional Redis a region whose grants came one after
+		// another read its agents' reports once a second, and sent the
+		// coordinator a fall of demand a second late.
 		select {
-		case <-ctx.Done():
-			_ = st.Close() // shutting down
-			<-done
-			return heard, nil
-		case err := <-done:
-			return heard, err
-		case m := <-recv:
-			if !heard {
-				heard = true
-				c.reached()
-			}
-			c.mu.Lock()
-			c.step(m)
-			// Messages that arrived meanwhile are stepped too, and carried
-			// out together: under a slow regional store, a settle and a
-			// publication per message fell behind a coordinator that renews
-			// and regrants faster than that, and each table and
-			// acknowledgement waited for every one before it.
-			for len(recv) > 0 { // this loop alone receives from recv
-				c.step(<-recv)
-			}
-			out := c.carryLocked(ctx)
-			c.mu.Unlock()
-			err = c.send(st, out)
-		case <-tick.C():
-			reading = c.readReports(ctx)
-		case reports := <-reading:
-			reading = nil
-			err = c.roundWith(ctx, st, reports)
-			tick.Reset(c.cfg.Tick)
 		case <-c.adoptions.C():
 			err = c.adopted(ctx, st, c.adoptions.Take())
+		case reports := <-reading:
+			err = takeReports(reports)
+		case <-tick.C():
+			reading = c.readReports(ctx)
+		default:
+			select {
+			case <-ctx.Done():
+				_ = st.Close() // shutting down
+				<-done
+				return heard, nil
+			case err := <-done:
+				return heard, err
+			case m := <-recv:
+				if !heard {
+					heard = true
+					c.reached()
+				}
+				c.mu.Lock()
+				c.step(m)
+				// Messages that arrived meanwhile are stepped too, and
+				// carried out together: under a slow regional store, a
+				// settle and a publication per message fell behind a
+				// coordinator that renews and regrants faster than that,
+				// and each table and acknowledgement waited for every one
+				// before it.
+				for len(recv) > 0 { // this loop alone receives from recv
+					c.step(<-recv)
+				}
+				out := c.carryLocked(ctx)
+				c.mu.Unlock()
+				err = c.send(st, out)
+			case <-tick.C():
+				reading = c.readReports(ctx)
+			case reports := <-reading:
+				err = takeReports(reports)
+			case <-c.adoptions.C():
+				err = c.adopted(ctx, st, c.adoptions.Take())
+			}
 		}
 		if err != nil {
 			_ = st.Close() // the send failed; the stream is dropped either way

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -307,6 +308,71 @@ func TestLeaseClientCarriesGrantsWhileItReadsReports(t *testing.T) {
 		// 600 ms. A grant that waits for a read trails by up to 800 ms more.
 		if worst > time.Second {
 			t.Fatalf("the region's table fell %v behind the lease the coordinator granted", worst)
+		}
+	})
+}
+
+// slowStore is a MemShared whose publications take publish and whose
+// reads of the reports take read, and that counts those reads.
+type slowStore struct {
+	*MemShared
+	publish, read time.Duration
+	reads         atomic.Int64
+}
+
+func (s *slowStore) PublishTable(ctx context.Context, t *region.Table, f Fence) (bool, error) {
+	time.Sleep(s.publish) // in a synctest bubble: the store's latency, on the fake clock
+	return s.MemShared.PublishTable(ctx, t, f)
+}
+
+func (s *slowStore) Demands(ctx context.Context) ([]region.DemandReport, error) {
+	s.reads.Add(1)
+	time.Sleep(s.read)
+	return s.MemShared.Demands(ctx)
+}
+
+// TestLeaseClientReadsReportsBetweenGrants: a region whose store takes
+// 600 ms to publish a table and 100 ms to read the reports is renewed
+// every 400 ms, so its client always has a grant waiting when it ends a
+// carry. The tick that starts a read, and the reports the read brings, go
+// before that grant: a carry ends, the next read starts, the next carry
+// ends and its reports are taken, so the region reads its agents' reports
+// once every two carries, 50 times in 60 s. Drawn at random with the
+// waiting grant, each waited a carry more about every other time: 22 to
+// 27 reads.
+func TestLeaseClientReadsReportsBetweenGrants(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a"}}}
+		coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		view := region.NewTableView("a", lease.Split{Regions: []string{"a"}})
+		cfg := DefaultSpeakerConfig()
+		cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
+		cfg.Refresh, cfg.Drift, cfg.Tick = 400*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
+		shared := &slowStore{MemShared: NewMemShared(), publish: 600 * time.Millisecond, read: 100 * time.Millisecond}
+		client, err := NewLeaseClient(cfg, LeaseDeps{Shared: shared, Store: bucket.NewMemory(bucket.MemoryOptions{}), View: view,
+			Transport: coord.Transport("a"), Members: func() []string { return []string{"a-0"} },
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go coord.Run(ctx, 50*time.Millisecond)
+		go client.Run(ctx)
+		time.Sleep(5 * time.Second)
+		reads0, pubs0 := shared.reads.Load(), coord.Stats().Grants
+		time.Sleep(60 * time.Second)
+		reads, grants := shared.reads.Load()-reads0, coord.Stats().Grants-pubs0
+		cancel()
+		time.Sleep(2 * time.Second) // a publication under way ends; every goroutine stops
+		synctest.Wait()
+		t.Logf("in 60 s: %d reads of the reports, %d grants", reads, grants)
+		// A carry takes 600 ms: 100 of them in 60 s, and a read every two.
+		if reads < 45 {
+			t.Fatalf("%d reads of the reports in 60 s of 600 ms carries, want one every two carries (50)", reads)
 		}
 	})
 }
