@@ -8,7 +8,6 @@
 package redisstore
 
 import (
-	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -408,16 +407,41 @@ func (r *Store) Return(ctx context.Context, key bucket.Key, l bucket.Limit, n bu
 // From a limit that admits nothing the script leaves the bucket empty
 // (bucket.Rebase), told so by a from-burst of 0. The script returns the
 // tokens the move took away in its granted value.
+//
+// It goes straight to the store, as RebaseReturn does, not through the
+// batching of decisions: with a batch in flight an operation waits for it
+// to return before its own goes, and the rebase of a settlement held the
+// region's new table back that round trip more (a decrease settled in
+// 230–260 ms under chaos's redis-slow, a raise in one call 100–140 ms).
 func (r *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit) (bucket.Tokens, error) {
 	f, err := rebaseFrom(from, to)
 	if err != nil {
 		return 0, err
 	}
-	res, err := r.run(ctx, codeRebase, key, to, 1, "", f[:]...)
-	if err != nil {
-		return 0, err
+	bk := r.RedisKey(key)
+	num, den := to.IntervalFraction()
+	rb := &op{code: codeRebase, bk: bk, args: [7]int64{num, den, int64(to.Burst()), 1, f[0], f[1], f[2]}}
+	if err := r.direct(ctx, rb); err != nil {
+		return 0, fmt.Errorf("%w: redis rebase on %s: %w", bucket.ErrUnavailable, bk, err)
 	}
-	return res.granted, nil
+	return rb.res.granted, nil
+}
+
+// direct runs ops, in order, in one script call of their own under the
+// store's timeout, rather than in a batch (a settlement's: rare, and held
+// up by a batch in flight).
+func (r *Store) direct(ctx context.Context, ops ...*op) error {
+	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
+	defer cancel()
+	if err := r.exec(ctx, ops); err != nil {
+		return err
+	}
+	for _, o := range ops {
+		if o.err != nil {
+			return o.err
+		}
+	}
+	return nil
 }
 
 // rebaseFrom checks a rebase's limits and returns the from-limit as the
@@ -438,10 +462,8 @@ func rebaseFrom(from, to bucket.Limit) ([3]int64, error) {
 }
 
 // RebaseReturn implements bucket.CreditRebaser: the script applies the
-// rebase and the return in order, in one call, at one instant. It goes
-// straight to the store rather than through the batching of decisions:
-// the two operations must run in that order in one call, and a
-// settlement is rare.
+// rebase and the return in order, in one call, at one instant, straight
+// to the store as Rebase goes.
 func (r *Store) RebaseReturn(ctx context.Context, key bucket.Key, from, to bucket.Limit, n bucket.Tokens) (bucket.Tokens, error) {
 	f, err := rebaseFrom(from, to)
 	if err != nil {
@@ -456,12 +478,7 @@ func (r *Store) RebaseReturn(ctx context.Context, key bucket.Key, from, to bucke
 		{code: codeRebase, bk: bk, args: [7]int64{num, den, int64(to.Burst()), 1, f[0], f[1], f[2]}},
 		{code: codeReturn, bk: bk, args: [7]int64{num, den, int64(to.Burst()), int64(n)}},
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
-	defer cancel()
-	if err = r.exec(ctx, ops); err == nil {
-		err = cmp.Or(ops[0].err, ops[1].err)
-	}
-	if err != nil {
+	if err := r.direct(ctx, ops...); err != nil {
 		return 0, fmt.Errorf("%w: redis rebase and return on %s: %w", bucket.ErrUnavailable, bk, err)
 	}
 	return ops[0].res.granted, nil

@@ -465,3 +465,74 @@ func TestRebaseReturnIsOneCall(t *testing.T) {
 		t.Fatalf("in one call: lost %d, %+v; in two: lost %d, %+v; want the same, 90 left", lost, d1, lost2, d2)
 	}
 }
+
+// holdDecisions is a go-redis hook that holds every script call whose
+// first operation is a decision until release is closed.
+type holdDecisions struct {
+	release chan struct{}
+	held    chan struct{} // closed when the first decision is held
+	once    sync.Once
+}
+
+func (h *holdDecisions) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *holdDecisions) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) > 3 {
+			if n, ok := args[2].(int); ok && len(args) > 3+n {
+				if blob, ok := args[3+n].([]byte); ok && len(blob) >= 8 && binary.LittleEndian.Uint64(blob)&7 == 1 {
+					h.once.Do(func() { close(h.held) })
+					<-h.release
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *holdDecisions) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestRebaseDoesNotWaitForABatch: a settlement's rebase runs while a
+// batch of decisions is in flight (held here until the rebase is done),
+// rather than queueing behind it for a round trip.
+func TestRebaseDoesNotWaitForABatch(t *testing.T) {
+	ctx := context.Background()
+	base := testenv.RedisClient(t)
+	c := redis.NewClient(base.Options())
+	t.Cleanup(func() { c.Close() })
+	s := newRedisStore(t, c, redisstore.Options{Timeout: 5 * time.Second})
+	k := bucket.Key{Rule: "rebase-alone", Subject: fmt.Sprint(rand.Int64())}
+	if _, err := s.Peek(ctx, k, bucket.PerSecond(10)); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	h := &holdDecisions{release: make(chan struct{}), held: make(chan struct{})}
+	c.AddHook(h)
+	decided := make(chan error, 1)
+	go func() {
+		_, err := s.Decide(ctx, k, bucket.PerSecond(10), 1, "")
+		decided <- err
+	}()
+	<-h.held
+	rebased := make(chan error, 1)
+	go func() {
+		_, err := s.Rebase(ctx, k, bucket.PerSecond(10), bucket.PerSecond(20))
+		rebased <- err
+	}()
+	select {
+	case err := <-rebased:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(3 * time.Second):
+		close(h.release)
+		<-decided
+		t.Fatal("the rebase waited for the batch in flight")
+	}
+	close(h.release)
+	if err := <-decided; err != nil {
+		t.Fatal(err)
+	}
+}
