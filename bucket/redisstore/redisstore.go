@@ -8,6 +8,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -407,79 +408,54 @@ func (r *Store) Return(ctx context.Context, key bucket.Key, l bucket.Limit, n bu
 // From a limit that admits nothing the script leaves the bucket empty
 // (bucket.Rebase), told so by a from-burst of 0. The script returns the
 // tokens the move took away in its granted value.
-//
-// It goes straight to the store, as RebaseReturn does, not through the
-// batching of decisions: with a batch in flight an operation waits for it
-// to return before its own goes, and the rebase of a settlement held the
-// region's new table back that round trip more (a decrease settled in
-// 230–260 ms under chaos's redis-slow, a raise in one call 100–140 ms).
 func (r *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit) (bucket.Tokens, error) {
-	f, err := rebaseFrom(from, to)
-	if err != nil {
-		return 0, err
-	}
-	bk := r.RedisKey(key)
-	num, den := to.IntervalFraction()
-	rb := &op{code: codeRebase, bk: bk, args: [7]int64{num, den, int64(to.Burst()), 1, f[0], f[1], f[2]}}
-	if err := r.direct(ctx, rb); err != nil {
-		return 0, fmt.Errorf("%w: redis rebase on %s: %w", bucket.ErrUnavailable, bk, err)
-	}
-	return rb.res.granted, nil
-}
-
-// direct runs ops, in order, in one script call of their own under the
-// store's timeout, rather than in a batch (a settlement's: rare, and held
-// up by a batch in flight).
-func (r *Store) direct(ctx context.Context, ops ...*op) error {
-	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
-	defer cancel()
-	if err := r.exec(ctx, ops); err != nil {
-		return err
-	}
-	for _, o := range ops {
-		if o.err != nil {
-			return o.err
-		}
-	}
-	return nil
-}
-
-// rebaseFrom checks a rebase's limits and returns the from-limit as the
-// script reads it: num, den and burst, a burst of 0 for a limit that
-// admits nothing.
-func rebaseFrom(from, to bucket.Limit) ([3]int64, error) {
-	if err := bucket.Check(to, 1); err != nil {
-		return [3]int64{}, err
-	}
-	if from.AdmitsNothing() {
-		return [3]int64{1, 1, 0}, nil
-	}
-	if err := bucket.Check(from, 1); err != nil {
-		return [3]int64{}, err
-	}
-	num, den := from.IntervalFraction()
-	return [3]int64{num, den, int64(from.Burst())}, nil
+	return r.settle(ctx, key, from, to, 0)
 }
 
 // RebaseReturn implements bucket.CreditRebaser: the script applies the
-// rebase and the return in order, in one call, at one instant, straight
-// to the store as Rebase goes.
+// rebase and the return in order, in one call, at one instant.
 func (r *Store) RebaseReturn(ctx context.Context, key bucket.Key, from, to bucket.Limit, n bucket.Tokens) (bucket.Tokens, error) {
-	f, err := rebaseFrom(from, to)
-	if err != nil {
-		return 0, err
-	}
 	if n <= 0 {
 		return 0, errCost(n)
 	}
+	return r.settle(ctx, key, from, to, n)
+}
+
+// settle rebases key's bucket from from to to and then, with n > 0,
+// returns n tokens to it, in one script call of its own under the store's
+// timeout, not in a batch of decisions: with a batch in flight an
+// operation waits for it to return before its own goes, and a
+// settlement held the region's new table back that round trip more (a
+// decrease settled in 230–260 ms under chaos's redis-slow, a raise in one
+// call 100–140 ms). Settlements are rare.
+func (r *Store) settle(ctx context.Context, key bucket.Key, from, to bucket.Limit, n bucket.Tokens) (bucket.Tokens, error) {
+	if err := bucket.Check(to, 1); err != nil {
+		return 0, err
+	}
+	fnum, fden, fburst := int64(1), int64(1), int64(0)
+	if !from.AdmitsNothing() {
+		if err := bucket.Check(from, 1); err != nil {
+			return 0, err
+		}
+		fnum, fden = from.IntervalFraction()
+		fburst = int64(from.Burst())
+	}
 	bk := r.RedisKey(key)
 	num, den := to.IntervalFraction()
-	ops := []*op{
-		{code: codeRebase, bk: bk, args: [7]int64{num, den, int64(to.Burst()), 1, f[0], f[1], f[2]}},
-		{code: codeReturn, bk: bk, args: [7]int64{num, den, int64(to.Burst()), int64(n)}},
+	ops := []*op{{code: codeRebase, bk: bk, args: [7]int64{num, den, int64(to.Burst()), 1, fnum, fden, fburst}}}
+	what := "rebase"
+	if n > 0 {
+		ops = append(ops, &op{code: codeReturn, bk: bk, args: [7]int64{num, den, int64(to.Burst()), int64(n)}})
+		what = "rebase and return"
 	}
-	if err := r.direct(ctx, ops...); err != nil {
-		return 0, fmt.Errorf("%w: redis rebase and return on %s: %w", bucket.ErrUnavailable, bk, err)
+	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
+	defer cancel()
+	err := r.exec(ctx, ops)
+	for _, o := range ops {
+		err = cmp.Or(err, o.err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%w: redis %s on %s: %w", bucket.ErrUnavailable, what, bk, err)
 	}
 	return ops[0].res.granted, nil
 }
