@@ -144,8 +144,9 @@ type Agent struct {
 
 	started time.Time // when Run began, by the agent's clock
 	// notices logs failed announces; Run's adopting goroutine alone uses
-	// it.
-	notices announceLog
+	// it. reports does for the rounds' reports, which the rounds alone
+	// use.
+	notices, reports announceLog
 
 	mu        sync.Mutex
 	speaking  bool
@@ -385,7 +386,7 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	if t := a.view.Table(); t != nil {
 		rep.Pub, rep.Speaker = t.Pub, t.Speaker
 	}
-	if err := a.deps.Shared.PutDemand(ctx, rep); err != nil {
+	if err := a.putReport(ctx, rep); err != nil {
 		a.noteErr(err)
 		ok = false
 	}
@@ -399,7 +400,7 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 			// A table no notice brought (none announced, or one lost):
 			// the report says so at once, as it did when it came last.
 			rep.Pub, rep.Speaker = t.Pub, t.Speaker
-			if err := a.deps.Shared.PutDemand(ctx, rep); err != nil {
+			if err := a.putReport(ctx, rep); err != nil {
 				a.noteErr(err)
 				ok = false
 			}
@@ -408,6 +409,22 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	if ok {
 		a.noteOK()
 	}
+}
+
+// putReport stores the round's report, announced when the store passes
+// notices (Notifier.Adopt): the speaking agent then has the agent's demand
+// one trip to the store after it was stored, without reading it.
+func (a *Agent) putReport(ctx context.Context, rep region.DemandReport) error {
+	nf, ok := a.deps.Shared.(Notifier)
+	if !ok {
+		return a.deps.Shared.PutDemand(ctx, rep)
+	}
+	err := nf.Adopt(ctx, rep)
+	if err != nil && !errors.Is(err, ErrNotAnnounced) {
+		return err
+	}
+	a.reports.note(a.log, err, "reports", "region", a.Region(), "agent", a.cfg.Name)
+	return nil
 }
 
 // noteErr records err as the last error, logging it unless it repeats one

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -96,8 +97,16 @@ type LeaseClient struct {
 	// cost; Run alone uses them.
 	down, downLogged time.Time
 	downTries        int
-	// adoptions holds the adoptions the agents announced.
+	// adoptions holds the reports the agents announced (their
+	// adoptions, and their demand when a notice carries it whole).
 	adoptions *Inbox
+	// heard is the latest report each agent announced whole, and lastRead
+	// the reports the last read of the store brought; Run alone uses them
+	// (merged).
+	heard    map[string]region.DemandReport
+	lastRead []region.DemandReport
+	// heardAt is when a report announced whole last ticked the Speaker.
+	heardAt time.Time
 }
 
 // noCoordinatorLogEvery spaces the log lines of a coordinator outage: one
@@ -309,11 +318,16 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 	if err := c.send(st, out); err != nil {
 		return false, err
 	}
-	// takeReports ticks the Speaker with the reports a read brought.
+	// takeReports ticks the Speaker with the reports a read brought, and
+	// the newer ones the agents announced since.
 	takeReports := func(reports []region.DemandReport) error {
 		reading = nil
 		defer tick.Reset(c.cfg.Tick)
-		return c.roundWith(ctx, st, reports)
+		if reports == nil {
+			return c.roundWith(ctx, st, nil) // the store did not answer
+		}
+		c.lastRead = reports
+		return c.roundWith(ctx, st, c.merged())
 	}
 	for {
 		var err error
@@ -431,18 +445,35 @@ func (c *LeaseClient) roundWith(ctx context.Context, st lease.Stream, reports []
 // st. Only when a body is no report (an agent of another version) does it
 // read the stored reports.
 func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream, bodies [][]byte) error {
+	reports := make([]region.DemandReport, len(bodies))
+	whole := false
+	for i, b := range bodies {
+		var n reportNotice
+		if json.Unmarshal(b, &n) != nil || n.Agent == "" {
+			reports = nil
+			break
+		}
+		reports[i] = n.DemandReport
+		if n.Whole {
+			if c.heard == nil {
+				c.heard = make(map[string]region.DemandReport)
+			}
+			c.heard[n.Agent], whole = n.DemandReport, true
+		}
+	}
+	// The demand they carry ticks the Speaker now, without waiting for
+	// the next read of the store, at most every half tick.
+	if now := c.deps.Clock.Now(); whole && now.Sub(c.heardAt) >= c.cfg.Tick/2 {
+		c.heardAt = now
+		if err := c.roundWith(ctx, st, c.merged()); err != nil {
+			return err
+		}
+	}
 	c.mu.Lock()
 	waiting := c.sp.PendingAcks() > 0
 	c.mu.Unlock()
 	if !waiting {
 		return nil
-	}
-	reports := make([]region.DemandReport, len(bodies))
-	for i, b := range bodies {
-		if json.Unmarshal(b, &reports[i]) != nil || reports[i].Agent == "" {
-			reports = nil
-			break
-		}
 	}
 	if len(reports) == 0 {
 		var err error
@@ -455,6 +486,29 @@ func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream, bodies [][]b
 	out := c.carryLocked(ctx)
 	c.mu.Unlock()
 	return c.send(st, out)
+}
+
+// merged is each agent's latest report: of the last read's and of those
+// the agents announced whole, the one it wrote last. An announced report
+// older than DemandMaxAge is forgotten (the Speaker would not count it).
+func (c *LeaseClient) merged() []region.DemandReport {
+	now := c.deps.Clock.Now()
+	out := slices.Clone(c.lastRead)
+	for i, r := range out {
+		if h, ok := c.heard[r.Agent]; ok && h.At.After(r.At) {
+			out[i] = h
+		}
+	}
+	for a, h := range c.heard {
+		switch {
+		case now.Sub(h.At) > c.cfg.DemandMaxAge:
+			delete(c.heard, a)
+		case !slices.ContainsFunc(out, func(r region.DemandReport) bool { return r.Agent == a }):
+			out = append(out, h)
+		}
+	}
+	slices.SortFunc(out, func(a, b region.DemandReport) int { return strings.Compare(a.Agent, b.Agent) })
+	return out
 }
 
 // liveOf is the region's live agents as the speaker counts them: those

@@ -376,3 +376,86 @@ func TestLeaseClientReadsReportsBetweenGrants(t *testing.T) {
 		}
 	})
 }
+
+// slowReads is a MemShared whose reads of the reports take delay.
+type slowReads struct {
+	*MemShared
+	delay time.Duration
+}
+
+func (s *slowReads) Demands(ctx context.Context) ([]region.DemandReport, error) {
+	time.Sleep(s.delay) // in a synctest bubble: the store's latency, on the fake clock
+	return s.MemShared.Demands(ctx)
+}
+
+// TestLeaseClientTakesDemandFromNotices: a-1's demand moves between 100
+// and 250 a second every second, and each of its reports is announced
+// whole as it is stored. The region's store takes 800 ms to read the
+// reports, yet the coordinator hears each move within the speaker's tick
+// and its report interval (400 ms): the speaking agent takes the demand
+// from the notices. From the reads alone it heard each move a read or more
+// later.
+func TestLeaseClientTakesDemandFromNotices(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a", "b"}}}
+		coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		view := region.NewTableView("a", lease.Split{Regions: []string{"a", "b"}})
+		cfg := DefaultSpeakerConfig()
+		cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
+		cfg.Refresh, cfg.Drift, cfg.Tick = 400*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
+		shared := &slowReads{MemShared: NewMemShared(), delay: 800 * time.Millisecond}
+		client, err := NewLeaseClient(cfg, LeaseDeps{Shared: shared, Store: bucket.NewMemory(bucket.MemoryOptions{}), View: view,
+			Transport: coord.Transport("a"), Members: func() []string { return []string{"a-0", "a-1"} },
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go coord.Run(ctx, 50*time.Millisecond)
+		go client.Run(ctx)
+		key := bucket.Key{Rule: "api", Subject: "t"}
+		var waits []time.Duration
+		want := bucket.Tokens(100)
+		var moved time.Time
+		heard := true
+		for i := range 2300 { // 23 s: 20 moves after the first 3 s
+			if i%100 == 0 && i >= 300 {
+				want, moved, heard = 350-want, time.Now(), false
+			}
+			if i%10 == 0 { // a-1's round: every 100 ms
+				var pub uint64
+				var speaker string
+				if tb := view.Table(); tb != nil {
+					pub, speaker = tb.Pub, tb.Speaker
+				}
+				_ = shared.Adopt(ctx, region.DemandReport{Agent: "a-1", At: time.Now(), Pub: pub, Speaker: speaker,
+					Keys: []region.DemandItem{{Rule: key.Rule, Subject: key.Subject, Want: want}}})
+			}
+			if !heard {
+				for _, k := range coord.Keys(10) {
+					if k.Key == key && len(k.Wants) == 2 && k.Wants[0] == want {
+						waits, heard = append(waits, time.Since(moved)), true
+					}
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		time.Sleep(2 * time.Second) // a read under way ends; every goroutine stops
+		synctest.Wait()
+		if len(waits) < 18 {
+			t.Fatalf("the coordinator heard %d of the 20 moves of demand within the second each lasted", len(waits))
+		}
+		slices.Sort(waits)
+		t.Logf("%d moves heard: median %v, worst %v", len(waits), waits[len(waits)/2], waits[len(waits)-1])
+		// The speaker's tick (50 ms), then its next report: at once for a
+		// rise, within a report interval (400 ms) for a fall.
+		if worst := waits[len(waits)-1]; worst > 500*time.Millisecond {
+			t.Fatalf("a move of demand reached the coordinator %v after it", worst)
+		}
+	})
+}

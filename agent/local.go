@@ -90,6 +90,13 @@ func (c *LocalCoordinator) Regions() []lease.RegionStatus {
 	return c.alloc.Regions()
 }
 
+// Keys reports the allocator's view of its hot keys (at most limit).
+func (c *LocalCoordinator) Keys(limit int) []lease.KeyStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.alloc.Keys(limit)
+}
+
 // Transport returns region's transport.
 func (c *LocalCoordinator) Transport(region string) lease.Transport {
 	return localTransport{c: c, region: region}

@@ -60,9 +60,25 @@ func tableIn(t *testing.T, b []byte) *region.Table {
 // reportIn decodes a NoticeAdoption's body.
 func reportIn(t *testing.T, b []byte) region.DemandReport {
 	t.Helper()
-	var r region.DemandReport
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatalf("an adoption notice's body %q: %v", b, err)
+	return noticeIn(t, b).DemandReport
+}
+
+// noticeIn decodes a report's notice.
+func noticeIn(t *testing.T, b []byte) reportNotice {
+	t.Helper()
+	var n reportNotice
+	if err := json.Unmarshal(b, &n); err != nil {
+		t.Fatalf("a report notice's body %q: %v", b, err)
+	}
+	return n
+}
+
+// bigReport is agent's report adopting pub with 2,000 keys: its JSON is
+// over NoticeBodyMax.
+func bigReport(agent string, pub uint64) region.DemandReport {
+	r := region.DemandReport{Agent: agent, At: t0, Pub: pub, Speaker: "eu-0"}
+	for i := range 2000 {
+		r.Keys = append(r.Keys, region.DemandItem{Rule: "api", Subject: "tenant-" + strconv.Itoa(i), Want: 12})
 	}
 	return r
 }
@@ -126,11 +142,22 @@ func TestMemSharedNotices(t *testing.T) {
 		t.Fatal(err)
 	}
 	bodies := woken(t, ad, "adoption watcher")
-	if len(bodies) != 1 || reportIn(t, bodies[0]).Pub != 3 || reportIn(t, bodies[0]).Agent != "eu-1" || len(reportIn(t, bodies[0]).Keys) != 0 {
-		t.Fatalf("adoption bodies %q, want eu-1's report adopting 3, without its keys", bodies)
+	if n := noticeIn(t, bodies[0]); len(bodies) != 1 || n.Pub != 3 || n.Agent != "eu-1" || len(n.Keys) != 1 || !n.Whole {
+		t.Fatalf("adoption bodies %q, want eu-1's whole report adopting 3, with its key", bodies)
 	}
 	if reps, _ := sh.Demands(ctx); len(reps) != 1 || reps[0].Pub != 3 || len(reps[0].Keys) != 1 {
 		t.Fatalf("stored reports %+v, want eu-1's adopting 3, with its key", reps)
+	}
+	// A report larger than a notice carries goes without its keys.
+	if err := sh.Adopt(ctx, bigReport("eu-1", 4)); err != nil {
+		t.Fatal(err)
+	}
+	bodies = woken(t, ad, "adoption watcher")
+	if n := noticeIn(t, bodies[0]); len(bodies) != 1 || n.Pub != 4 || len(n.Keys) != 0 || n.Whole {
+		t.Fatalf("adoption bodies %q, want eu-1's report adopting 4, without its keys", bodies)
+	}
+	if reps, _ := sh.Demands(ctx); len(reps) != 1 || reps[0].Pub != 4 || len(reps[0].Keys) != 2000 {
+		t.Fatalf("stored reports %+v, want eu-1's adopting 4, with its 2,000 keys", reps)
 	}
 	if !idle(gone) {
 		t.Fatal("a watch whose context ended was woken")
@@ -208,9 +235,24 @@ func TestRedisSharedNotices(t *testing.T) {
 	if len(bodies) != 1 {
 		t.Fatalf("adoption notices %q, want one", bodies)
 	}
-	if got := reportIn(t, bodies[0]); got.Agent != "eu-1" || got.Pub != 7 || got.Speaker != "eu-0" || !got.At.Equal(t0) || len(got.Keys) != 0 {
-		t.Fatalf("adoption notice %+v, want the report %+v without its keys", got, rep)
+	if got := noticeIn(t, bodies[0]); got.Agent != "eu-1" || got.Pub != 7 || got.Speaker != "eu-0" || !got.At.Equal(t0) ||
+		len(got.Keys) != 1 || got.Keys[0] != rep.Keys[0] || !got.Whole {
+		t.Fatalf("adoption notice %+v, want the whole report %+v", got, rep)
 	}
+	if err := eu.Adopt(ctx, bigReport("eu-1", 7)); err != nil {
+		t.Fatal(err)
+	}
+	bodies = woken(t, adoptions, "eu's adoption watcher")
+	if got := noticeIn(t, bodies[0]); len(bodies) != 1 || got.Pub != 7 || len(got.Keys) != 0 || got.Whole {
+		t.Fatalf("adoption notices %q, want one of a report without its keys", bodies)
+	}
+	if reps, err := watcher.Demands(ctx); err != nil || len(reps) != 1 || len(reps[0].Keys) != 2000 {
+		t.Fatalf("stored reports %+v %v, want eu-1's with its 2,000 keys", reps, err)
+	}
+	if err := eu.Adopt(ctx, rep); err != nil {
+		t.Fatal(err)
+	}
+	_ = woken(t, adoptions, "eu's adoption watcher")
 	if reps, err := watcher.Demands(ctx); err != nil || len(reps) != 1 || reps[0].Pub != 7 || reps[0].Keys[0].Want != 12 {
 		t.Fatalf("stored reports %+v %v, want eu-1's adopting 7", reps, err)
 	}
@@ -351,20 +393,29 @@ func TestAgentAdoptsAnnouncedTable(t *testing.T) {
 	}
 }
 
-// stuckShared is a MemShared whose PutDemand, once armed, blocks until
-// released: an agent's round stuck on a slow store.
+// stuckShared is a MemShared whose next write of a report, once armed,
+// blocks until the agent stops: an agent's round stuck on a slow store.
 type stuckShared struct {
 	*MemShared
 	armed atomic.Bool
-	stuck chan struct{} // closed once a PutDemand blocks
+	stuck chan struct{} // closed once a write blocks
 }
 
-func (s *stuckShared) PutDemand(ctx context.Context, r region.DemandReport) error {
+func (s *stuckShared) stick(ctx context.Context) {
 	if s.armed.CompareAndSwap(true, false) {
 		close(s.stuck)
 		<-ctx.Done() // until the agent stops
 	}
+}
+
+func (s *stuckShared) PutDemand(ctx context.Context, r region.DemandReport) error {
+	s.stick(ctx)
 	return s.MemShared.PutDemand(ctx, r)
+}
+
+func (s *stuckShared) Adopt(ctx context.Context, r region.DemandReport) error {
+	s.stick(ctx)
+	return s.MemShared.Adopt(ctx, r)
 }
 
 // TestAgentAdoptsWhileItsRoundWaits: an agent whose round is stuck on the
@@ -647,10 +698,19 @@ func (s *slowRound) LoadTable(ctx context.Context) (*region.Table, error) {
 }
 
 func (s *slowRound) PutDemand(ctx context.Context, r region.DemandReport) error {
+	s.note(r)
+	return s.MemShared.PutDemand(ctx, r)
+}
+
+func (s *slowRound) Adopt(ctx context.Context, r region.DemandReport) error {
+	s.note(r)
+	return s.MemShared.Adopt(ctx, r)
+}
+
+func (s *slowRound) note(r region.DemandReport) {
 	s.mu.Lock()
 	s.ages = append(s.ages, time.Since(r.At))
 	s.mu.Unlock()
-	return s.MemShared.PutDemand(ctx, r)
 }
 
 // TestAgentReportsBeforeItsSlowerCalls: an agent's round stores its

@@ -60,6 +60,10 @@ type Shared interface {
 //     speaking agent acknowledge a grant without waiting for the agents'
 //     ticks and its own.
 //
+// Every report of an agent's round goes through Adopt too, so the
+// speaking agent has each agent's demand (when the notice carries it
+// whole) without reading the store.
+//
 // A notice lost (a subscription down or reconnecting, an inbox full) costs
 // only that wait, since the ticks still read the store; a notice whose body
 // a watcher cannot read (an agent of another version) wakes it to read the
@@ -85,8 +89,9 @@ const (
 	// carries it as stored (JSON), or "1" when it is larger than
 	// NoticeBodyMax.
 	NoticeTable Notice = iota + 1
-	// NoticeAdoption: an agent stored a report that adopts a new table;
-	// the notice carries the report without its keys (JSON).
+	// NoticeAdoption: an agent stored a report (its demand, and the table
+	// it decides with); the notice carries it as a reportNotice (JSON):
+	// whole when it fits NoticeBodyMax, else without its keys.
 	NoticeAdoption
 )
 
@@ -468,13 +473,26 @@ func tableNotice(body []byte) []byte {
 	return body
 }
 
-// adoptionNotice is what a notice of r's adoption carries: the report
-// without its keys (Speaker.Adopted reads who adopted what, at what
-// instant; the demand is read from the store at the speaking agent's
-// tick), so its size does not follow the keys an agent uses.
+// reportNotice is what a notice of an agent's report carries: the report,
+// and whether its keys are all there (Whole). A report whose JSON is over
+// NoticeBodyMax goes without its keys (Speaker.Adopted reads who adopted
+// what, at what instant; the speaking agent reads the demand from the
+// store at its tick), so a notice's size does not follow the keys an agent
+// uses. A watcher of an earlier version reads it as a report and ignores
+// Whole.
+type reportNotice struct {
+	region.DemandReport
+	Whole bool `json:"whole,omitempty"`
+}
+
+// adoptionNotice is what a notice of r carries (reportNotice).
 func adoptionNotice(r region.DemandReport) ([]byte, error) {
+	b, err := json.Marshal(reportNotice{DemandReport: r, Whole: true})
+	if err != nil || len(b) <= NoticeBodyMax {
+		return b, err
+	}
 	r.Keys = nil
-	return json.Marshal(r)
+	return json.Marshal(reportNotice{DemandReport: r})
 }
 
 // publishScript: KEYS table, lease; ARGV pub, body, ttl ms, fence ("":
