@@ -83,10 +83,9 @@ func (c *deadlineCtx) Deadline() (time.Time, bool) {
 }
 
 var (
-	_ bucket.Store         = (*Store)(nil)
-	_ bucket.Rebaser       = (*Store)(nil)
-	_ bucket.CreditRebaser = (*Store)(nil)
-	_ bucket.Pinger        = (*Store)(nil)
+	_ bucket.Store   = (*Store)(nil)
+	_ bucket.Rebaser = (*Store)(nil)
+	_ bucket.Pinger  = (*Store)(nil)
 )
 
 // Timed returns inner with b's deadlines; the caller reports outcomes to
@@ -224,7 +223,7 @@ func (s *Store) Peek(ctx context.Context, key bucket.Key, l bucket.Limit) (bucke
 }
 
 // Rebase implements bucket.Rebaser when the inner store does.
-func (s *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit) (bucket.Tokens, error) {
+func (s *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit, credit bucket.Tokens) (bucket.Tokens, error) {
 	rb, ok := s.inner.(bucket.Rebaser)
 	if !ok {
 		return 0, fmt.Errorf("breaker: %T cannot rebase", s.inner)
@@ -232,30 +231,7 @@ func (s *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limi
 	var lost bucket.Tokens
 	err := s.do(ctx, false, func(ctx context.Context) error {
 		var err error
-		lost, err = rb.Rebase(ctx, key, from, to)
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return lost, nil
-}
-
-// RebaseReturn implements bucket.CreditRebaser: one call when the inner
-// store makes it one, else its Rebase and then its Return, two calls.
-func (s *Store) RebaseReturn(ctx context.Context, key bucket.Key, from, to bucket.Limit, n bucket.Tokens) (bucket.Tokens, error) {
-	cr, ok := s.inner.(bucket.CreditRebaser)
-	if !ok {
-		lost, err := s.Rebase(ctx, key, from, to)
-		if err != nil {
-			return 0, err
-		}
-		return lost, s.Return(ctx, key, to, n)
-	}
-	var lost bucket.Tokens
-	err := s.do(ctx, false, func(ctx context.Context) error {
-		var err error
-		lost, err = cr.RebaseReturn(ctx, key, from, to, n)
+		lost, err = rb.Rebase(ctx, key, from, to, credit)
 		return err
 	})
 	if err != nil {

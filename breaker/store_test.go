@@ -258,41 +258,25 @@ func redisUnderBreaker(t *testing.T, storeTimeout time.Duration) (*testenv.Redis
 	return srv, b, rs
 }
 
-// rebaseOnly is a store that can rebase but not rebase and return at once.
-type rebaseOnly struct{ *bucket.Memory }
-
-func (r rebaseOnly) RebaseReturn() {} // hides Memory's: not a bucket.CreditRebaser
-
-// TestRebaseReturnOverEitherStore: through the breaker, a rebase with a
-// return is one call of an inner store that makes it one, and Rebase then
-// Return of one that cannot; the bucket ends the same either way.
-func TestRebaseReturnOverEitherStore(t *testing.T) {
+// TestRebasePassesTheCredit: through the breaker, a rebase's credit
+// reaches the store underneath, in the same call.
+func TestRebasePassesTheCredit(t *testing.T) {
 	ctx := context.Background()
 	b, err := New(DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, from, to := bucket.Key{Rule: "r", Subject: "s"}, bucket.PerSecond(100), bucket.PerSecond(200)
-	var got []bucket.Decision
 	clk := clock.NewManual(t0)
-	for _, inner := range []bucket.Store{bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), rebaseOnly{bucket.NewMemory(bucket.MemoryOptions{Clock: clk})}} {
-		s := Timed(inner, b, clk)
-		if _, err := s.TakeUpTo(ctx, k, from, 70); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.RebaseReturn(ctx, k, from, to, 60); err != nil {
-			t.Fatalf("over %T: %v", inner, err)
-		}
-		d, err := s.Peek(ctx, k, to)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, d)
+	s := Timed(bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), b, clk)
+	k, from, to := bucket.Key{Rule: "r", Subject: "s"}, bucket.PerSecond(100), bucket.PerSecond(200)
+	if _, err := s.TakeUpTo(ctx, k, from, 70); err != nil {
+		t.Fatal(err)
 	}
-	if _, ok := any(rebaseOnly{}).(bucket.CreditRebaser); ok {
-		t.Fatal("setup: rebaseOnly is a CreditRebaser")
+	if _, err := s.Rebase(ctx, k, from, to, 60); err != nil {
+		t.Fatal(err)
 	}
-	if got[0].Remaining != 90 || got[1] != got[0] {
-		t.Fatalf("in one call %+v, in two %+v; want the same, 90 left", got[0], got[1])
+	// 30 of 100 left, spent under 200, and the credit of 60 back.
+	if d, err := s.Peek(ctx, k, to); err != nil || d.Remaining != 90 {
+		t.Fatalf("after the rebase with credit the bucket holds %d (%v), want 90", d.Remaining, err)
 	}
 }

@@ -236,12 +236,15 @@ func (m *Memory) Return(_ context.Context, key Key, l Limit, n Tokens) error {
 	return nil
 }
 
-// Rebase implements Rebaser. Like Return it is never refused at MaxKeys:
-// refusing to apply a limit change would leave the bucket judged by the old
-// limit.
-func (m *Memory) Rebase(_ context.Context, key Key, from, to Limit) (Tokens, error) {
+// Rebase implements Rebaser, the credit given back under the same lock.
+// Like Return it is never refused at MaxKeys: refusing to apply a limit
+// change would leave the bucket judged by the old limit.
+func (m *Memory) Rebase(_ context.Context, key Key, from, to Limit, credit Tokens) (Tokens, error) {
 	if err := checkRebase(from, to); err != nil {
 		return 0, err
+	}
+	if credit < 0 {
+		return 0, errCost(credit)
 	}
 	now := m.clock.Now().UnixMicro()
 	s, h := m.shard(key)
@@ -249,26 +252,9 @@ func (m *Memory) Rebase(_ context.Context, key Key, from, to Limit) (Tokens, err
 	defer s.mu.Unlock()
 	p, st := s.get(h, key)
 	ns, lost := rebase(st, now, &from, &to)
-	s.put(h, key, p, st, ns)
-	return lost, nil
-}
-
-// RebaseReturn implements CreditRebaser: Rebase, then Return of n under
-// to, under one lock.
-func (m *Memory) RebaseReturn(_ context.Context, key Key, from, to Limit, n Tokens) (Tokens, error) {
-	if err := checkRebase(from, to); err != nil {
-		return 0, err
+	if credit > 0 {
+		_, ns = giveBack(ns, now, &to, credit)
 	}
-	if n <= 0 {
-		return 0, errCost(n)
-	}
-	now := m.clock.Now().UnixMicro()
-	s, h := m.shard(key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p, st := s.get(h, key)
-	ns, lost := rebase(st, now, &from, &to)
-	_, ns = giveBack(ns, now, &to, n)
 	s.put(h, key, p, st, ns)
 	return lost, nil
 }

@@ -85,7 +85,7 @@ func TestMemoryMaxKeys(t *testing.T) {
 		}
 	}
 	// Return and Rebase are never refused: a limit change must be applied.
-	if _, err := m.Rebase(ctx, key(102), l, bucket.PerMinute(20)); err != nil {
+	if _, err := m.Rebase(ctx, key(102), l, bucket.PerMinute(20), 0); err != nil {
 		t.Fatalf("Rebase at the bound: %v", err)
 	}
 	// Keys 0–9 spend again at 30 s and stay in debt; keys 10–99 are full

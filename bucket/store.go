@@ -42,21 +42,14 @@ const DefaultAttemptWindow = 10 * time.Second
 
 // Rebaser is implemented by stores that can move a bucket to a new limit at
 // once (see Rebase), atomically with reading what the move took away: the
-// whole tokens the bucket held beyond the new burst (lost). The in-process
-// store and redisstore.Store implement it.
+// whole tokens the bucket held beyond the new burst (lost). With credit > 0
+// the same atomic step then gives that many tokens back under the new
+// limit, never past its burst, as Return does: the settlement of a raise
+// that carries tokens of the budget's stored reserve (region.Change.Apply),
+// one round trip to the store where a Rebase and a Return took two. The
+// in-process store, redisstore.Store and breaker.Store implement it.
 type Rebaser interface {
-	Rebase(ctx context.Context, key Key, from, to Limit) (lost Tokens, err error)
-}
-
-// CreditRebaser is implemented by stores that can Rebase a bucket and then
-// Return n tokens to it under the new limit in one atomic call: the
-// settlement of a raise that carries tokens of the budget's stored reserve
-// (region.Change.Apply), one round trip to the store where Rebase and
-// Return took two. The in-process store, redisstore.Store and
-// breaker.Store implement it.
-type CreditRebaser interface {
-	Rebaser
-	RebaseReturn(ctx context.Context, key Key, from, to Limit, n Tokens) (lost Tokens, err error)
+	Rebase(ctx context.Context, key Key, from, to Limit, credit Tokens) (lost Tokens, err error)
 }
 
 // Pinger is implemented by stores that can tell cheaply whether they

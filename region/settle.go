@@ -45,8 +45,11 @@ var ErrNotRebaser = errors.New("region: store does not implement bucket.Rebaser"
 // allocation that admits nothing (none, or a burst of 0: below the
 // budget's unit) the bucket is left empty, since what it refilled to
 // meanwhile was another region's; a change to one that admits nothing
-// writes nothing. Then the credit goes in as a return of that many tokens,
-// at most to the new burst. lost is the whole tokens the rebase took away
+// writes nothing. The credit goes in with the rebase, in the same call, as
+// a return of that many tokens, at most to the new burst: as two calls,
+// under a slow store the settlement of a raise that carried credit took
+// two round trips before its table could go out. lost is the whole tokens
+// the rebase took away
 // (what the bucket held beyond To's burst), which the caller reports in
 // its Outcome. The error is the store's; the caller reports
 // the change back as unsettled, and the Settler lists it again without its
@@ -61,23 +64,11 @@ func (c Change) Apply(ctx context.Context, st bucket.Store) (lost bucket.Tokens,
 	if c.To.AdmitsNothing() {
 		return 0, nil // nothing to write
 	}
-	if cr, ok := st.(bucket.CreditRebaser); ok && c.Credit > 0 {
-		// One call where there would be two: under a slow store the
-		// settlement of a raise that carries credit took two round trips
-		// before its table could go out.
-		return cr.RebaseReturn(ctx, c.Key, c.From, c.To, c.Credit)
-	}
 	rb, ok := st.(bucket.Rebaser)
 	if !ok {
 		return 0, fmt.Errorf("%w: %T", ErrNotRebaser, st)
 	}
-	if lost, err = rb.Rebase(ctx, c.Key, c.From, c.To); err != nil {
-		return 0, err
-	}
-	if c.Credit > 0 {
-		return lost, st.Return(ctx, c.Key, c.To, c.Credit)
-	}
-	return lost, nil
+	return rb.Rebase(ctx, c.Key, c.From, c.To, c.Credit)
 }
 
 // Loss is what the rebase of a change took away from its bucket.

@@ -83,7 +83,7 @@ func TestRegionStoreUnavailableInFailover(t *testing.T) {
 	s := &regionStore{p: a.plane, rd: rd, r: 0, from: 0}
 	key := a.plane.keys[0]
 	l := bucket.PerSecond(10).WithBurst(10)
-	if _, err := s.Rebase(context.Background(), key, l, l.WithBurst(5)); err != nil {
+	if _, err := s.Rebase(context.Background(), key, l, l.WithBurst(5), 0); err != nil {
 		t.Fatalf("rebase with the primary up: %v", err)
 	}
 	rd.failover(0, 1_000_000)

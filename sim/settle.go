@@ -80,8 +80,9 @@ func (s *regionStore) Peek(_ context.Context, key bucket.Key, l bucket.Limit) (b
 	return s.rd.peek(b, s.t, l), nil
 }
 
-// Rebase implements bucket.Rebaser.
-func (s *regionStore) Rebase(_ context.Context, key bucket.Key, from, to bucket.Limit) (bucket.Tokens, error) {
+// Rebase implements bucket.Rebaser: the rebase and the credit's return in
+// one call, as the Redis store makes them.
+func (s *regionStore) Rebase(_ context.Context, key bucket.Key, from, to bucket.Limit, credit bucket.Tokens) (bucket.Tokens, error) {
 	b, err := s.budget(key)
 	if err != nil {
 		return 0, err
@@ -93,6 +94,9 @@ func (s *regionStore) Rebase(_ context.Context, key bucket.Key, from, to bucket.
 	lost, ok := s.rd.rebase(b, s.t, from, to)
 	if !ok {
 		return 0, fmt.Errorf("sim: regional store of %s has no primary at %d µs: %w", s.p.a.w.regions[s.r].name, s.t, bucket.ErrUnavailable)
+	}
+	if credit > 0 {
+		s.rd.giveBack(b, s.t, to, int64(credit))
 	}
 	return lost, nil
 }

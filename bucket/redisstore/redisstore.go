@@ -404,33 +404,23 @@ func (r *Store) Return(ctx context.Context, key bucket.Key, l bucket.Limit, n bu
 	return err
 }
 
-// Rebase implements bucket.Rebaser.
-// From a limit that admits nothing the script leaves the bucket empty
+// Rebase implements bucket.Rebaser: a rebase operation and, with credit,
+// a return after it, which the script applies in order in one call. From
+// a limit that admits nothing the script leaves the bucket empty
 // (bucket.Rebase), told so by a from-burst of 0. The script returns the
 // tokens the move took away in its granted value.
-func (r *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit) (bucket.Tokens, error) {
-	return r.settle(ctx, key, from, to, 0)
-}
-
-// RebaseReturn implements bucket.CreditRebaser: the script applies the
-// rebase and the return in order, in one call, at one instant.
-func (r *Store) RebaseReturn(ctx context.Context, key bucket.Key, from, to bucket.Limit, n bucket.Tokens) (bucket.Tokens, error) {
-	if n <= 0 {
-		return 0, errCost(n)
-	}
-	return r.settle(ctx, key, from, to, n)
-}
-
-// settle rebases key's bucket from from to to and then, with n > 0,
-// returns n tokens to it, in one script call of its own under the store's
-// timeout, not in a batch of decisions: with a batch in flight an
-// operation waits for it to return before its own goes, and a
-// settlement held the region's new table back that round trip more (a
-// decrease settled in 230–260 ms under chaos's redis-slow, a raise in one
-// call 100–140 ms). Settlements are rare.
-func (r *Store) settle(ctx context.Context, key bucket.Key, from, to bucket.Limit, n bucket.Tokens) (bucket.Tokens, error) {
+//
+// The call is one of its own under the store's timeout, not in a batch of
+// decisions: with a batch in flight an operation waits for it to return
+// before its own goes, and a settlement held the region's new table back
+// that round trip more (a decrease settled in 230–260 ms under chaos's
+// redis-slow, a raise in one call 100–140 ms). Settlements are rare.
+func (r *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit, credit bucket.Tokens) (bucket.Tokens, error) {
 	if err := bucket.Check(to, 1); err != nil {
 		return 0, err
+	}
+	if credit < 0 {
+		return 0, errCost(credit)
 	}
 	fnum, fden, fburst := int64(1), int64(1), int64(0)
 	if !from.AdmitsNothing() {
@@ -444,8 +434,8 @@ func (r *Store) settle(ctx context.Context, key bucket.Key, from, to bucket.Limi
 	num, den := to.IntervalFraction()
 	ops := []*op{{code: codeRebase, bk: bk, args: [7]int64{num, den, int64(to.Burst()), 1, fnum, fden, fburst}}}
 	what := "rebase"
-	if n > 0 {
-		ops = append(ops, &op{code: codeReturn, bk: bk, args: [7]int64{num, den, int64(to.Burst()), int64(n)}})
+	if credit > 0 {
+		ops = append(ops, &op{code: codeReturn, bk: bk, args: [7]int64{num, den, int64(to.Burst()), int64(credit)}})
 		what = "rebase and return"
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)

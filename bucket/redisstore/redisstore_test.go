@@ -416,10 +416,10 @@ func (c *countCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	}
 }
 
-// TestRebaseReturnIsOneCall: the settlement of a raise that carries
-// credit (Rebase, then Return under the new limit) is one round trip to
-// Redis, where the two calls took two, and leaves the bucket as they do.
-func TestRebaseReturnIsOneCall(t *testing.T) {
+// TestRebaseWithCreditIsOneCall: the settlement of a raise that carries
+// credit (a Rebase that carries it) is one round trip to Redis, where a
+// Rebase and then a Return took two, and leaves the bucket as they do.
+func TestRebaseWithCreditIsOneCall(t *testing.T) {
 	ctx := context.Background()
 	base := testenv.RedisClient(t)
 	c := redis.NewClient(base.Options())
@@ -429,23 +429,23 @@ func TestRebaseReturnIsOneCall(t *testing.T) {
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
 	s := newRedisStore(t, c, redisstore.Options{Now: clk.Now, Timeout: 5 * time.Second})
 	from, to := bucket.PerSecond(100), bucket.PerSecond(200)
-	one := bucket.Key{Rule: "rebase-return", Subject: fmt.Sprint(rand.Int64())}
-	two := bucket.Key{Rule: "rebase-return", Subject: fmt.Sprint(rand.Int64())}
+	one := bucket.Key{Rule: "rebase-credit", Subject: fmt.Sprint(rand.Int64())}
+	two := bucket.Key{Rule: "rebase-credit", Subject: fmt.Sprint(rand.Int64())}
 	for _, k := range []bucket.Key{one, two} {
 		if _, err := s.TakeUpTo(ctx, k, from, 70); err != nil { // also loads the script
 			t.Fatal(err)
 		}
 	}
 	calls.n.Store(0)
-	lost, err := s.RebaseReturn(ctx, one, from, to, 60)
+	lost, err := s.Rebase(ctx, one, from, to, 60)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n := calls.n.Load(); n != 1 {
-		t.Fatalf("RebaseReturn made %d calls, want 1", n)
+		t.Fatalf("a rebase with credit made %d calls, want 1", n)
 	}
 	calls.n.Store(0)
-	lost2, err := s.Rebase(ctx, two, from, to)
+	lost2, err := s.Rebase(ctx, two, from, to, 0)
 	if err == nil {
 		err = s.Return(ctx, two, to, 60)
 	}
@@ -518,7 +518,7 @@ func TestRebaseDoesNotWaitForABatch(t *testing.T) {
 	<-h.held
 	rebased := make(chan error, 1)
 	go func() {
-		_, err := s.Rebase(ctx, k, bucket.PerSecond(10), bucket.PerSecond(20))
+		_, err := s.Rebase(ctx, k, bucket.PerSecond(10), bucket.PerSecond(20), 0)
 		rebased <- err
 	}()
 	select {
