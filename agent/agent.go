@@ -143,10 +143,9 @@ type Agent struct {
 	rng   *rand.Rand
 
 	started time.Time // when Run began, by the agent's clock
-	// notices logs failed announces; Run's adopting goroutine alone uses
-	// it. reports does for the rounds' reports, which the rounds alone
-	// use.
-	notices, reports announceLog
+	// notices logs failed announces of the agent's reports, from its
+	// rounds and its adoptions.
+	notices announceLog
 
 	mu        sync.Mutex
 	speaking  bool
@@ -274,7 +273,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				case <-ctx.Done():
 					return
 				case <-tables.C():
-					a.adopt(ctx, nf, tables.Take())
+					a.adopt(ctx, tables.Take())
 				}
 			}
 		}()
@@ -302,7 +301,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // Only when no body is a table (a speaker of another version) does it
 // load the stored one. The speaking agent adopts its tables as it
 // publishes them.
-func (a *Agent) adopt(ctx context.Context, nf Notifier, bodies [][]byte) {
+func (a *Agent) adopt(ctx context.Context, bodies [][]byte) {
 	a.mu.Lock()
 	speaking := a.speaking
 	a.mu.Unlock()
@@ -329,12 +328,9 @@ func (a *Agent) adopt(ctx context.Context, nf Notifier, bodies [][]byte) {
 	now := a.deps.Clock.Now()
 	rep := region.ReportOf(a.cfg.Name, now, a.core.Demand(now))
 	rep.Pub, rep.Speaker = t.Pub, t.Speaker
-	err := nf.Adopt(ctx, rep)
-	if err != nil && !errors.Is(err, ErrNotAnnounced) {
+	if err := a.putReport(ctx, rep); err != nil {
 		a.noteErr(err)
-		return
 	}
-	a.notices.note(a.log, err, "adoptions", "region", a.Region(), "agent", a.cfg.Name)
 }
 
 // tick is one round of the agent's periodic work.
@@ -411,9 +407,10 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	}
 }
 
-// putReport stores the round's report, announced when the store passes
+// putReport stores the agent's report, announced when the store passes
 // notices (Notifier.Adopt): the speaking agent then has the agent's demand
-// one trip to the store after it was stored, without reading it.
+// and adoption one trip to the store after it was stored, without reading
+// it.
 func (a *Agent) putReport(ctx context.Context, rep region.DemandReport) error {
 	nf, ok := a.deps.Shared.(Notifier)
 	if !ok {
@@ -423,7 +420,7 @@ func (a *Agent) putReport(ctx context.Context, rep region.DemandReport) error {
 	if err != nil && !errors.Is(err, ErrNotAnnounced) {
 		return err
 	}
-	a.reports.note(a.log, err, "reports", "region", a.Region(), "agent", a.cfg.Name)
+	a.notices.note(a.log, err, "reports", "region", a.Region(), "agent", a.cfg.Name)
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -172,18 +173,16 @@ func watch(ctx context.Context, sh Shared, n Notice) *Inbox {
 // announceLog logs, once until one goes through again, that notices could
 // not be announced: the region then works at its ticks' pace,
 // and a notice refused for good (a Redis user without the channels'
-// permission) would otherwise log at every table. Its owner serializes
-// its calls.
-type announceLog struct{ down bool }
+// permission) would otherwise log at every table. It is safe for
+// concurrent use.
+type announceLog struct{ down atomic.Bool }
 
 // note takes the outcome of an announce of what.
 func (l *announceLog) note(log *slog.Logger, err error, what string, attrs ...any) {
 	switch {
-	case err != nil && !l.down:
-		l.down = true
+	case err != nil && l.down.CompareAndSwap(false, true):
 		log.Warn("agent: cannot announce "+what+"; the region waits for its ticks", append(attrs, "err", err)...)
-	case err == nil && l.down:
-		l.down = false
+	case err == nil && l.down.CompareAndSwap(true, false):
 		log.Info("agent: announcing "+what+" again", attrs...)
 	}
 }
