@@ -494,17 +494,16 @@ func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream, bodies [][]b
 func (c *LeaseClient) merged() []region.DemandReport {
 	now := c.deps.Clock.Now()
 	out := slices.Clone(c.lastRead)
-	for i, r := range out {
-		if h, ok := c.heard[r.Agent]; ok && h.At.After(r.At) {
-			out[i] = h
-		}
-	}
 	for a, h := range c.heard {
-		switch {
-		case now.Sub(h.At) > c.cfg.DemandMaxAge:
+		if now.Sub(h.At) > c.cfg.DemandMaxAge {
 			delete(c.heard, a)
-		case !slices.ContainsFunc(out, func(r region.DemandReport) bool { return r.Agent == a }):
+			continue
+		}
+		switch i := slices.IndexFunc(out, func(r region.DemandReport) bool { return r.Agent == a }); {
+		case i < 0:
 			out = append(out, h)
+		case h.At.After(out[i].At):
+			out[i] = h
 		}
 	}
 	slices.SortFunc(out, func(a, b region.DemandReport) int { return strings.Compare(a.Agent, b.Agent) })

@@ -694,7 +694,7 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 	if len(m.Returns) > 0 {
 		a.returned(r, m)
 	}
-	g := r.grants[m.Grant%uint64(len(r.grants))]
+	g := &r.grants[m.Grant%uint64(len(r.grants))]
 	if g.id != m.Grant || m.Grant == 0 {
 		return
 	}
@@ -702,7 +702,7 @@ func (a *Allocator) ackGrant(now time.Time, r *region, m Message) {
 		r.renewal = 0
 	}
 	if !g.acked {
-		r.grants[m.Grant%uint64(len(r.grants))].acked = true
+		g.acked = true
 		r.timeAck(now.Sub(g.at))
 	}
 	if g.expire {
