@@ -25,7 +25,7 @@ import (
 // is in process.
 type leaseClientFixture struct {
 	coord  *LocalCoordinator
-	shared *MemShared
+	shared Shared
 	view   *region.TableView
 	client *LeaseClient
 }
@@ -39,13 +39,22 @@ func newLeaseClientFixture(t *testing.T, ctx context.Context, members ...string)
 // logging to log.
 func newLoggedLeaseClientFixture(t *testing.T, ctx context.Context, log *slog.Logger, members ...string) *leaseClientFixture {
 	t.Helper()
-	budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a", "b"}}}
+	return newLeaseClientFixtureOn(t, ctx, NewMemShared(), []string{"a", "b"}, log, members...)
+}
+
+// newLeaseClientFixtureOn is the fixture on shared, for one budget over
+// regions, the client logging to log (nil: nowhere).
+func newLeaseClientFixtureOn(t *testing.T, ctx context.Context, shared Shared, regions []string, log *slog.Logger, members ...string) *leaseClientFixture {
+	t.Helper()
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: regions}}
 	coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &leaseClientFixture{coord: coord, shared: NewMemShared(),
-		view: region.NewTableView("a", lease.Split{Regions: []string{"a", "b"}})}
+	f := &leaseClientFixture{coord: coord, shared: shared, view: region.NewTableView("a", lease.Split{Regions: regions})}
 	cfg := DefaultSpeakerConfig()
 	cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
 	cfg.Refresh, cfg.Drift, cfg.Tick = 400*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
@@ -67,6 +76,45 @@ func (f *leaseClientFixture) status() lease.RegionStatus {
 		}
 	}
 	return lease.RegionStatus{}
+}
+
+// lag is how far the region's table trails the lease the coordinator
+// granted it; false before a lease is granted.
+func (f *leaseClientFixture) lag() (time.Duration, bool) {
+	granted := f.status().LeaseEnd
+	tb := f.view.Table()
+	if tb == nil || tb.LeaseEnd.IsZero() {
+		return 0, false
+	}
+	return granted.Sub(tb.LeaseEnd), true
+}
+
+// stop ends the fixture's goroutines: a call to the store under way ends
+// (within 2 s), and every goroutine stops.
+func (f *leaseClientFixture) stop(cancel context.CancelFunc) {
+	cancel()
+	time.Sleep(2 * time.Second)
+	synctest.Wait()
+}
+
+// slowStore is a MemShared whose publications take publish and whose
+// reads of the reports take read, and that counts those reads: a slow
+// regional store, on the fake clock of a synctest bubble.
+type slowStore struct {
+	*MemShared
+	publish, read time.Duration
+	reads         atomic.Int64
+}
+
+func (s *slowStore) PublishTable(ctx context.Context, t *region.Table, f Fence) (bool, error) {
+	time.Sleep(s.publish)
+	return s.MemShared.PublishTable(ctx, t, f)
+}
+
+func (s *slowStore) Demands(ctx context.Context) ([]region.DemandReport, error) {
+	s.reads.Add(1)
+	time.Sleep(s.read)
+	return s.MemShared.Demands(ctx)
 }
 
 // TestLeaseClientAcksOnceEveryAgentAdopts: the coordinator hears no
@@ -171,18 +219,6 @@ func TestLeaseClientLogsAnOutageNotEveryRedial(t *testing.T) {
 	})
 }
 
-// slowPublish is a MemShared whose PublishTable takes delay: a slow
-// regional store.
-type slowPublish struct {
-	*MemShared
-	delay time.Duration
-}
-
-func (s *slowPublish) PublishTable(ctx context.Context, t *region.Table, f Fence) (bool, error) {
-	time.Sleep(s.delay) // in a synctest bubble: the store's latency, on the fake clock
-	return s.MemShared.PublishTable(ctx, t, f)
-}
-
 // TestLeaseClientCarriesQueuedMessagesTogether: a region whose store
 // takes 600 ms for every publication is renewed every 400 ms, faster than
 // it can publish a table for each renewal. The messages that queue
@@ -195,41 +231,15 @@ func TestLeaseClientCarriesQueuedMessagesTogether(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a"}}}
-		coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		view := region.NewTableView("a", lease.Split{Regions: []string{"a"}})
-		cfg := DefaultSpeakerConfig()
-		cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-		cfg.Refresh, cfg.Drift, cfg.Tick = 400*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
-		client, err := NewLeaseClient(cfg, LeaseDeps{Shared: &slowPublish{MemShared: NewMemShared(), delay: 600 * time.Millisecond},
-			Store: bucket.NewMemory(bucket.MemoryOptions{}), View: view, Transport: coord.Transport("a"),
-			Members: func() []string { return []string{"a-0"} }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go coord.Run(ctx, 50*time.Millisecond)
-		go client.Run(ctx)
+		f := newLeaseClientFixtureOn(t, ctx, &slowStore{MemShared: NewMemShared(), publish: 600 * time.Millisecond}, []string{"a"}, nil, "a-0")
 		worst := time.Duration(0)
 		for i := range 40 {
 			time.Sleep(500 * time.Millisecond)
-			var granted time.Time
-			for _, r := range coord.Regions() {
-				if r.Region == "a" {
-					granted = r.LeaseEnd
-				}
+			if lag, ok := f.lag(); ok && i >= 4 {
+				worst = max(worst, lag)
 			}
-			tb := view.Table()
-			if tb == nil || tb.LeaseEnd.IsZero() || i < 4 { // no lease granted yet
-				continue
-			}
-			worst = max(worst, granted.Sub(tb.LeaseEnd))
 		}
-		cancel()
-		time.Sleep(2 * time.Second) // a publication under way ends; every goroutine stops
-		synctest.Wait()
+		f.stop(cancel)
 		t.Logf("the table's lease end at most %v behind the coordinator's", worst)
 		// A table carries the last renewal stepped before its publication
 		// began: up to a publication (600 ms) and a renewal's interval
@@ -241,18 +251,6 @@ func TestLeaseClientCarriesQueuedMessagesTogether(t *testing.T) {
 	})
 }
 
-// slowDemands is a MemShared whose Demands takes delay: the speaking
-// agent's read of the reports under a slow regional store.
-type slowDemands struct {
-	*MemShared
-	delay time.Duration
-}
-
-func (s *slowDemands) Demands(ctx context.Context) ([]region.DemandReport, error) {
-	time.Sleep(s.delay) // in a synctest bubble: the store's latency, on the fake clock
-	return s.MemShared.Demands(ctx)
-}
-
 // TestLeaseClientCarriesGrantsWhileItReadsReports: a region whose store
 // takes 800 ms to read the agents' reports still publishes each renewal
 // as it arrives. The read runs off the client's loop; on the loop, every
@@ -262,41 +260,15 @@ func TestLeaseClientCarriesGrantsWhileItReadsReports(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a"}}}
-		coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		view := region.NewTableView("a", lease.Split{Regions: []string{"a"}})
-		cfg := DefaultSpeakerConfig()
-		cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-		cfg.Refresh, cfg.Drift, cfg.Tick = 400*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
-		client, err := NewLeaseClient(cfg, LeaseDeps{Shared: &slowDemands{MemShared: NewMemShared(), delay: 800 * time.Millisecond},
-			Store: bucket.NewMemory(bucket.MemoryOptions{}), View: view, Transport: coord.Transport("a"),
-			Members: func() []string { return []string{"a-0"} }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go coord.Run(ctx, 50*time.Millisecond)
-		go client.Run(ctx)
+		f := newLeaseClientFixtureOn(t, ctx, &slowStore{MemShared: NewMemShared(), read: 800 * time.Millisecond}, []string{"a"}, nil, "a-0")
 		var lags []time.Duration
 		for i := range 400 {
 			time.Sleep(50 * time.Millisecond)
-			var granted time.Time
-			for _, r := range coord.Regions() {
-				if r.Region == "a" {
-					granted = r.LeaseEnd
-				}
+			if lag, ok := f.lag(); ok && i >= 40 {
+				lags = append(lags, lag)
 			}
-			tb := view.Table()
-			if tb == nil || tb.LeaseEnd.IsZero() || i < 40 { // no lease granted yet
-				continue
-			}
-			lags = append(lags, granted.Sub(tb.LeaseEnd))
 		}
-		cancel()
-		time.Sleep(2 * time.Second) // a read under way ends; every goroutine stops
-		synctest.Wait()
+		f.stop(cancel)
 		slices.Sort(lags)
 		if len(lags) == 0 {
 			t.Fatal("the region was never granted a lease")
@@ -312,25 +284,6 @@ func TestLeaseClientCarriesGrantsWhileItReadsReports(t *testing.T) {
 	})
 }
 
-// slowStore is a MemShared whose publications take publish and whose
-// reads of the reports take read, and that counts those reads.
-type slowStore struct {
-	*MemShared
-	publish, read time.Duration
-	reads         atomic.Int64
-}
-
-func (s *slowStore) PublishTable(ctx context.Context, t *region.Table, f Fence) (bool, error) {
-	time.Sleep(s.publish) // in a synctest bubble: the store's latency, on the fake clock
-	return s.MemShared.PublishTable(ctx, t, f)
-}
-
-func (s *slowStore) Demands(ctx context.Context) ([]region.DemandReport, error) {
-	s.reads.Add(1)
-	time.Sleep(s.read)
-	return s.MemShared.Demands(ctx)
-}
-
 // TestLeaseClientReadsReportsBetweenGrants: a region whose store takes
 // 600 ms to publish a table and 100 ms to read the reports is renewed
 // every 400 ms, so its client always has a grant waiting when it ends a
@@ -344,48 +297,19 @@ func TestLeaseClientReadsReportsBetweenGrants(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a"}}}
-		coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		view := region.NewTableView("a", lease.Split{Regions: []string{"a"}})
-		cfg := DefaultSpeakerConfig()
-		cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-		cfg.Refresh, cfg.Drift, cfg.Tick = 400*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
 		shared := &slowStore{MemShared: NewMemShared(), publish: 600 * time.Millisecond, read: 100 * time.Millisecond}
-		client, err := NewLeaseClient(cfg, LeaseDeps{Shared: shared, Store: bucket.NewMemory(bucket.MemoryOptions{}), View: view,
-			Transport: coord.Transport("a"), Members: func() []string { return []string{"a-0"} },
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go coord.Run(ctx, 50*time.Millisecond)
-		go client.Run(ctx)
+		f := newLeaseClientFixtureOn(t, ctx, shared, []string{"a"}, nil, "a-0")
 		time.Sleep(5 * time.Second)
-		reads0, pubs0 := shared.reads.Load(), coord.Stats().Grants
+		reads0, grants0 := shared.reads.Load(), f.coord.Stats().Grants
 		time.Sleep(60 * time.Second)
-		reads, grants := shared.reads.Load()-reads0, coord.Stats().Grants-pubs0
-		cancel()
-		time.Sleep(2 * time.Second) // a publication under way ends; every goroutine stops
-		synctest.Wait()
+		reads, grants := shared.reads.Load()-reads0, f.coord.Stats().Grants-grants0
+		f.stop(cancel)
 		t.Logf("in 60 s: %d reads of the reports, %d grants", reads, grants)
 		// A carry takes 600 ms: 100 of them in 60 s, and a read every two.
 		if reads < 45 {
 			t.Fatalf("%d reads of the reports in 60 s of 600 ms carries, want one every two carries (50)", reads)
 		}
 	})
-}
-
-// slowReads is a MemShared whose reads of the reports take delay.
-type slowReads struct {
-	*MemShared
-	delay time.Duration
-}
-
-func (s *slowReads) Demands(ctx context.Context) ([]region.DemandReport, error) {
-	time.Sleep(s.delay) // in a synctest bubble: the store's latency, on the fake clock
-	return s.MemShared.Demands(ctx)
 }
 
 // TestLeaseClientTakesDemandFromNotices: a-1's demand moves between 100
@@ -399,24 +323,8 @@ func TestLeaseClientTakesDemandFromNotices(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a", "b"}}}
-		coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		view := region.NewTableView("a", lease.Split{Regions: []string{"a", "b"}})
-		cfg := DefaultSpeakerConfig()
-		cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
-		cfg.Refresh, cfg.Drift, cfg.Tick = 400*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
-		shared := &slowReads{MemShared: NewMemShared(), delay: 800 * time.Millisecond}
-		client, err := NewLeaseClient(cfg, LeaseDeps{Shared: shared, Store: bucket.NewMemory(bucket.MemoryOptions{}), View: view,
-			Transport: coord.Transport("a"), Members: func() []string { return []string{"a-0", "a-1"} },
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go coord.Run(ctx, 50*time.Millisecond)
-		go client.Run(ctx)
+		shared := &slowStore{MemShared: NewMemShared(), read: 800 * time.Millisecond}
+		f := newLeaseClientFixtureOn(t, ctx, shared, []string{"a", "b"}, nil, "a-0", "a-1")
 		key := bucket.Key{Rule: "api", Subject: "t"}
 		var waits []time.Duration
 		want := bucket.Tokens(100)
@@ -429,14 +337,14 @@ func TestLeaseClientTakesDemandFromNotices(t *testing.T) {
 			if i%10 == 0 { // a-1's round: every 100 ms
 				var pub uint64
 				var speaker string
-				if tb := view.Table(); tb != nil {
+				if tb := f.view.Table(); tb != nil {
 					pub, speaker = tb.Pub, tb.Speaker
 				}
 				_ = shared.Adopt(ctx, region.DemandReport{Agent: "a-1", At: time.Now(), Pub: pub, Speaker: speaker,
 					Keys: []region.DemandItem{{Rule: key.Rule, Subject: key.Subject, Want: want}}})
 			}
 			if !heard {
-				for _, k := range coord.Keys(10) {
+				for _, k := range f.coord.Keys(10) {
 					if k.Key == key && len(k.Wants) == 2 && k.Wants[0] == want {
 						waits, heard = append(waits, time.Since(moved)), true
 					}
@@ -444,9 +352,7 @@ func TestLeaseClientTakesDemandFromNotices(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		cancel()
-		time.Sleep(2 * time.Second) // a read under way ends; every goroutine stops
-		synctest.Wait()
+		f.stop(cancel)
 		if len(waits) < 18 {
 			t.Fatalf("the coordinator heard %d of the 20 moves of demand within the second each lasted", len(waits))
 		}
