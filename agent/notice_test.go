@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
@@ -201,7 +202,7 @@ func TestRedisSharedNotices(t *testing.T) {
 	defer c2.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	prefix := "allot-test-" + t.Name() + ":"
+	prefix := fmt.Sprintf("allot-test-%s-%d:", t.Name(), time.Now().UnixNano()) // one per run (-count)
 	eu, us := NewRedisShared(c1, prefix, "eu", 5*time.Second, time.Minute), NewRedisShared(c2, prefix, "us", 5*time.Second, time.Minute)
 	watcher := NewRedisShared(c2, prefix, "eu", 5*time.Second, time.Minute)
 	tables, adoptions := watcher.Watch(ctx, NoticeTable), watcher.Watch(ctx, NoticeAdoption)

@@ -197,7 +197,9 @@ func TestOneSpeakerUnderASplit(t *testing.T) {
 func TestRedisSpeakerLease(t *testing.T) {
 	c := testenv.RedisClient(t)
 	ctx := context.Background()
-	sh := NewRedisShared(c, "allot-test-"+t.Name()+":", "eu", time.Second, time.Minute)
+	// A prefix of its own per run: a table an earlier run (-count) left
+	// in the suite's Redis would refuse this run's publication numbers.
+	sh := NewRedisShared(c, fmt.Sprintf("allot-test-%s-%d:", t.Name(), time.Now().UnixNano()), "eu", time.Second, time.Minute)
 	a, err := sh.HoldSpeaker(ctx, "eu-0", Fence{}, 2*time.Second)
 	if err != nil || a.Agent != "eu-0" || a.Token == 0 {
 		t.Fatalf("first hold: %+v %v", a, err)
