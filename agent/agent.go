@@ -363,28 +363,44 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	a.mu.Lock()
 	a.members = members
 	a.mu.Unlock()
+	// The failover poll runs beside the round's first calls, so neither
+	// waits for the other.
+	var polled chan struct{}
 	if a.cfg.FailoverPoll > 0 && a.deps.Redis != nil && now.Sub(*lastPoll) >= a.cfg.FailoverPoll {
 		*lastPoll = now
-		a.pollFailover(ctx, now)
+		polled = make(chan struct{})
+		go func() {
+			defer close(polled)
+			a.pollFailover(ctx, now)
+		}()
 	}
-	a.core.Tick(ctx, now)
+	// The report goes first, as soon as the core has sampled the demand:
+	// after the round's other calls to the store it was as old as they
+	// took when it reached the speaking agent, a few round trips under a
+	// slow store (the poll, and the batch tokens the core gives back, most
+	// often in a region whose allocation just shrank and whose fall of
+	// demand another region waits for). A failover the poll finds is
+	// applied before the core gives batch tokens back, as before.
+	ok := true
+	var rep region.DemandReport
+	a.core.TickSampled(ctx, now, func() {
+		rep = region.ReportOf(a.cfg.Name, now, a.core.Demand(now))
+		if t := a.view.Table(); t != nil {
+			rep.Pub, rep.Speaker = t.Pub, t.Speaker
+		}
+		if err := a.putReport(ctx, rep); err != nil {
+			a.noteErr(err)
+			ok = false
+		}
+		if polled != nil {
+			<-polled
+		}
+	})
 	if n := a.core.Breaker().Opened(); n != a.opened {
 		// Why a breaker opened is what tells an outage from a slow store.
 		a.opened = n
 		a.log.Warn("agent: breaker on the regional store opened", "region", a.Region(), "agent", a.cfg.Name,
 			"opened", n, "state", a.core.Breaker().State(now).String(), "deadline", a.core.Breaker().Deadline(), "err", a.core.LastError())
-	}
-	// The report goes first, as Tick sampled the demand: after the
-	// round's other calls to the store it was as old as they took, a few
-	// round trips under a slow store, when it reached the speaking agent.
-	ok := true
-	rep := region.ReportOf(a.cfg.Name, now, a.core.Demand(now))
-	if t := a.view.Table(); t != nil {
-		rep.Pub, rep.Speaker = t.Pub, t.Speaker
-	}
-	if err := a.putReport(ctx, rep); err != nil {
-		a.noteErr(err)
-		ok = false
 	}
 	fence, held := a.holdSpeaker(ctx, now, speak)
 	a.setSpeaking(ctx, speak && held, fence)

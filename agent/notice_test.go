@@ -331,9 +331,15 @@ func (b *blindShared) Adopt(ctx context.Context, r region.DemandReport) error {
 // synctest bubble); stop stops it.
 func startListener(t *testing.T, clk clock.Clock, sh Shared) (a *Agent, cfg Config, stop func()) {
 	t.Helper()
+	return startListenerOn(t, clk, sh, bucket.NewMemory(bucket.MemoryOptions{Clock: clk}))
+}
+
+// startListenerOn is startListener deciding in the bucket store st.
+func startListenerOn(t *testing.T, clk clock.Clock, sh Shared, st bucket.Store) (a *Agent, cfg Config, stop func()) {
+	t.Helper()
 	cfg = DefaultConfig()
 	cfg.Name, cfg.Core.Region = "eu-1", "eu"
-	a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{Clock: clk}), Shared: sh, Clock: clk,
+	a, err := New(cfg, Deps{Store: st, Shared: sh, Clock: clk,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -706,6 +712,22 @@ func (s *slowRound) LoadTable(ctx context.Context) (*region.Table, error) {
 	return s.MemShared.LoadTable(ctx)
 }
 
+// storedAtOnce fails the test unless at least n reports were stored, each
+// as its round sampled it; why says what else the test saw.
+func (s *slowRound) storedAtOnce(t *testing.T, n int, why string) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.ages) < n {
+		t.Fatalf("%d reports stored, want %d or more", len(s.ages), n)
+	}
+	for _, age := range s.ages {
+		if age > 0 {
+			t.Fatalf("reports stored %v after the round sampled them, want at once (%sall: %v)", age, why, s.ages)
+		}
+	}
+}
+
 // Adopt stores and announces every report of an agent on a Notifier.
 func (s *slowRound) Adopt(ctx context.Context, r region.DemandReport) error {
 	s.mu.Lock()
@@ -725,16 +747,7 @@ func TestAgentReportsBeforeItsSlowerCalls(t *testing.T) {
 		_, _, stop := startListener(t, nil, sh)
 		time.Sleep(5 * time.Second)
 		stop()
-		sh.mu.Lock()
-		defer sh.mu.Unlock()
-		if len(sh.ages) < 5 {
-			t.Fatalf("%d reports stored in 5 s", len(sh.ages))
-		}
-		for _, age := range sh.ages {
-			if age > 0 {
-				t.Fatalf("reports stored %v after the round sampled them, want at once (all: %v)", age, sh.ages)
-			}
-		}
+		sh.storedAtOnce(t, 5, "")
 	})
 }
 
@@ -767,5 +780,52 @@ func TestAgentReportsATableItLoadedInTheSameRound(t *testing.T) {
 		if took := time.Since(published); took > cfg.Tick {
 			t.Fatalf("the report adopting the table came %v after it was stored, want within a tick (%v)", took, cfg.Tick)
 		}
+	})
+}
+
+// slowReturns is an in-process bucket store whose Return, the batch tokens
+// a core gives back, takes delay.
+type slowReturns struct {
+	*bucket.Memory
+	delay   time.Duration
+	returns atomic.Int64
+}
+
+func (s *slowReturns) Return(ctx context.Context, key bucket.Key, l bucket.Limit, n bucket.Tokens) error {
+	s.returns.Add(1)
+	time.Sleep(s.delay) // in a synctest bubble: the store's latency, on the fake clock
+	return s.Memory.Return(ctx, key, l, n)
+}
+
+// TestAgentReportsBeforeItGivesBatchesBack: a round stores its report as
+// soon as the core has sampled the demand, before the core gives back the
+// batch tokens that went stale, so under a store that takes 400 ms to take
+// them back the report is stored as the round sampled it. Stored after
+// them, it was 400 ms old in every round that gave a batch back, as it is
+// in a region whose allocation just shrank.
+func TestAgentReportsBeforeItGivesBatchesBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sh := &slowRound{MemShared: NewMemShared()}
+		st := &slowReturns{Memory: bucket.NewMemory(bucket.MemoryOptions{}), delay: 400 * time.Millisecond}
+		a, _, stop := startListenerOn(t, nil, sh, st)
+		ctx := t.Context()
+		k, global := bucket.Key{Rule: "api", Subject: "t1"}, bucket.PerSecond(10000)
+		// Bursts of 1,000 a second, batched, each followed by a lull in
+		// which the batch left over goes stale and goes back.
+		for range 5 {
+			for range 200 {
+				if _, err := a.Store().Decide(ctx, k, global, 1, ""); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(time.Second)
+		}
+		stop()
+		n := st.returns.Load()
+		if n == 0 {
+			t.Fatal("no batch tokens were given back: the test does not reach what it checks")
+		}
+		sh.storedAtOnce(t, 10, fmt.Sprintf("%d batches given back; ", n))
 	})
 }

@@ -348,7 +348,16 @@ func (c *Core) promote(ks *keyState) {
 // shrunk allocation no longer covers, and drops keys idle for IdleAfter.
 // Store calls are made in key order, so a deterministic store sees a
 // deterministic sequence.
-func (c *Core) Tick(ctx context.Context, now time.Time) {
+func (c *Core) Tick(ctx context.Context, now time.Time) { c.TickSampled(ctx, now, nil) }
+
+// TickSampled is Tick, calling sampled (when not nil) once every key's
+// demand is sampled at now and before the batch tokens go back: a driver
+// that reports the demand (Demand) from sampled stores a report as fresh
+// as the samples, where after Tick it waited for those calls to the store.
+// Under a slow store that wait was a round trip per key given back, most
+// often in a region whose allocation just shrank, whose fall of demand
+// another region waits for.
+func (c *Core) TickSampled(ctx context.Context, now time.Time, sampled func()) {
 	c.tickMu.Lock()
 	defer c.tickMu.Unlock()
 	c.probe(ctx, now)
@@ -402,6 +411,9 @@ func (c *Core) Tick(ctx context.Context, now time.Time) {
 			s.publishLocked()
 			s.mu.Unlock()
 		}
+	}
+	if sampled != nil {
+		sampled()
 	}
 	slices.SortFunc(ret, func(a, b *keyState) int { return cmpKey(a.key, b.key) })
 	for _, ks := range ret {
