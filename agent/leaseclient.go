@@ -89,8 +89,15 @@ type LeaseClient struct {
 
 	mu sync.Mutex // serializes sp and cfg.Budgets
 	sp *region.Speaker
-	// notices logs failed announces of tables; under mu.
+	// carryMu is held through each carry (carry): carries go one at a
+	// time, and a change of budgets waits for the one under way. Taken
+	// before mu.
+	carryMu sync.Mutex
+	// notices logs failed announces of tables; under carryMu.
 	notices announceLog
+	// sendMu keeps the messages of one send together on the stream: the
+	// loop sends reports while the carrier sends what a carry released.
+	sendMu sync.Mutex
 
 	// down is when the current coordinator outage began (zero: none),
 	// downLogged when it was last logged and downTries the attempts it has
@@ -221,8 +228,8 @@ func (c *LeaseClient) release() {
 	defer cancel()
 	c.mu.Lock()
 	c.sp.Release(c.deps.Clock.Now())
-	msgs := c.carryLocked(ctx)
 	c.mu.Unlock()
+	msgs := c.carry(ctx)
 	if len(msgs) == 0 {
 		return
 	}
@@ -313,10 +320,22 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 	}()
 	c.mu.Lock()
 	c.sp.Connected(c.deps.Clock.Now())
-	out := c.carryLocked(ctx)
 	c.mu.Unlock()
-	if err := c.send(st, out); err != nil {
+	if err := c.send(st, c.carry(ctx)); err != nil {
 		return false, err
+	}
+	// From here the carrier carries out what the Speaker's Ready lists,
+	// on a goroutine of its own, while this loop steps the coordinator's
+	// messages into the Speaker, ticks it and sends its reports. Under a
+	// slow regional store a carry takes a round trip or two (a renewal's
+	// publication; a grant's settle and publication), and with the carry
+	// on this loop, a fall of demand an agent had stored waited for it
+	// before its report left, and a grant for the carry before it.
+	cr := newCarrier(c, ctx, st)
+	stop := func() {
+		_ = st.Close() // the stream is dropped either way
+		cr.stop()
+		<-done
 	}
 	// takeReports ticks the Speaker with the reports a read brought, and
 	// the newer ones the agents announced since.
@@ -324,24 +343,20 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 		reading = nil
 		defer tick.Reset(c.cfg.Tick)
 		if reports == nil {
-			return c.roundWith(ctx, st, nil) // the store did not answer
+			return c.roundWith(ctx, st, cr, nil) // the store did not answer
 		}
 		c.lastRead = reports
-		return c.roundWith(ctx, st, c.merged())
+		return c.roundWith(ctx, st, cr, c.merged())
 	}
 	for {
 		var err error
 		// An adoption, the reports a read brought and the tick that
-		// starts the next read go before a grant waiting with them: none
-		// of them calls the store but to settle what a grant left
-		// unsettled, where a grant costs a settle and a publication, two
-		// round trips. Taken in the order the select drew them, under a
-		// slow regional Redis a region whose grants came one after
-		// another read its agents' reports once a second, and sent the
-		// coordinator a fall of demand a second late.
+		// starts the next read go before a grant waiting with them: each
+		// may send the coordinator a report, which waits for nothing,
+		// where a grant waits for the carry under way.
 		select {
 		case <-c.adoptions.C():
-			err = c.adopted(ctx, st, c.adoptions.Take())
+			err = c.adopted(ctx, st, cr, c.adoptions.Take())
 		case reports := <-reading:
 			err = takeReports(reports)
 		case <-tick.C():
@@ -349,11 +364,13 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 		default:
 			select {
 			case <-ctx.Done():
-				_ = st.Close() // shutting down
-				<-done
+				stop() // shutting down
 				return heard, nil
 			case err := <-done:
+				_ = st.Close()
+				cr.stop()
 				return heard, err
+			case err = <-cr.failed:
 			case m := <-recv:
 				if !heard {
 					heard = true
@@ -366,27 +383,71 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 				// settle and a publication per message fell behind a
 				// coordinator that renews and regrants faster than that,
 				// and each table and acknowledgement waited for every one
-				// before it.
+				// before it. Those that arrive during a carry are stepped
+				// at once and carried out together by the next.
 				for len(recv) > 0 { // this loop alone receives from recv
 					c.step(<-recv)
 				}
-				out := c.carryLocked(ctx)
 				c.mu.Unlock()
-				err = c.send(st, out)
+				cr.poke()
 			case <-tick.C():
 				reading = c.readReports(ctx)
 			case reports := <-reading:
 				err = takeReports(reports)
 			case <-c.adoptions.C():
-				err = c.adopted(ctx, st, c.adoptions.Take())
+				err = c.adopted(ctx, st, cr, c.adoptions.Take())
 			}
 		}
 		if err != nil {
-			_ = st.Close() // the send failed; the stream is dropped either way
-			<-done
+			stop() // the send failed; the stream is dropped either way
 			return heard, err
 		}
 	}
+}
+
+// carrier carries out the Speaker's Ready on a goroutine of its own while
+// a stream is open (LeaseClient.stream): poke asks for a carry, and a poke
+// during a carry asks for one more after it, which carries out everything
+// the Speaker took meanwhile. A send that fails is reported on failed, and
+// the carrier stops.
+type carrier struct {
+	kick   chan struct{}
+	failed chan error
+	quit   chan struct{}
+	done   chan struct{}
+}
+
+func newCarrier(c *LeaseClient, ctx context.Context, st lease.Stream) *carrier {
+	cr := &carrier{kick: make(chan struct{}, 1), failed: make(chan error, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(cr.done)
+		for {
+			select {
+			case <-cr.quit:
+				return
+			case <-cr.kick:
+			}
+			if err := c.send(st, c.carry(ctx)); err != nil {
+				cr.failed <- err
+				return
+			}
+		}
+	}()
+	return cr
+}
+
+// poke asks the carrier for a carry.
+func (cr *carrier) poke() {
+	select {
+	case cr.kick <- struct{}{}:
+	default: // one is asked for already
+	}
+}
+
+// stop stops the carrier once the carry under way, if any, is done.
+func (cr *carrier) stop() {
+	close(cr.quit)
+	<-cr.done
 }
 
 // step steps the Speaker with m. Requires c.mu.
@@ -397,9 +458,10 @@ func (c *LeaseClient) step(m lease.Message) {
 }
 
 // round ticks the Speaker with the agents' reports and the live members
-// and sends what it says on st (dropped when st is nil).
+// and sends what it says on st (dropped when st is nil), without a
+// carrier.
 func (c *LeaseClient) round(ctx context.Context, st lease.Stream) error {
-	return c.roundWith(ctx, st, c.demands(ctx))
+	return c.roundWith(ctx, st, nil, c.demands(ctx))
 }
 
 // demands reads the agents' reports; nil when the store did not answer,
@@ -426,13 +488,25 @@ func (c *LeaseClient) readReports(ctx context.Context) chan []region.DemandRepor
 // store ran before an agent stored the adoption it announced meanwhile
 // puts that agent back to its earlier table; the next round's read has the
 // adoption again, so an acknowledgement waits at most that round longer.
-func (c *LeaseClient) roundWith(ctx context.Context, st lease.Stream, reports []region.DemandReport) error {
+// With a carrier (cr), the report the round makes, if any, and the
+// acknowledgements its reports release are sent at once, and the rest is
+// left to the carrier; without one, the round carries out what the
+// Speaker says itself.
+func (c *LeaseClient) roundWith(ctx context.Context, st lease.Stream, cr *carrier, reports []region.DemandReport) error {
 	now := c.deps.Clock.Now()
 	members := liveOf(c.deps.Members(), reports, now, c.cfg.DemandMaxAge)
 	c.mu.Lock()
 	c.sp.Tick(now, reports, members)
-	out := c.carryLocked(ctx)
+	var out []lease.Message
+	if cr != nil {
+		out = append(c.sp.Reports(), c.sp.Acks()...)
+	}
 	c.mu.Unlock()
+	if cr != nil {
+		cr.poke()
+	} else {
+		out = c.carry(ctx)
+	}
 	if st == nil {
 		return nil
 	}
@@ -444,7 +518,7 @@ func (c *LeaseClient) roundWith(ctx context.Context, st lease.Stream, reports []
 // acknowledgements wait for one, and sends those the reports release on
 // st. Only when a body is no report (an agent of another version) does it
 // read the stored reports.
-func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream, bodies [][]byte) error {
+func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream, cr *carrier, bodies [][]byte) error {
 	reports := make([]region.DemandReport, len(bodies))
 	whole := false
 	for i, b := range bodies {
@@ -465,26 +539,30 @@ func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream, bodies [][]b
 	// the next read of the store, at most every half tick.
 	if now := c.deps.Clock.Now(); whole && now.Sub(c.heardAt) >= c.cfg.Tick/2 {
 		c.heardAt = now
-		if err := c.roundWith(ctx, st, c.merged()); err != nil {
+		if err := c.roundWith(ctx, st, cr, c.merged()); err != nil {
 			return err
 		}
 	}
-	c.mu.Lock()
-	waiting := c.sp.PendingAcks() > 0
-	c.mu.Unlock()
-	if !waiting {
-		return nil
-	}
 	if len(reports) == 0 {
+		c.mu.Lock()
+		waiting := c.sp.PendingAcks() > 0
+		c.mu.Unlock()
+		if !waiting {
+			return nil
+		}
 		var err error
 		if reports, err = c.deps.Shared.Demands(ctx); err != nil {
 			return nil // the next round reads them again
 		}
 	}
+	// The adoptions are taken whether or not an acknowledgement waits for
+	// them yet: one may be on its way to the carrier's next Ready. Those
+	// they release leave at once, not after the carry under way.
 	c.mu.Lock()
 	c.sp.Adopted(c.deps.Clock.Now(), reports)
-	out := c.carryLocked(ctx)
+	out := c.sp.Acks()
 	c.mu.Unlock()
+	cr.poke()
 	return c.send(st, out)
 }
 
@@ -541,6 +619,8 @@ func (c *LeaseClient) send(st lease.Stream, msgs []lease.Message) error {
 	if _, held := c.deps.Fence(); !held {
 		return errLostLease
 	}
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
 	for _, m := range msgs {
 		if err := st.Send(m); err != nil {
 			return err
@@ -549,16 +629,22 @@ func (c *LeaseClient) send(st lease.Stream, msgs []lease.Message) error {
 	return nil
 }
 
-// carryLocked carries out the Speaker's Ready in its order: it settles
-// every change in the regional store, publishes the table to the shared
-// store and this agent's view, reports the outcome, and returns the
-// messages to send. A publication refused because another speaker
-// published a higher number is made again above it at once. Requires
-// c.mu.
-func (c *LeaseClient) carryLocked(ctx context.Context) []lease.Message {
+// carry carries out the Speaker's Ready in its order: it settles every
+// change in the regional store, publishes the table to the shared store
+// and this agent's view, reports the outcome, and returns the messages to
+// send. A publication refused because another speaker published a higher
+// number is made again above it at once. The calls to the stores are made
+// without c.mu, so the Speaker takes messages, demand and adoptions
+// meanwhile (the next carry carries them out); carries go one at a time
+// (carryMu). Requires that c.mu is not held.
+func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
+	c.carryMu.Lock()
+	defer c.carryMu.Unlock()
 	var send []lease.Message
 	for range 2 {
+		c.mu.Lock()
 		rd := c.sp.Ready()
+		c.mu.Unlock()
 		o := region.Settle(ctx, c.deps.Store, rd.Settle)
 		if t := rd.Publish; t != nil {
 			f, _ := c.deps.Fence()
@@ -583,7 +669,9 @@ func (c *LeaseClient) carryLocked(ctx context.Context) []lease.Message {
 				c.deps.View.Set(t)
 			}
 		}
+		c.mu.Lock()
 		c.sp.Advance(o)
+		c.mu.Unlock()
 		send = append(send, rd.Send...)
 		if !o.Refused {
 			break
@@ -594,6 +682,8 @@ func (c *LeaseClient) carryLocked(ctx context.Context) []lease.Message {
 
 // SetBudgets replaces the Speaker's budgets (after a rules change).
 func (c *LeaseClient) SetBudgets(bs []lease.Budget) error {
+	c.carryMu.Lock()
+	defer c.carryMu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.cfg.Budgets = bs

@@ -803,6 +803,29 @@ func (h *Holder) Ready() []Message {
 	return out
 }
 
+// ReadyReports returns the reports and hellos Ready would return, in
+// order, and forgets them; the other messages (acknowledgements, and a
+// release) stay for Ready. A driver that carries out a region's grants on
+// a goroutine of its own (agent.LeaseClient) sends these at once, while a
+// carry is under way: a report needs nothing settled or published first,
+// and the coordinator takes a report overtaking an acknowledgement, or an
+// acknowledgement overtaking a report, as it takes them reordered by the
+// network.
+func (h *Holder) ReadyReports() []Message {
+	var out []Message
+	keep := h.out[:0]
+	for _, m := range h.out {
+		if m.Type == MsgReport || m.Type == MsgHello {
+			out = append(out, m)
+		} else {
+			keep = append(keep, m)
+		}
+	}
+	clear(h.out[len(keep):])
+	h.out = keep
+	return out
+}
+
 // HasReady reports whether Ready would return messages.
 func (h *Holder) HasReady() bool { return len(h.out) > 0 }
 

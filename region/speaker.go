@@ -358,6 +358,30 @@ func (s *Speaker) Ready() Ready {
 	return rd
 }
 
+// Reports returns the reports (and hellos) the inputs so far queued, and
+// forgets them, leaving the rest to Ready: a driver that carries Ready out
+// on a goroutine of its own sends them while a carry is under way
+// (lease.Holder.ReadyReports). Only Ready settles, publishes and releases
+// acknowledgements.
+func (s *Speaker) Reports() []lease.Message { return s.holder.ReadyReports() }
+
+// Acks returns the acknowledgements whose publication every live agent has
+// reported adopting, in order, and forgets them: a driver that carries
+// Ready out on a goroutine of its own sends them as the adoptions come in,
+// rather than after the carry under way. The acknowledgement that carry's
+// Advance is to put its returns on (Outcome.Lost) stays, with those after
+// it, for the next Ready.
+func (s *Speaker) Acks() []lease.Message {
+	done := s.adoptedPub()
+	var out []lease.Message
+	i := 0
+	for ; i < len(s.pending) && s.pending[i].pub <= done && s.retAck != &s.pending[i].m; i++ {
+		out = append(out, s.pending[i].m)
+	}
+	s.pending = s.pending[i:]
+	return out
+}
+
 // adoptedPub is the publication every live agent but this one has
 // reported adopting (this one adopts on publishing); 0 while one decides
 // with another speaker's table, or before a Tick has said who is live.

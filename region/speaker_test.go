@@ -645,3 +645,49 @@ func TestSpeakerReturnsWhatADecreaseTookAway(t *testing.T) {
 		}
 	})
 }
+
+// TestSpeakerAcksBesideACarry: Acks releases, between a Ready and its
+// Advance (a driver carrying it out on a goroutine of its own), the
+// acknowledgements whose table every agent adopted, but not the one that
+// carry's Advance puts its returns on: that one leaves after the Advance,
+// with them. Settled in a real in-process store.
+func TestSpeakerAcksBesideACarry(t *testing.T) {
+	ctx := context.Background()
+	s, _ := speakerFixture(t)
+	st := bucket.NewMemory(bucket.MemoryOptions{Clock: clock.NewManual(t0)})
+	live := []string{"a-0", "a-1"}
+	h := hello(t, s, t0)
+	s.Tick(t0, nil, live)
+	adopt := func(pub uint64) {
+		s.Adopted(t0, []DemandReport{{Agent: "a-1", At: t0, Pub: pub, Speaker: "a-0"}})
+	}
+	// 150 → 100, carried out and published; a-1 has not adopted it yet.
+	if err := s.Step(t0, grant(h, 1, 100)); err != nil {
+		t.Fatal(err)
+	}
+	rd1 := s.Ready()
+	s.Advance(Settle(ctx, st, rd1.Settle))
+	// 100 → 60: its carry is under way when a-1 adopts both tables.
+	if err := s.Step(t0, grant(h, 2, 60)); err != nil {
+		t.Fatal(err)
+	}
+	rd2 := s.Ready()
+	o2 := Settle(ctx, st, rd2.Settle)
+	adopt(rd1.Publish.Pub)
+	first := s.Acks()
+	if len(first) != 1 || first[0].Grant != 1 || len(first[0].Returns) != 1 || first[0].Returns[0].Tokens != 50 {
+		t.Fatalf("acks with the first table adopted, the second carry under way: %+v, want grant 1's, returning 50", first)
+	}
+	adopt(rd2.Publish.Pub)
+	if early := s.Acks(); len(early) != 0 {
+		t.Fatalf("acks before the second carry's Advance: %+v, want none (its returns are not on it yet)", early)
+	}
+	s.Advance(o2)
+	second := s.Acks()
+	if len(second) != 1 || second[0].Grant != 2 || len(second[0].Returns) != 1 || second[0].Returns[0].Tokens != 40 {
+		t.Fatalf("acks after the Advance: %+v, want grant 2's, returning 40", second)
+	}
+	if rd := s.Ready(); count(rd.Send, lease.MsgAck) != 0 {
+		t.Fatalf("the next Ready sends %+v: acks Acks released again", rd.Send)
+	}
+}
