@@ -291,6 +291,7 @@ func (s *Speaker) SetBudgets(bs []lease.Budget) error {
 // latest (see Ready for the order), and forgets it.
 func (s *Speaker) Ready() Ready {
 	var rd Ready
+	s.retAck = nil // a Ready not advanced is given up
 	st := s.holder.Status(s.now)
 	m := markOf(st)
 	if t := s.last; t != nil && (passed(s.markAt, s.now, t.LeaseEnd) || passed(s.markAt, s.now, t.HoldUntil)) {
@@ -333,16 +334,10 @@ func (s *Speaker) Ready() Ready {
 			rd.Send = append(rd.Send, m)
 		}
 	}
-	done := s.adoptedPub()
-	i := 0
-	for ; i < len(s.pending) && s.pending[i].pub <= done; i++ {
-		rd.Send = append(rd.Send, s.pending[i].m)
-	}
-	s.pending = s.pending[i:]
+	rd.Send = append(rd.Send, s.Acks()...)
 	// What this Ready's settlement takes away goes back with the latest
 	// acknowledgement it produced (Advance): still pending, or the last
 	// one in Send, which the driver sends after Advance.
-	s.retAck = nil
 	if acks > 0 {
 		if n := len(s.pending); n > 0 {
 			s.retAck = &s.pending[n-1].m
@@ -361,16 +356,16 @@ func (s *Speaker) Ready() Ready {
 // Reports returns the reports (and hellos) the inputs so far queued, and
 // forgets them, leaving the rest to Ready: a driver that carries Ready out
 // on a goroutine of its own sends them while a carry is under way
-// (lease.Holder.ReadyReports). Only Ready settles, publishes and releases
-// acknowledgements.
+// (lease.Holder.ReadyReports). Only Ready settles and publishes.
 func (s *Speaker) Reports() []lease.Message { return s.holder.ReadyReports() }
 
 // Acks returns the acknowledgements whose publication every live agent has
-// reported adopting, in order, and forgets them: a driver that carries
-// Ready out on a goroutine of its own sends them as the adoptions come in,
-// rather than after the carry under way. The acknowledgement that carry's
-// Advance is to put its returns on (Outcome.Lost) stays, with those after
-// it, for the next Ready.
+// reported adopting, in order, and forgets them; Ready sends them too. A
+// driver that carries Ready out on a goroutine of its own sends them as
+// the adoptions come in, rather than after the carry under way. Between a
+// Ready and its Advance, the acknowledgement that Advance is to put the
+// carry's returns on (Outcome.Lost) stays, with those after it, for the
+// next Ready.
 func (s *Speaker) Acks() []lease.Message {
 	done := s.adoptedPub()
 	var out []lease.Message
