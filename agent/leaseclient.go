@@ -293,6 +293,9 @@ func (c *LeaseClient) reached() {
 func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Timer) (heard bool, _ error) {
 	recv := make(chan lease.Message, 64)
 	done := make(chan error, 1)
+	// ended is closed as this loop gives the stream up, so a receiver
+	// waiting to hand it a message when the queue is full stops too.
+	ended := make(chan struct{})
 	go func() {
 		for {
 			m, err := st.Recv()
@@ -304,6 +307,9 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 			case recv <- m:
 			case <-ctx.Done():
 				done <- ctx.Err()
+				return
+			case <-ended:
+				done <- lease.ErrStreamClosed
 				return
 			}
 		}
@@ -322,6 +328,7 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 	c.sp.Connected(c.deps.Clock.Now())
 	c.mu.Unlock()
 	if err := c.send(st, c.carry(ctx)); err != nil {
+		close(ended)
 		return false, err
 	}
 	// From here the carrier carries out what the Speaker's Ready lists,
@@ -334,6 +341,7 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 	cr := newCarrier(c, ctx, st)
 	stop := func() {
 		_ = st.Close() // the stream is dropped either way
+		close(ended)
 		cr.stop()
 		<-done
 	}

@@ -3,8 +3,10 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -497,6 +499,75 @@ func TestLeaseClientAcksWhileItCarries(t *testing.T) {
 		t.Logf("%d grants acknowledged: median %v, worst %v after they arrived", len(waits), waits[len(waits)/2], worst)
 		if worst > 1300*time.Millisecond {
 			t.Fatalf("a grant was acknowledged %v after it arrived, want within two publications (1.2 s) and a tick", worst)
+		}
+	})
+}
+
+// floodTransport opens streams that hand the client a resync every time it
+// asks (as fast as it reads) and refuse the first thing it sends, once it
+// has received more than its queue holds: each stream ends at the
+// client's first send, with that queue full.
+type floodTransport struct{}
+
+func (floodTransport) Connect(context.Context) (lease.Stream, error) {
+	return &floodStream{closed: make(chan struct{}), flooded: make(chan struct{})}, nil
+}
+
+type floodStream struct {
+	once            sync.Once
+	closed, flooded chan struct{}
+	n               atomic.Int64
+}
+
+func (s *floodStream) Send(lease.Message) error {
+	<-s.flooded
+	return errors.New("refused")
+}
+
+func (s *floodStream) Recv() (lease.Message, error) {
+	select {
+	case <-s.closed:
+		return lease.Message{}, lease.ErrStreamClosed
+	default:
+	}
+	if s.n.Add(1) == 65 { // 64 queued, and one waiting to be
+		close(s.flooded)
+	}
+	return lease.Message{Type: lease.MsgResync, Region: "a"}, nil
+}
+
+func (s *floodStream) Close() error { s.once.Do(func() { close(s.closed) }); return nil }
+
+// TestLeaseClientLeavesNoReceiverBehind: a stream that ends while its
+// queue of received messages is full leaves no goroutine behind. Its
+// receiver, waiting to queue one more, used to wait until the client
+// stopped: one goroutine more for every stream that ended so, 20 over 10 s
+// of redials.
+func TestLeaseClientLeavesNoReceiverBehind(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(300), Regions: []string{"a", "b"}}}
+		cfg := DefaultSpeakerConfig()
+		cfg.Region, cfg.Agent, cfg.Budgets = "a", "a-0", budgets
+		c, err := NewLeaseClient(cfg, LeaseDeps{Shared: NewMemShared(), Store: bucket.NewMemory(bucket.MemoryOptions{}),
+			View: region.NewTableView("a", lease.Split{Regions: []string{"a", "b"}}), Transport: floodTransport{},
+			Members: func() []string { return []string{"a-0"} }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { defer close(done); _ = c.Run(ctx) }()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		before := runtime.NumGoroutine()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		after := runtime.NumGoroutine()
+		cancel()
+		<-done
+		if after > before+2 {
+			t.Fatalf("%d goroutines after 10 s of streams ended with a full queue, %d before", after, before)
 		}
 	})
 }
