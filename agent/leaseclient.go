@@ -679,8 +679,12 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 		}
 		c.mu.Lock()
 		c.sp.Advance(o)
-		c.mu.Unlock()
 		send = append(send, rd.Send...)
+		// An adoption that came in before this Advance released the
+		// acknowledgements before the one held for its returns, not that
+		// one: it goes now, not at the end of the next carry.
+		send = append(send, c.sp.Acks()...)
+		c.mu.Unlock()
 		if !o.Refused {
 			break
 		}
