@@ -257,7 +257,7 @@ func (c *LeaseClient) idle(ctx context.Context, tick clock.Timer) {
 		case <-redial.C():
 			return
 		case <-tick.C():
-			_ = c.round(ctx, nil) // without a stream, round sends nothing and cannot fail
+			c.round(ctx)
 			tick.Reset(c.cfg.Tick)
 		}
 	}
@@ -351,10 +351,10 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 		reading = nil
 		defer tick.Reset(c.cfg.Tick)
 		if reports == nil {
-			return c.roundWith(ctx, st, cr, nil) // the store did not answer
+			return c.roundWith(st, cr, nil) // the store did not answer
 		}
 		c.lastRead = reports
-		return c.roundWith(ctx, st, cr, c.merged())
+		return c.roundWith(st, cr, c.merged())
 	}
 	for {
 		var err error
@@ -465,11 +465,23 @@ func (c *LeaseClient) step(m lease.Message) {
 	}
 }
 
-// round ticks the Speaker with the agents' reports and the live members
-// and sends what it says on st (dropped when st is nil), without a
-// carrier.
-func (c *LeaseClient) round(ctx context.Context, st lease.Stream) error {
-	return c.roundWith(ctx, st, nil, c.demands(ctx))
+// round is a round without a stream: it reads the agents' reports, ticks
+// the Speaker with them and carries out what it says itself, sending
+// nothing.
+func (c *LeaseClient) round(ctx context.Context) {
+	reports := c.demands(ctx)
+	now, members := c.live(reports)
+	c.mu.Lock()
+	c.sp.Tick(now, reports, members)
+	c.mu.Unlock()
+	c.carry(ctx)
+}
+
+// live returns now and the region's live agents given reports, which a
+// round ticks the Speaker with.
+func (c *LeaseClient) live(reports []region.DemandReport) (time.Time, []string) {
+	now := c.deps.Clock.Now()
+	return now, liveOf(c.deps.Members(), reports, now, c.cfg.DemandMaxAge)
 }
 
 // demands reads the agents' reports; nil when the store did not answer,
@@ -492,32 +504,20 @@ func (c *LeaseClient) readReports(ctx context.Context) chan []region.DemandRepor
 	return ch
 }
 
-// roundWith is round with the reports already read. A read that the
-// store ran before an agent stored the adoption it announced meanwhile
-// puts that agent back to its earlier table; the next round's read has the
-// adoption again, so an acknowledgement waits at most that round longer.
-// With a carrier (cr), the report the round makes, if any, and the
-// acknowledgements its reports release are sent at once, and the rest is
-// left to the carrier; without one, the round carries out what the
-// Speaker says itself.
-func (c *LeaseClient) roundWith(ctx context.Context, st lease.Stream, cr *carrier, reports []region.DemandReport) error {
-	now := c.deps.Clock.Now()
-	members := liveOf(c.deps.Members(), reports, now, c.cfg.DemandMaxAge)
+// roundWith is a round on stream st with the reports already read: the
+// report the round makes, if any, and the acknowledgements its reports
+// release are sent at once, and the rest is left to the carrier. A read
+// that the store ran before an agent stored the adoption it announced
+// meanwhile puts that agent back to its earlier table; the next round's
+// read has the adoption again, so an acknowledgement waits at most that
+// round longer.
+func (c *LeaseClient) roundWith(st lease.Stream, cr *carrier, reports []region.DemandReport) error {
+	now, members := c.live(reports)
 	c.mu.Lock()
 	c.sp.Tick(now, reports, members)
-	var out []lease.Message
-	if cr != nil {
-		out = append(c.sp.Reports(), c.sp.Acks()...)
-	}
+	out := append(c.sp.Reports(), c.sp.Acks()...)
 	c.mu.Unlock()
-	if cr != nil {
-		cr.poke()
-	} else {
-		out = c.carry(ctx)
-	}
-	if st == nil {
-		return nil
-	}
+	cr.poke()
 	return c.send(st, out)
 }
 
@@ -547,7 +547,7 @@ func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream, cr *carrier,
 	// the next read of the store, at most every half tick.
 	if now := c.deps.Clock.Now(); whole && now.Sub(c.heardAt) >= c.cfg.Tick/2 {
 		c.heardAt = now
-		if err := c.roundWith(ctx, st, cr, c.merged()); err != nil {
+		if err := c.roundWith(st, cr, c.merged()); err != nil {
 			return err
 		}
 	}
