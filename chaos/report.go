@@ -13,8 +13,8 @@ import (
 )
 
 // SimSide is the simulator's result on the same scenario file, for the
-// side-by-side table: allot alone (and the ideal bucket), the scenario's
-// first seed, the faults the simulator expresses.
+// side-by-side table: allot alone (and the ideal bucket), at the real
+// run's seed, the faults the simulator expresses.
 type SimSide struct {
 	Seed    uint64    `json:"seed"`
 	Verdict string    `json:"verdict"`
@@ -35,10 +35,14 @@ type SimRule struct {
 	Verdict string   `json:"verdict"`
 }
 
-// RunSim runs the simulator on the scenario (the simulator ignores the
-// chaos block and so every harness-only fault).
-func RunSim(sc *Scenario) *SimSide {
-	out := &SimSide{Seed: sc.Sim.Seeds[0]}
+// RunSim runs the simulator on the scenario at seed, the seed of the real
+// run's arrivals (0: the scenario's first seed). The simulator ignores the
+// chaos block and so every harness-only fault.
+func RunSim(sc *Scenario, seed uint64) *SimSide {
+	if seed == 0 {
+		seed = sc.Sim.Seeds[0]
+	}
+	out := &SimSide{Seed: seed}
 	for _, f := range sc.HarnessOnly() {
 		out.NotRun = append(out.NotRun, f.Name())
 	}

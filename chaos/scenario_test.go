@@ -134,3 +134,34 @@ func TestBoundTerms(t *testing.T) {
 		t.Fatalf("coordinator cut: %+v, want 0", tm)
 	}
 }
+
+// TestRunSimRunsTheSeedItIsGiven: the simulator beside a run uses the real
+// run's seed (`chaos -seed`), and the file's first seed when given none.
+func TestRunSimRunsTheSeedItIsGiven(t *testing.T) {
+	sc, err := Load("scenarios/short/01-healthy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := RunSim(sc, 0)
+	if first.Err != "" || first.Seed != sc.Sim.Seeds[0] {
+		t.Fatalf("no seed given: ran seed %d (%s), want the file's first, %d", first.Seed, first.Err, sc.Sim.Seeds[0])
+	}
+	other := sc.Sim.Seeds[0] + 1
+	got := RunSim(sc, other)
+	if got.Err != "" || got.Seed != other {
+		t.Fatalf("seed %d given: ran seed %d (%s)", other, got.Seed, got.Err)
+	}
+	want, err := sim.Run(sc.Sim, other, sim.Options{Systems: []string{"allot"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range want.Systems {
+		if s.Name == "allot" && s.Utilization != got.Utilization {
+			t.Errorf("seed %d: utilization %v beside the run, %v from the simulator at that seed", other, got.Utilization, s.Utilization)
+		}
+	}
+	t.Logf("seed %d: %.4f; seed %d: %.4f", first.Seed, first.Utilization, got.Seed, got.Utilization)
+	if got.Utilization == first.Utilization {
+		t.Errorf("seeds %d and %d both read utilization %v: the seed did not reach the arrivals", sc.Sim.Seeds[0], other, got.Utilization)
+	}
+}

@@ -53,6 +53,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dir := fs.String("dir", "", "parent directory for the runs' directories (default: a temporary one)")
 	quiet := fs.Bool("q", false, "no progress lines")
 	judge := fs.Bool("judge", false, "judge again runs kept with -keep: the arguments are their directories")
+	seed := fs.Uint64("seed", 0, "the arrivals' seed for every file, the simulator's beside it too (default: each file's first seed)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: chaos [flags] scenario.yaml|dir ...\n")
 		fs.PrintDefaults()
@@ -142,7 +143,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		opts := chaos.Options{Dir: filepath.Join(base, sc.Name()), Keep: *keep, Bins: bins, Logf: logf}
+		opts := chaos.Options{Dir: filepath.Join(base, sc.Name()), Keep: *keep, Bins: bins, Seed: *seed, Logf: logf}
 		res, err := chaos.Run(ctx, sc, opts)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -158,7 +159,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		if *withSim {
 			logf("%s: the simulator on the same file", sc.Name())
-			res.Sim = chaos.RunSim(sc)
+			res.Sim = chaos.RunSim(sc, res.Seed)
 		}
 		chaos.PrintDetail(stdout, res)
 		results = append(results, res)

@@ -25,6 +25,7 @@ func TestRunRefusesBadInvocations(t *testing.T) {
 		{[]string{bad}, "chaos.reason is empty"},
 		{[]string{filepath.Join(dir, "missing.yaml")}, "no such file"},
 		{[]string{"-judge", dir}, "scenario.yaml"},
+		{[]string{"-seed", "x", "../../chaos/scenarios"}, "-seed"},
 	} {
 		var out, errb bytes.Buffer
 		err := run(context.Background(), c.args, &out, &errb)
