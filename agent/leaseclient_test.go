@@ -335,7 +335,7 @@ func TestLeaseClientReadsReportsBetweenGrants(t *testing.T) {
 // later.
 func TestLeaseClientTakesDemandFromNotices(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		waits := demandMoveWaits(t, &slowStore{MemShared: NewMemShared(), read: 800 * time.Millisecond})
+		waits := demandMoveWaits(t, &slowStore{MemShared: NewMemShared(), read: 800 * time.Millisecond}, false)
 		// The speaker's tick (50 ms), then its next report: at once for a
 		// rise, within a report interval (400 ms) for a fall.
 		if worst := waits[len(waits)-1]; worst > 500*time.Millisecond {
@@ -357,9 +357,26 @@ func TestLeaseClientTakesDemandFromNotices(t *testing.T) {
 // loop), a report interval later.
 func TestLeaseClientReportsWhileItCarries(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		waits := demandMoveWaits(t, &slowStore{MemShared: NewMemShared(), publish: 600 * time.Millisecond})
+		waits := demandMoveWaits(t, &slowStore{MemShared: NewMemShared(), publish: 600 * time.Millisecond}, false)
 		if med := waits[len(waits)/2]; med > 300*time.Millisecond {
 			t.Fatalf("the median move of demand reached the coordinator %v after it, want as without slow publications (200–210 ms)", med)
+		}
+	})
+}
+
+// TestLeaseClientTakesNoticesWithinAHalfTick: as
+// TestLeaseClientTakesDemandFromNotices, but a-1 reports only as its
+// demand moves, and a-0 announces a report of its own 20 ms before each,
+// so every one of a-1's comes within half a tick (50 ms) of the last round
+// the notices started. It ticks the Speaker when that half tick ends: each
+// move is heard within the same 500 ms (worst 410 ms, the Holder's next
+// report). When a notice within the half tick was left for the next read
+// of the store (800 ms here), the worst move was heard 810 ms after it.
+func TestLeaseClientTakesNoticesWithinAHalfTick(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		waits := demandMoveWaits(t, &slowStore{MemShared: NewMemShared(), read: 800 * time.Millisecond}, true)
+		if worst := waits[len(waits)-1]; worst > 500*time.Millisecond {
+			t.Fatalf("a move of demand reached the coordinator %v after it", worst)
 		}
 	})
 }
@@ -369,8 +386,10 @@ func TestLeaseClientReportsWhileItCarries(t *testing.T) {
 // every second for 20 s, announcing each of its reports whole as it is
 // stored, and returns, sorted, how long the coordinator took to hear each
 // move; it fails the test when it heard fewer than 18 within the second
-// each lasted. Run it inside a synctest bubble.
-func demandMoveWaits(t *testing.T, shared *slowStore) []time.Duration {
+// each lasted. With companion, a-1 reports once a second, as its demand
+// moves, and a-0 announces a report of its own (another key, steady) 20 ms
+// before each. Run it inside a synctest bubble.
+func demandMoveWaits(t *testing.T, shared *slowStore, companion bool) []time.Duration {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -380,18 +399,24 @@ func demandMoveWaits(t *testing.T, shared *slowStore) []time.Duration {
 	want := bucket.Tokens(100)
 	var moved time.Time
 	heard := true
+	adopt := func(agent string, item region.DemandItem) {
+		var pub uint64
+		var speaker string
+		if tb := f.view.Table(); tb != nil {
+			pub, speaker = tb.Pub, tb.Speaker
+		}
+		_ = shared.Adopt(ctx, region.DemandReport{Agent: agent, At: time.Now(), Pub: pub, Speaker: speaker,
+			Keys: []region.DemandItem{item}})
+	}
 	for i := range 2300 { // 23 s: 20 moves after the first 3 s
 		if i%100 == 0 && i >= 300 {
 			want, moved, heard = 350-want, time.Now(), false
 		}
-		if i%10 == 0 { // a-1's round: every 100 ms
-			var pub uint64
-			var speaker string
-			if tb := f.view.Table(); tb != nil {
-				pub, speaker = tb.Pub, tb.Speaker
-			}
-			_ = shared.Adopt(ctx, region.DemandReport{Agent: "a-1", At: time.Now(), Pub: pub, Speaker: speaker,
-				Keys: []region.DemandItem{{Rule: key.Rule, Subject: key.Subject, Want: want}}})
+		if companion && i%100 == 98 { // a-0's report, 20 ms before a-1's
+			adopt("a-0", region.DemandItem{Rule: key.Rule, Subject: "u", Want: 100})
+		}
+		if i%10 == 0 && (!companion || i%100 == 0) { // a-1's round: every 100 ms
+			adopt("a-1", region.DemandItem{Rule: key.Rule, Subject: key.Subject, Want: want})
 		}
 		if !heard {
 			for _, k := range f.coord.Keys(10) {
