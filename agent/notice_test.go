@@ -829,3 +829,88 @@ func TestAgentReportsBeforeItGivesBatchesBack(t *testing.T) {
 		sh.storedAtOnce(t, 10, fmt.Sprintf("%d batches given back; ", n))
 	})
 }
+
+// levelLog is a slowRound (LoadTable takes delay) that also records when
+// each report was stored and the demand it gave key.
+type levelLog struct {
+	slowRound
+	key    bucket.Key
+	mu     sync.Mutex
+	stored []time.Time
+	wants  []bucket.Tokens
+}
+
+func (l *levelLog) Adopt(ctx context.Context, r region.DemandReport) error {
+	var want bucket.Tokens
+	for _, k := range r.Keys {
+		if k.Rule == l.key.Rule && k.Subject == l.key.Subject {
+			want = k.Want
+		}
+	}
+	l.mu.Lock()
+	l.stored, l.wants = append(l.stored, time.Now()), append(l.wants, want)
+	l.mu.Unlock()
+	return l.slowRound.Adopt(ctx, r)
+}
+
+// firstBelow returns how long after from the first report giving the key
+// at most want was stored (false: none was).
+func (l *levelLog) firstBelow(from time.Time, want bucket.Tokens) (time.Duration, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, at := range l.stored {
+		if !at.Before(from) && l.wants[i] <= want {
+			return at.Sub(from), true
+		}
+	}
+	return 0, false
+}
+
+// TestAgentReportsANewLevelAtOnce: an agent's round reads the table from
+// a store that takes 400 ms to answer, so its rounds come about every
+// half second. A batched key's use falls from 1,000 a second to 50 four
+// times; the agent samples its batched keys every 20 ms between rounds,
+// and stores its report as soon as the core's estimate takes the fall:
+// within 150 ms of it (100–120 ms in runs of this test). Left to the
+// rounds, the falls were stored up to 560 ms after them; with the reports
+// stored at once but batched keys sampled only at rounds and refills,
+// 180–300 ms.
+func TestAgentReportsANewLevelAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k := bucket.Key{Rule: "api", Subject: "t1"}
+		sh := &levelLog{slowRound: slowRound{MemShared: NewMemShared(), delay: 400 * time.Millisecond}, key: k}
+		a, _, stop := startListenerOn(t, nil, sh, bucket.NewMemory(bucket.MemoryOptions{}))
+		ctx := t.Context()
+		global := bucket.PerSecond(10000)
+		var falls []time.Time
+		for i := range 4 {
+			for range 1500 { // 1.5 s at 1,000 a second
+				if _, err := a.Store().Decide(ctx, k, global, 1, ""); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			falls = append(falls, time.Now())
+			for range 30 + 7*i { // 50 a second, from 0.6 s to 0.8 s, so the falls meet the rounds at different points
+				if _, err := a.Store().Decide(ctx, k, global, 1, ""); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		stop()
+		var worst time.Duration
+		for i, f := range falls {
+			took, ok := sh.firstBelow(f, 500)
+			if !ok {
+				t.Fatalf("the fall at %d was never reported", i)
+			}
+			t.Logf("fall %d stored %v after it", i, took)
+			worst = max(worst, took)
+		}
+		t.Logf("worst fall stored %v after it", worst)
+		if worst > 150*time.Millisecond {
+			t.Fatalf("a fall from 1,000 a second to 50 was stored %v after it, want within 150 ms", worst)
+		}
+	})
+}

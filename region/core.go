@@ -64,6 +64,9 @@ type Core struct {
 	tickBuf     []*keyState
 	tickMu      sync.Mutex
 	batchMinus  float64 // MinBatch as a float, cached
+	// leveled receives (without blocking) when a global key's reported
+	// demand took a new level (Leveled).
+	leveled chan struct{}
 }
 
 // ruleState is a rule's configuration and counters.
@@ -108,6 +111,7 @@ func NewCore(cfg Config, store bucket.Store, alloc Allocations) (*Core, error) {
 		alloc:      alloc,
 		breaker:    br,
 		seed:       maphash.MakeSeed(),
+		leveled:    make(chan struct{}, 1),
 		mask:       uint64(n - 1), // #nosec G115 -- n >= 1
 		shards:     make([]coreShard, n),
 		batchMinus: float64(cfg.MinBatch),

@@ -221,7 +221,8 @@ const sustainTokens = 64
 const surgeTokens = 256
 
 // add takes in a window of w µs that saw tokens, with half-life hl µs and
-// sustain µs the time a rising run must last to set the level.
+// sustain µs the time a rising run must last to set the level. It reports
+// whether a run set the level: a rise or a fall beyond chance.
 //
 // A run that sets the level is read from its windows after the first when
 // it has them: the first began before the change, so its rate lies
@@ -235,18 +236,18 @@ const surgeTokens = 256
 // as an average from there — read as nothing at once, the off phase of
 // on/off traffic lent floors the next burst needed (bursty-diurnal's worst
 // budget −0.011 over seeds 11–40).
-func (d *demandEstimate) add(tokens, w, hl, sustain int64) {
+func (d *demandEstimate) add(tokens, w, hl, sustain int64) (leveled bool) {
 	r := float64(tokens) / (float64(w) / 1e6)
 	if d.rate == 0 {
 		d.rate, d.dir, d.straddled = average(0, r, w, hl), 0, false
 		d.settleUS, d.settleTokens = 0, 0
-		return
+		return false
 	}
 	if d.straddled {
 		d.straddled = false
 		if r < d.rate {
 			d.rate = r
-			return
+			return true // the fall's level, read from this window
 		}
 	}
 	if d.settleUS > 0 {
@@ -261,7 +262,7 @@ func (d *demandEstimate) add(tokens, w, hl, sustain int64) {
 			if d.settleTokens >= sustainTokens {
 				d.settleUS, d.settleTokens = 0, 0
 			}
-			return
+			return false
 		}
 		d.settleUS, d.settleTokens = 0, 0
 	}
@@ -295,7 +296,9 @@ func (d *demandEstimate) add(tokens, w, hl, sustain int64) {
 		}
 		d.rate = float64(tok) / (float64(us) / 1e6)
 		d.dir, d.runUS, d.runTokens, d.runExpect = 0, 0, 0, 0
+		return true
 	}
+	return false
 }
 
 // fell reports whether a window of w µs so far that saw tokens is already
@@ -329,7 +332,12 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 	ks.lastSample.Store(nowUS)
 	ks.winTokens += a
 	if w := nowUS - ks.winStart; w >= demandWindow.Microseconds() || ks.demand.fell(ks.winTokens, w) {
-		ks.demand.add(ks.winTokens, w, hl, c.cfg.DemandSustain.Microseconds())
+		if ks.demand.add(ks.winTokens, w, hl, c.cfg.DemandSustain.Microseconds()) && ks.rs.Load().cfg.Scope == rules.ScopeGlobal {
+			select {
+			case c.leveled <- struct{}{}:
+			default: // one is pending already
+			}
+		}
 		ks.winStart, ks.winTokens = nowUS, 0
 	}
 	if a > 0 {
@@ -344,6 +352,36 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 	}
 	ks.batched.Store(batch)
 }
+
+// SampleHot samples at now the demand of the batched keys in the hot-key
+// cache, the keys in heavy use, as Tick samples every key but without the
+// rest of its work. A key whose lock is taken (a refill holding it across
+// a call to the store) is left to its next sample. Decisions served from a
+// key's batch do not sample it (they read no clock under a coarse one), so
+// without SampleHot a batched key was sampled only as its batch ran out or
+// at the agent's round, and a fall of its use, which makes its batch last
+// longer, was read at the next round: 0.2–0.4 s late under chaos's
+// redis-slow, whose rounds are slow. Safe to call beside decisions and
+// Tick.
+func (c *Core) SampleHot(now time.Time) {
+	nowUS := now.UnixMicro()
+	for i := range c.hot {
+		ks := c.hot[i].Load()
+		if ks == nil || !ks.batched.Load() || ks.gone.Load() || nowUS-ks.lastSample.Load() < sampleEvery.Microseconds() || !ks.mu.TryLock() {
+			continue
+		}
+		c.sampleLocked(ks, nowUS)
+		ks.mu.Unlock()
+	}
+}
+
+// Leveled receives when a global key's reported demand (Demand) took a new
+// level since the last receive: a rise or a fall its windows put beyond
+// chance (demandEstimate). A driver that stores reports on a slow round
+// stores one at once on it: the level is what another region waits on,
+// for what this one gives back or asks. Several levels taken before a
+// receive are one.
+func (c *Core) Leveled() <-chan struct{} { return c.leveled }
 
 // KeyDemand is one key's local demand.
 type KeyDemand struct {

@@ -402,3 +402,55 @@ func TestDemandEstimateSettlesAFallOnItsMean(t *testing.T) {
 		t.Fatalf("after a rise window: rate %.1f, want at least the level before it", d.rate)
 	}
 }
+
+// TestSampleHotReadsABatchedKeysFall: a key batched at 2,000 decisions a
+// second stops. Sampled every 20 ms by SampleHot, its estimate takes the
+// fall within 250 ms, and Leveled says so. Without SampleHot (and no
+// Tick) nothing samples it in that time: no decision comes to do it.
+func TestSampleHotReadsABatchedKeysFall(t *testing.T) {
+	for _, hot := range []bool{true, false} {
+		f := newFixture(t, nil)
+		k, global := key("hot"), bucket.PerSecond(30000)
+		ctx := context.Background()
+		for range 4000 { // 2 s at 2,000 a second
+			if _, err := f.core.Decide(ctx, f.clk.Now(), k, global, 1, ""); err != nil {
+				t.Fatal(err)
+			}
+			f.clk.Advance(500 * time.Microsecond)
+		}
+		f.core.Tick(ctx, f.clk.Now())
+		if ks := f.core.lookup(&k); ks == nil || !ks.batched.Load() {
+			t.Fatal("the key is not batched at 2,000 a second: the test does not reach what it checks")
+		}
+		select {
+		case <-f.core.Leveled(): // the rise, read before
+		default:
+		}
+		stopped := f.clk.Now()
+		leveled := time.Duration(0)
+		for f.clk.Now().Sub(stopped) < 250*time.Millisecond && leveled == 0 {
+			f.clk.Advance(20 * time.Millisecond)
+			if hot {
+				f.core.SampleHot(f.clk.Now())
+			}
+			select {
+			case <-f.core.Leveled():
+				leveled = f.clk.Now().Sub(stopped)
+			default:
+			}
+		}
+		var rate float64
+		for _, d := range f.core.Demand(f.clk.Now()) {
+			if d.Key == k {
+				rate = d.Rate
+			}
+		}
+		t.Logf("SampleHot %v: leveled after %v, reported at %.0f a second", hot, leveled, rate)
+		switch {
+		case hot && (leveled == 0 || rate > 1000):
+			t.Fatalf("sampled by SampleHot: the stop leveled after %v (0: never), reported at %.0f a second; want within 250 ms, below 1,000", leveled, rate)
+		case !hot && (leveled != 0 || rate < 1000):
+			t.Fatalf("unsampled: the stop leveled after %v, reported at %.0f a second; nothing should have read it", leveled, rate)
+		}
+	}
+}
