@@ -375,11 +375,10 @@ func (a *Agent) sampleHot(ctx context.Context) {
 // reportLevels stores the agent's report as soon as the core says a key's
 // demand took a new level (Core.Leveled), until ctx ends: at most one
 // every half tick, a level within half a tick of the last one reported so
-// being left to the round. The round reports too, but only after its other calls to
-// the store: under chaos's redis-slow an agent's round took 230–370 ms,
-// and the report of a fall its core had read waited for the next round to
-// sample it, 0.1–0.3 s, while another region waited for what the fall
-// gave back.
+// being left to the round. The round reports as it starts, and under
+// chaos's redis-slow rounds came 230–370 ms apart: left to them, the old
+// region's agents stored a fall 0.30–0.64 s after the shift, while
+// another region waited for what it gave back.
 func (a *Agent) reportLevels(ctx context.Context) {
 	var last time.Time
 	for {
