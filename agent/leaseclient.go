@@ -346,12 +346,12 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 	// one that ticked the Speaker may tick it (heardRound).
 	later := c.deps.Clock.NewTimer(c.cfg.Tick)
 	later.Stop()
+	defer later.Stop() // every way out, the receiver's error too
 	c.heardDue = false
 	stop := func() {
 		_ = st.Close() // the stream is dropped either way
 		close(ended)
 		cr.stop()
-		later.Stop()
 		<-done
 	}
 	// takeReports ticks the Speaker with the reports a read brought, and
