@@ -117,6 +117,9 @@ type LeaseClient struct {
 	// to pass since (heardRound).
 	heardAt  time.Time
 	heardDue bool
+	// granted is set when a grant is stepped, and cleared as a carry takes
+	// Ready (carry folds a grant that came during its settle).
+	granted bool
 }
 
 // noCoordinatorLogEvery spaces the log lines of a coordinator outage: one
@@ -479,6 +482,9 @@ func (cr *carrier) stop() {
 
 // step steps the Speaker with m. Requires c.mu.
 func (c *LeaseClient) step(m lease.Message) {
+	if m.Type == lease.MsgGrant {
+		c.granted = true
+	}
 	if err := c.sp.Step(c.deps.Clock.Now(), m); err != nil {
 		c.log.Warn("agent: bad message from coordinator", "region", c.cfg.Region, "msg", m.String(), "err", err)
 	}
@@ -688,8 +694,29 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 	for range 2 {
 		c.mu.Lock()
 		rd := c.sp.Ready()
+		c.granted = false
 		c.mu.Unlock()
 		o := region.Settle(ctx, c.deps.Store, rd.Settle)
+		// A grant that came during the settle is settled too before the
+		// table is published, and only the newest table is: it carries
+		// both grants, and agents adopt it one publication sooner.
+		for folds := 0; rd.Publish != nil && folds < 2; folds++ {
+			c.mu.Lock()
+			if !c.granted {
+				c.mu.Unlock()
+				break
+			}
+			c.sp.Advance(o)
+			send = append(send, rd.Send...)
+			next := c.sp.Ready()
+			c.granted = false
+			c.mu.Unlock()
+			o = region.Settle(ctx, c.deps.Store, next.Settle)
+			if next.Publish == nil {
+				next.Publish = rd.Publish // still the newest, not yet published
+			}
+			rd = next
+		}
 		if t := rd.Publish; t != nil {
 			f, _ := c.deps.Fence()
 			ok, err := c.deps.Shared.PublishTable(ctx, t, f)
