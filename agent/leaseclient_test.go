@@ -125,10 +125,11 @@ func (f *leaseClientFixture) stop(cancel context.CancelFunc) {
 type slowStore struct {
 	*MemShared
 	publish, read time.Duration
-	reads         atomic.Int64
+	reads, pubs   atomic.Int64
 }
 
 func (s *slowStore) PublishTable(ctx context.Context, t *region.Table, f Fence) (bool, error) {
+	s.pubs.Add(1)
 	time.Sleep(s.publish)
 	return s.MemShared.PublishTable(ctx, t, f)
 }
@@ -624,10 +625,10 @@ func (s *slowRebase) Rebase(ctx context.Context, key bucket.Key, from, to bucket
 // second, so grants that change the table come often and renewals (every
 // 400 ms) come while one is settled. A grant that comes during a settle is
 // settled too before the table is published, and one table carries both:
-// the median grant is acknowledged 550 ms after it arrived. Carried one
-// after the other, a publication each, 650–700 ms. The worst wait is 1.2 s
-// (1.1 s without folding): the first grant's table waits for the second's
-// settle.
+// grants are acknowledged a mean 530–565 ms after they arrived (20 runs).
+// Carried one after the other, a publication each, 640–675 ms. The worst
+// wait is 1.2 s (1.1 s without folding): the first grant's table waits for
+// the second's settle.
 func TestLeaseClientFoldsAGrantThatComesDuringASettle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
@@ -665,9 +666,13 @@ func TestLeaseClientFoldsAGrantThatComesDuringASettle(t *testing.T) {
 		}
 		slices.Sort(waits)
 		med, worst := waits[len(waits)/2], waits[len(waits)-1]
-		t.Logf("%d grants acknowledged: median %v, worst %v after they arrived; %d rebases", len(waits), med, worst, store.n.Load())
-		if med > 600*time.Millisecond || worst > 1300*time.Millisecond {
-			t.Fatalf("grants acknowledged after a median %v, worst %v; want at most 600 ms and 1.3 s", med, worst)
+		var sum time.Duration
+		for _, w := range waits {
+			sum += w
+		}
+		t.Logf("%d grants acknowledged: median %v, mean %v, worst %v after they arrived; %d rebases, %d publications", len(waits), med, sum/time.Duration(len(waits)), worst, store.n.Load(), shared.pubs.Load())
+		if mean := sum / time.Duration(len(waits)); mean > 600*time.Millisecond || worst > 1300*time.Millisecond {
+			t.Fatalf("grants acknowledged after a mean %v, worst %v; want at most 600 ms and 1.3 s", mean, worst)
 		}
 	})
 }
