@@ -240,7 +240,8 @@ func (a *Agent) Region() string { return a.cfg.Core.Region }
 // go back and, if this was the region's last agent, the lease is released.
 func (a *Agent) Run(ctx context.Context) error {
 	a.started = a.deps.Clock.Now()
-	if _, real := a.deps.Clock.(clock.Real); real && a.cfg.CoarseClock > 0 {
+	_, real := a.deps.Clock.(clock.Real)
+	if real && a.cfg.CoarseClock > 0 {
 		co, err := clock.NewCoarse(a.deps.Clock, a.cfg.CoarseClock)
 		if err != nil {
 			return fmt.Errorf("agent: %w", err)
@@ -263,11 +264,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Tables are adopted on a goroutine of their own: a round makes
 	// several calls to the store, and under a slow store a notice waiting
 	// for the round to end would wait most of a round.
-	adopting := make(chan struct{})
+	var bg sync.WaitGroup
 	if nf, ok := a.deps.Shared.(Notifier); ok {
 		tables := nf.Watch(ctx, NoticeTable)
-		go func() {
-			defer close(adopting)
+		bg.Go(func() {
 			for {
 				select {
 				case <-ctx.Done():
@@ -276,31 +276,22 @@ func (a *Agent) Run(ctx context.Context) error {
 					a.adopt(ctx, tables.Take())
 				}
 			}
-		}()
-	} else {
-		close(adopting)
+		})
 	}
-	leveling := make(chan struct{})
-	go func() {
-		defer close(leveling)
-		a.reportLevels(ctx)
-	}()
-	// Batched keys are sampled between rounds on a real clock; tests on a
-	// manual one step whole rounds, and count the timers pending to know
-	// when a round is done.
-	sampling := make(chan struct{})
-	go func() {
-		defer close(sampling)
-		if _, real := a.deps.Clock.(clock.Real); real {
-			a.sampleHot(ctx)
-		}
-	}()
+	bg.Go(func() { a.reportLevels(ctx) })
+	// Batched keys are sampled between rounds (Core.SampleHot), so a new
+	// level of their use is read, and reported, between the agent's
+	// rounds. Only on a real clock: tests on a manual one step whole
+	// rounds, and count the timers pending to know when a round is done.
+	if real {
+		bg.Go(func() {
+			clock.Every(ctx, a.deps.Clock, hotSampleEvery, a.core.SampleHot)
+		})
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			<-adopting
-			<-leveling
-			<-sampling
+			bg.Wait()
 			a.stop()
 			return nil
 		case <-t.C():
@@ -355,23 +346,6 @@ func (a *Agent) adopt(ctx context.Context, bodies [][]byte) {
 // demand estimate (100 ms each) plus this.
 const hotSampleEvery = 20 * time.Millisecond
 
-// sampleHot samples the core's batched keys every hotSampleEvery until ctx
-// ends, so a new level of their use is read, and reported (reportLevels),
-// between the agent's rounds.
-func (a *Agent) sampleHot(ctx context.Context) {
-	t := a.deps.Clock.NewTimer(hotSampleEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-			a.core.SampleHot(a.deps.Clock.Now())
-			t.Reset(hotSampleEvery)
-		}
-	}
-}
-
 // reportLevels stores the agent's report as soon as the core says a key's
 // demand took a new level (Core.Leveled), until ctx ends: at most one
 // every half tick, a level within half a tick of the last one reported so
@@ -392,11 +366,7 @@ func (a *Agent) reportLevels(ctx context.Context) {
 			continue // the round reports it, within a tick
 		}
 		last = now
-		rep := region.ReportOf(a.cfg.Name, now, a.core.Demand(now))
-		if t := a.view.Table(); t != nil {
-			rep.Pub, rep.Speaker = t.Pub, t.Speaker
-		}
-		if err := a.putReport(ctx, rep); err != nil {
+		if err := a.putReport(ctx, a.report(now)); err != nil {
 			a.noteErr(err)
 		}
 	}
@@ -453,10 +423,7 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	ok := true
 	var rep region.DemandReport
 	a.core.TickSampled(ctx, now, func() {
-		rep = region.ReportOf(a.cfg.Name, now, a.core.Demand(now))
-		if t := a.view.Table(); t != nil {
-			rep.Pub, rep.Speaker = t.Pub, t.Speaker
-		}
+		rep = a.report(now)
 		if err := a.putReport(ctx, rep); err != nil {
 			a.noteErr(err)
 			ok = false
@@ -490,6 +457,16 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	if ok {
 		a.noteOK()
 	}
+}
+
+// report is the agent's report at now: its demand, and the table it
+// decides with.
+func (a *Agent) report(now time.Time) region.DemandReport {
+	rep := region.ReportOf(a.cfg.Name, now, a.core.Demand(now))
+	if t := a.view.Table(); t != nil {
+		rep.Pub, rep.Speaker = t.Pub, t.Speaker
+	}
+	return rep
 }
 
 // putReport stores the agent's report, announced when the store passes

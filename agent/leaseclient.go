@@ -112,11 +112,8 @@ type LeaseClient struct {
 	// (merged).
 	heard    map[string]region.DemandReport
 	lastRead []region.DemandReport
-	// heardAt is when a report announced whole last ticked the Speaker,
-	// and heardDue is set while one announced since waits for half a tick
-	// to pass since (heardRound).
-	heardAt  time.Time
-	heardDue bool
+	// heardAt is when a report announced whole last ticked the Speaker.
+	heardAt time.Time
 	// granted is set when a grant is stepped, and cleared as a carry takes
 	// Ready (carry folds a grant that came during its settle).
 	granted bool
@@ -350,7 +347,6 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 	later := c.deps.Clock.NewTimer(c.cfg.Tick)
 	later.Stop()
 	defer later.Stop() // every way out, the receiver's error too
-	c.heardDue = false
 	stop := func() {
 		_ = st.Close() // the stream is dropped either way
 		close(ended)
@@ -366,8 +362,7 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 			return c.roundWith(st, cr, nil) // the store did not answer
 		}
 		c.lastRead = reports
-		c.heardDue = false // this round takes the announced reports too
-		later.Stop()
+		later.Stop() // this round takes the announced reports too
 		return c.roundWith(st, cr, c.merged())
 	}
 	for {
@@ -380,9 +375,7 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 		case <-c.adoptions.C():
 			err = c.adopted(ctx, st, cr, later, c.adoptions.Take())
 		case <-later.C():
-			if c.heardDue {
-				err = c.heardRound(st, cr, later)
-			}
+			err = c.heardRound(st, cr, later)
 		case reports := <-reading:
 			err = takeReports(reports)
 		case <-tick.C():
@@ -423,9 +416,7 @@ func (c *LeaseClient) stream(ctx context.Context, st lease.Stream, tick clock.Ti
 			case <-c.adoptions.C():
 				err = c.adopted(ctx, st, cr, later, c.adoptions.Take())
 			case <-later.C():
-				if c.heardDue {
-					err = c.heardRound(st, cr, later)
-				}
+				err = c.heardRound(st, cr, later)
 			}
 		}
 		if err != nil {
@@ -608,11 +599,10 @@ func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream, cr *carrier,
 func (c *LeaseClient) heardRound(st lease.Stream, cr *carrier, later clock.Timer) error {
 	now := c.deps.Clock.Now()
 	if wait := c.cfg.Tick/2 - now.Sub(c.heardAt); wait > 0 {
-		c.heardDue = true
 		later.Reset(wait) // the same end for every report of the half tick
 		return nil
 	}
-	c.heardAt, c.heardDue = now, false
+	c.heardAt = now
 	return c.roundWith(st, cr, c.merged())
 }
 
@@ -692,31 +682,8 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 	defer c.carryMu.Unlock()
 	var send []lease.Message
 	for range 2 {
-		c.mu.Lock()
-		rd := c.sp.Ready()
-		c.granted = false
-		c.mu.Unlock()
-		o := region.Settle(ctx, c.deps.Store, rd.Settle)
-		// A grant that came during the settle is settled too before the
-		// table is published, and only the newest table is: it carries
-		// both grants, and agents adopt it one publication sooner.
-		for folds := 0; rd.Publish != nil && folds < 2; folds++ {
-			c.mu.Lock()
-			if !c.granted {
-				c.mu.Unlock()
-				break
-			}
-			c.sp.Advance(o)
-			send = append(send, rd.Send...)
-			next := c.sp.Ready()
-			c.granted = false
-			c.mu.Unlock()
-			o = region.Settle(ctx, c.deps.Store, next.Settle)
-			if next.Publish == nil {
-				next.Publish = rd.Publish // still the newest, not yet published
-			}
-			rd = next
-		}
+		rd, o, sent := c.settle(ctx)
+		send = append(send, sent...)
 		if t := rd.Publish; t != nil {
 			f, _ := c.deps.Fence()
 			ok, err := c.deps.Shared.PublishTable(ctx, t, f)
@@ -753,6 +720,42 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 		}
 	}
 	return send
+}
+
+// maxFolds is how many grants that arrive during a carry's settles one
+// carry folds in before it publishes.
+const maxFolds = 2
+
+// settle takes the Speaker's Ready and settles it in the regional store.
+// A grant stepped meanwhile is folded in, up to maxFolds: the Speaker is
+// advanced with the settle's outcome, its next Ready settled too, and only
+// the newest table is left to publish (it carries every grant folded, and
+// agents adopt it one publication sooner). Every table published is
+// settled first; one never published is only ever superseded by one with
+// a higher publication number, which the acknowledgements waiting for it
+// wait for. sent are the messages of the Ready advanced here. Requires
+// c.carryMu, not c.mu.
+func (c *LeaseClient) settle(ctx context.Context) (rd region.Ready, o region.Outcome, sent []lease.Message) {
+	for folds := 0; ; folds++ {
+		c.mu.Lock()
+		if folds > 0 {
+			c.sp.Advance(o)
+			sent = append(sent, rd.Send...)
+		}
+		next := c.sp.Ready()
+		c.granted = false
+		c.mu.Unlock()
+		if next.Publish == nil && folds > 0 {
+			next.Publish = rd.Publish // still the newest, not yet published
+		}
+		rd, o = next, region.Settle(ctx, c.deps.Store, next.Settle)
+		c.mu.Lock()
+		fold := c.granted && rd.Publish != nil && folds < maxFolds
+		c.mu.Unlock()
+		if !fold {
+			return rd, o, sent
+		}
+	}
 }
 
 // SetBudgets replaces the Speaker's budgets (after a rules change).

@@ -491,6 +491,34 @@ func (s *ackTimedStream) Send(m lease.Message) error {
 	return s.Stream.Send(m)
 }
 
+// sorted returns the acknowledgement waits recorded, sorted.
+func (a *ackTimer) sorted() []time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Sorted(slices.Values(a.waits))
+}
+
+// a1Adopts is agent a-1 for 20 s on shared: it stores a report every
+// 100 ms, and one adopting each table as soon as the table is stored;
+// keys(i) is the report's demand at step i (10 ms each; called on every
+// step a report is stored, every tenth at least). Run it inside a synctest
+// bubble.
+func a1Adopts(ctx context.Context, shared *slowStore, keys func(i int) []region.DemandItem) {
+	var lastPub uint64
+	for i := range 2000 {
+		var pub uint64
+		var speaker string
+		if tb, _ := shared.LoadTable(ctx); tb != nil {
+			pub, speaker = tb.Pub, tb.Speaker
+		}
+		if i%10 == 0 || pub != lastPub {
+			lastPub = pub
+			_ = shared.Adopt(ctx, region.DemandReport{Agent: "a-1", At: time.Now(), Pub: pub, Speaker: speaker, Keys: keys(i)})
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestLeaseClientAcksWhileItCarries: the region's store takes 600 ms to
 // publish a table and the coordinator renews the lease every 400 ms, so
 // the speaking agent a-0 is nearly always carrying a grant out, and a-1
@@ -508,27 +536,12 @@ func TestLeaseClientAcksWhileItCarries(t *testing.T) {
 		at := &ackTimer{recvd: map[uint64]time.Time{}}
 		f := newLeaseClientFixtureVia(t, ctx, shared, []string{"a", "b"}, nil,
 			func(tr lease.Transport) lease.Transport { at.Transport = tr; return at }, "a-0", "a-1")
-		var lastPub uint64
-		for i := range 2000 { // 20 s
-			var pub uint64
-			var speaker string
-			if tb, _ := shared.LoadTable(ctx); tb != nil {
-				pub, speaker = tb.Pub, tb.Speaker
-			}
-			if i%10 == 0 || pub != lastPub { // a-1's round every 100 ms, and its adoption of each table
-				lastPub = pub
-				_ = shared.Adopt(ctx, region.DemandReport{Agent: "a-1", At: time.Now(), Pub: pub, Speaker: speaker})
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		a1Adopts(ctx, shared, func(int) []region.DemandItem { return nil })
 		f.stop(cancel)
-		at.mu.Lock()
-		defer at.mu.Unlock()
-		waits := at.waits
+		waits := at.sorted()
 		if len(waits) < 10 {
 			t.Fatalf("%d grants acknowledged in 20 s: the test does not reach what it checks", len(waits))
 		}
-		slices.Sort(waits)
 		worst := waits[len(waits)-1]
 		t.Logf("%d grants acknowledged: median %v, worst %v after they arrived", len(waits), waits[len(waits)/2], worst)
 		if worst > 1300*time.Millisecond {
@@ -640,31 +653,17 @@ func TestLeaseClientFoldsAGrantThatComesDuringASettle(t *testing.T) {
 			func(tr lease.Transport) lease.Transport { at.Transport = tr; return at }, "a-0", "a-1")
 		key := bucket.Key{Rule: "api", Subject: "t"}
 		want := bucket.Tokens(100)
-		var lastPub uint64
-		for i := range 2000 { // 20 s
-			if i%100 == 0 {
+		a1Adopts(ctx, shared, func(i int) []region.DemandItem {
+			if i%100 == 0 { // a move every second
 				want = 350 - want
 			}
-			var pub uint64
-			var speaker string
-			if tb, _ := shared.LoadTable(ctx); tb != nil {
-				pub, speaker = tb.Pub, tb.Speaker
-			}
-			if i%10 == 0 || pub != lastPub { // a-1's round every 100 ms, and its adoption of each table
-				lastPub = pub
-				_ = shared.Adopt(ctx, region.DemandReport{Agent: "a-1", At: time.Now(), Pub: pub, Speaker: speaker,
-					Keys: []region.DemandItem{{Rule: key.Rule, Subject: key.Subject, Want: want}}})
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return []region.DemandItem{{Rule: key.Rule, Subject: key.Subject, Want: want}}
+		})
 		f.stop(cancel)
-		at.mu.Lock()
-		defer at.mu.Unlock()
-		waits := at.waits
+		waits := at.sorted()
 		if len(waits) < 20 || store.n.Load() < 10 {
 			t.Fatalf("%d grants acknowledged and %d changes settled in 20 s: the test does not reach what it checks", len(waits), store.n.Load())
 		}
-		slices.Sort(waits)
 		med, worst := waits[len(waits)/2], waits[len(waits)-1]
 		var sum time.Duration
 		for _, w := range waits {

@@ -39,10 +39,7 @@ type SimRule struct {
 // run's arrivals (0: the scenario's first seed). The simulator ignores the
 // chaos block and so every harness-only fault.
 func RunSim(sc *Scenario, seed uint64) *SimSide {
-	if seed == 0 {
-		seed = sc.Sim.Seeds[0]
-	}
-	out := &SimSide{Seed: seed}
+	out := &SimSide{Seed: sc.seed(seed)}
 	for _, f := range sc.HarnessOnly() {
 		out.NotRun = append(out.NotRun, f.Name())
 	}

@@ -58,6 +58,15 @@ type action struct {
 	do    func(ctx context.Context) error
 }
 
+// seed is the arrivals' seed a run given s uses: s, or the scenario's
+// first seed when s is 0.
+func (sc *Scenario) seed(s uint64) uint64 {
+	if s == 0 {
+		return sc.Sim.Seeds[0]
+	}
+	return s
+}
+
 // Run runs one scenario on real processes and judges it. The error is for
 // a run that could not be made (a process that would not start); a run
 // that was made returns its Result, whatever the verdict.
@@ -69,9 +78,7 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (res *Result, err erro
 	if opts.Sample <= 0 {
 		opts.Sample = 200 * time.Millisecond
 	}
-	if opts.Seed == 0 {
-		opts.Seed = sc.Sim.Seeds[0]
-	}
+	opts.Seed = sc.seed(opts.Seed)
 	dir := opts.Dir
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "allot-chaos-"+sc.Name()+"-"); err != nil {

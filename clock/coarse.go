@@ -51,14 +51,19 @@ func (c *Coarse) Refresh() { c.us.Store(c.src.Now().UnixMicro()) }
 
 // Run refreshes the reading every period until ctx is done.
 func (c *Coarse) Run(ctx context.Context) {
-	t := c.src.NewTicker(c.every)
+	Every(ctx, c.src, c.every, func(now time.Time) { c.us.Store(now.UnixMicro()) })
+}
+
+// Every calls f with c's time every period of c until ctx is done.
+func Every(ctx context.Context, c Clock, every time.Duration, f func(now time.Time)) {
+	t := c.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C():
-			c.Refresh()
+			f(c.Now())
 		}
 	}
 }
