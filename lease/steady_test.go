@@ -567,3 +567,37 @@ func TestKeepEndsWithTheLeadership(t *testing.T) {
 		t.Fatalf("a holds %d 15 s after the leader changed, want its floor of 700 at most: a top outlived the leadership\n%s", got, c.show())
 	}
 }
+
+// TestRaiseWorthItsCostTakesSmallDecreases: a region whose target rises by
+// more than the hysteresis gets the raise even when the regions that fund
+// it each give back less than the hysteresis. The budget is contested (a
+// wants 5,000 of 3,000), so each met region is given its demand less the
+// headroom. b's demand rises from 500 to 600 (its target from 475 to 570,
+// by 95, over the band of 90) while c's falls from 500 to 440 (its target
+// by 57); what b needs comes from c (57) and a (38), each under the band.
+// Before, c's decrease was skipped, the budget had nothing free, and b held
+// 513 for as long as the demands held (chaos redis-cut-emergency: eu, back
+// from its cut, held 106 of a demand of about 140 for 1.6 s).
+func TestRaiseWorthItsCostTakesSmallDecreases(t *testing.T) {
+	c, k := oneKeyCluster(t, 5000, 500, 500)
+	for range 300 {
+		c.step(100 * time.Millisecond)
+	}
+	held := func(r string) bucket.Tokens {
+		l, _ := c.holders[r].Allocation(c.now, k)
+		return l.Count()
+	}
+	if b := held("b"); b != 475 {
+		t.Fatalf("b holds %d, want 475 (500 less its headroom)\n%s", b, c.show())
+	}
+	c.demand["b"][k], c.demand["c"][k] = 600, 440
+	for range 60 {
+		c.step(100 * time.Millisecond)
+		if err := c.checkI1(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b := held("b"); b != 570 {
+		t.Fatalf("b holds %d three refresh intervals after its demand rose to 600, want 570: a raise over the hysteresis is worth the small decreases that fund it\n%s", b, c.show())
+	}
+}
