@@ -1227,9 +1227,10 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	// A decrease that funds an increase worth its cost is part of that
 	// move, however small: the increase is made from what the others give
 	// back, and with each of them under h it would wait, the budget full,
-	// for as long as the demands held (chaos redis-cut-emergency: eu, back
-	// from its cut, held 106 of a demand of about 140 for 1.6 s while ap
-	// and us each held less than h above their targets).
+	// for as long as the demands held (TestRaiseWorthItsCostTakesSmallDecreases).
+	// Only the raise of a met region counts, once short for a refresh
+	// interval: a heavy region's target rises whenever the light ones'
+	// fall, and a light one's estimate crosses h by chance.
 	h := int64(float64(C) * a.cfg.Hysteresis)
 	sliver := min(h, C/sliverDiv)
 	small := a.small[:n]

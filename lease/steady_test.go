@@ -576,8 +576,7 @@ func TestKeepEndsWithTheLeadership(t *testing.T) {
 // by 95, over the band of 90) while c's falls from 500 to 440 (its target
 // by 57); what b needs comes from c (57) and a (38), each under the band.
 // Before, c's decrease was skipped, the budget had nothing free, and b held
-// 513 for as long as the demands held (chaos redis-cut-emergency: eu, back
-// from its cut, held 106 of a demand of about 140 for 1.6 s).
+// 513 for as long as the demands held.
 func TestRaiseWorthItsCostTakesSmallDecreases(t *testing.T) {
 	c, k := oneKeyCluster(t, 5000, 500, 500)
 	for range 300 {
