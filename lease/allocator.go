@@ -159,8 +159,9 @@ type slot struct {
 	// reported at least half of it, if that is within Config.Hold: what an
 	// uncontested budget keeps for the region through a lull (share).
 	top, topAt int64
-	// shortAt is when the region's target, its demand met, last came to
-	// stand the hysteresis or more above its allocation (0: it does not).
+	// shortAt is when the region's target, which meets its demand, came to
+	// stand the hysteresis or more above its allocation; 0 once the target
+	// is at or below the allocation, or no longer meets the demand.
 	shortAt int64
 	hist    [4]hval
 	n       uint8
@@ -1234,16 +1235,16 @@ func (a *Allocator) allocate(now time.Time, k *hotKey) {
 	h := int64(float64(C) * a.cfg.Hysteresis)
 	sliver := min(h, C/sliverDiv)
 	small := a.small[:n]
-	raise := false
+	raise, nowNS := false, now.UnixNano()
 	for i := range k.slots {
 		s := &k.slots[i]
 		switch d := tgt[i] - s.cur; {
 		case d <= 0 || s.want-a.headroom(s.want) > tgt[i]:
 			s.shortAt = 0
 		case d >= h && s.shortAt == 0:
-			s.shortAt = now.UnixNano()
+			s.shortAt = nowNS
 		}
-		if s.shortAt != 0 && now.UnixNano()-s.shortAt >= int64(a.cfg.Refresh) && !bud.regions[i].blocked && !hold {
+		if s.shortAt != 0 && nowNS-s.shortAt >= int64(a.cfg.Refresh) && !bud.regions[i].blocked && !hold {
 			raise = true
 		}
 	}
