@@ -41,6 +41,9 @@ type allot struct {
 	// curBudget is the budget of the decision in progress, −1 between
 	// decisions: the store's calls for its key need not parse the key.
 	curBudget int
+	// onLevel, when a test sets it, sees every report stored for a new
+	// level between rounds.
+	onLevel func(r, ai int, t Micros)
 }
 
 // agentRT is one agent process of a region.
@@ -63,6 +66,10 @@ type agentRT struct {
 	flip   int
 	// cut is what the agent last announced: its breaker not closed.
 	cut bool
+	// leveledAt is when the agent last stored a report for a new level
+	// (Core.Leveled) between rounds; leveledAny is set once it has.
+	leveledAt  Micros
+	leveledAny bool
 }
 
 // setBreaker gives cfg the scenario's breaker settings: the agents' cores
@@ -97,11 +104,16 @@ const (
 	alTick  uint8 = iota + 16 // an agent core's periodic tick
 	alPlane                   // routed to the plane
 	alFailoverDetected
+	alSampleHot // an agent samples its batched keys between ticks
 )
 
 // coreTick is how often an agent ticks its core (batch give-back, demand
 // sampling), as the agent's driver does.
 const coreTick = 100_000 // µs
+
+// hotSampleEvery is how often an agent samples its batched keys between
+// ticks (Core.SampleHot), as the agent's driver does on a real clock.
+const hotSampleEvery = 20_000 // µs
 
 func newAllot(w *world) error {
 	a := &allot{w: w, ctx: context.Background()}
@@ -149,7 +161,9 @@ func newAllot(w *world) error {
 				return err
 			}
 			ags = append(ags, rt)
-			w.at(Micros(r*7919+i*1013+coreTick/3)%coreTick+1, a.si, event{sub: alTick, aux: int32(r), agt: int32(i)})
+			first := Micros(r*7919+i*1013+coreTick/3)%coreTick + 1
+			w.at(first, a.si, event{sub: alTick, aux: int32(r), agt: int32(i)})
+			w.at(first%hotSampleEvery+1, a.si, event{sub: alSampleHot, aux: int32(r), agt: int32(i)})
 		}
 		a.agents = append(a.agents, ags)
 	}
@@ -240,6 +254,7 @@ func (a *allot) arrive(w *world, t Micros, r, b int, cost int64, idealOK bool) {
 	var res region.Result
 	err := ag.core.DecideInto(a.ctx, w.regions[r].agent.at(t), &a.plane.keys[b], &rule.limit, bucket.Tokens(cost), "", &res)
 	a.curBudget = -1
+	a.leveled(w, r, ai, t)
 	p := pathOf(res.Path)
 	if err != nil && !errors.Is(err, region.ErrFailClosed) {
 		w.reject(a.si, b, idealOK, p, a.lat, true)
@@ -374,6 +389,32 @@ func (a *allot) tick(w *world, r, ai int, t Micros) {
 		}
 	}
 	a.report(w, r, ai, t, now)
+	// The round's report carries any level its sampling took.
+	select {
+	case <-ag.core.Leveled():
+	default:
+	}
+}
+
+// leveled stores agent ai of region r's report at t when its core says a
+// key's demand took a new level since (Core.Leveled), as the agent's driver
+// does between rounds (agent.reportLevels): at most one every half tick, a
+// level within half a tick of the last one so reported being left to the
+// round.
+func (a *allot) leveled(w *world, r, ai int, t Micros) {
+	ag := a.agents[r][ai]
+	select {
+	case <-ag.core.Leveled():
+	default:
+		return
+	}
+	if ag.leveledAny && t-ag.leveledAt < coreTick/2 {
+		return
+	}
+	ag.leveledAt, ag.leveledAny = t, true
+	if a.report(w, r, ai, t, w.regions[r].agent.at(t)) && a.onLevel != nil {
+		a.onLevel(r, ai, t)
+	}
 }
 
 // report stores agent ai of region r's demand report at t, with the
@@ -391,6 +432,7 @@ func (a *allot) report(w *world, r, ai int, t Micros, now time.Time) bool {
 		ag.flip ^= 1 // not stored: the stored report keeps its buffer
 		return false
 	}
+	a.plane.announce(w, r, ai, t, rep)
 	return true
 }
 
@@ -402,6 +444,13 @@ func (a *allot) handle(w *world, e *event) {
 			a.tick(w, r, ai, e.at)
 		}
 		w.at(e.at+coreTick, a.si, event{sub: alTick, aux: e.aux, agt: e.agt})
+	case alSampleHot:
+		r, ai := int(e.aux), int(e.agt)
+		if ag := a.agents[r][ai]; ag.alive {
+			ag.core.SampleHot(w.regions[r].agent.at(e.at))
+			a.leveled(w, r, ai, e.at)
+		}
+		w.at(e.at+hotSampleEvery, a.si, event{sub: alSampleHot, aux: e.aux, agt: e.agt})
 	case alFailoverDetected:
 		// The agents see the Redis role or run id change and tell their
 		// cores, which drain buckets of rules that start empty.
@@ -446,6 +495,7 @@ func (a *allot) fault(w *world, f *FaultSpec, start bool) {
 		} else {
 			ag.alive = true
 			ag.speakAfter = w.eng.now + speakerWait
+			ag.leveledAny = false // a new process
 			if err := a.startCore(r, ag); err != nil {
 				panic(err) // the config was validated at start
 			}

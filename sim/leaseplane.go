@@ -78,6 +78,15 @@ type regionPlane struct {
 	// the new one per rule, kept from check to check so that their floors
 	// are computed once, not at every publication.
 	checkViews [2][]*region.TableView
+	// heardAt is when a report announced whole last ticked the Speaker
+	// (heardAny: one has), and laterAt when the next may, for reports
+	// announced within half a tick of it (0: none waits), as the agent's
+	// LeaseClient.heardRound.
+	heardAt  Micros
+	heardAny bool
+	laterAt  Micros
+	// onRound, when a test sets it, sees every round of the Speaker.
+	onRound func(t Micros)
 }
 
 type coordinator struct {
@@ -95,6 +104,7 @@ const (
 	plReconnect
 	plAdopt // an agent told of a publication adopts the table the notice carries
 	plWake  // the speaking agent told of an adoption takes the report the notice carries
+	plHeard // the half tick after the last round that reports announced whole ticked the Speaker ended
 )
 
 // tickEvery is how often the coordinator's driver ticks the Allocator.
@@ -215,6 +225,7 @@ func (p *leasePlane) elect(w *world, r int, t Micros) {
 		return
 	}
 	rp.sp, rp.speaker = nil, want
+	rp.heardAny, rp.laterAt = false, 0 // a new speaker's client
 	if want < 0 {
 		return
 	}
@@ -299,16 +310,9 @@ func (p *leasePlane) handle(w *world, e *event) {
 		r := int(e.aux)
 		p.elect(w, r, t)
 		if rp := p.regions[r]; rp.sp != nil {
-			var live []string
-			for _, ag := range p.a.agents[r] {
-				if ag.alive {
-					live = append(live, ag.name)
-				}
-			}
-			rp.live = live
+			rp.laterAt = 0 // this round takes the announced reports too
 			reports, _ := rp.shared.demands(w, p, r, rp.speaker, t)
-			rp.sp.Tick(p.regionNow(w, r, t), reports, live)
-			p.carry(w, r, t)
+			p.round(w, r, t, reports)
 		}
 		p.sample(w, r, t)
 		w.at(t+speakerTick, p.a.si, event{sub: alPlane, flag: plSpeakerTick, aux: e.aux})
@@ -383,21 +387,26 @@ func (p *leasePlane) handle(w *world, e *event) {
 		if tb == nil || !ag.view.Set(tb) {
 			return
 		}
-		if p.a.report(w, r, ai, t, p.regionNow(w, r, t)) {
-			// One script stores the report and announces it, carrying
-			// it: the notice reaches the speaking agent one one-way trip
-			// after the store took it (two after the agent sent it).
-			// Adopted reads only who adopted what, not the demand, whose
-			// buffer the agent reuses.
-			rep := rp.shared.reports[ai]
-			rep.Keys = nil
-			w.at(t+2*w.net.lat[r][r], p.a.si, event{sub: alPlane, flag: plWake, aux: e.aux, p: rep})
-		}
+		p.a.report(w, r, ai, t, p.regionNow(w, r, t))
 	case plWake:
+		// As LeaseClient.adopted: a report announced whole ticks the
+		// Speaker (heard), then the adoption is taken.
 		r := int(e.aux)
-		if rp := p.regions[r]; rp.sp != nil && rp.sp.PendingAcks() > 0 && p.reachShared(w, r, rp.speaker, t) {
-			rp.sp.Adopted(p.regionNow(w, r, t), []region.DemandReport{e.p.(region.DemandReport)})
-			p.carry(w, r, t)
+		rp := p.regions[r]
+		if rp.sp == nil || !p.reachShared(w, r, rp.speaker, t) {
+			return
+		}
+		n := e.p.(wakeNotice)
+		if n.whole {
+			p.heard(w, r, t)
+		}
+		rp.sp.Adopted(p.regionNow(w, r, t), []region.DemandReport{n.rep})
+		p.carry(w, r, t)
+	case plHeard:
+		r := int(e.aux)
+		if rp := p.regions[r]; rp.sp != nil && rp.laterAt == t {
+			rp.laterAt = 0
+			p.heard(w, r, t)
 		}
 	case plReconnect:
 		r := int(e.aux)
@@ -406,6 +415,75 @@ func (p *leasePlane) handle(w *world, e *event) {
 			p.carry(w, r, t)
 		}
 	}
+}
+
+// round ticks region r's Speaker at t with reports and carries out what it
+// is then ready for: the speaking agent's round (LeaseClient.roundWith).
+func (p *leasePlane) round(w *world, r int, t Micros, reports []region.DemandReport) {
+	rp := p.regions[r]
+	var live []string
+	for _, ag := range p.a.agents[r] {
+		if ag.alive {
+			live = append(live, ag.name)
+		}
+	}
+	rp.live = live
+	rp.sp.Tick(p.regionNow(w, r, t), reports, live)
+	p.carry(w, r, t)
+	if rp.onRound != nil {
+		rp.onRound(t)
+	}
+}
+
+// wakeNotice is the notice of an agent's stored report (plWake): the
+// report without its keys (Adopted reads only who adopted what, not the
+// demand, whose buffer the agent reuses), and whether the notice carried
+// it whole (agent.adoptionNotice).
+type wakeNotice struct {
+	rep   region.DemandReport
+	whole bool
+}
+
+// announce is the notice of agent ai of region r's report rep, stored at
+// t: one script stores the report and announces it, carrying it, so the
+// speaking agent has it one one-way trip after the store took it (two
+// after the agent sent it).
+func (p *leasePlane) announce(w *world, r, ai int, t Micros, rep region.DemandReport) {
+	whole := !tooLargeForReport(rep)
+	rep.Keys = nil
+	w.at(t+2*w.net.lat[r][r], p.a.si, event{sub: alPlane, flag: plWake, aux: int32(r), agt: int32(ai), p: wakeNotice{rep, whole}}) // #nosec G115 -- indexes
+}
+
+// heard is a report announced whole reaching region r's speaking agent at
+// t (LeaseClient.heardRound): it ticks the Speaker now, or, within half a
+// tick of the last round it so ticked, at that half tick's end. The
+// Speaker is ticked with the reports stored now, which the announced ones
+// are among: a report stored in the last one-way trip, not yet announced,
+// is taken early.
+func (p *leasePlane) heard(w *world, r int, t Micros) {
+	rp := p.regions[r]
+	if rp.heardAny && t-rp.heardAt < speakerTick/2 {
+		if rp.laterAt == 0 {
+			rp.laterAt = rp.heardAt + speakerTick/2
+			w.at(rp.laterAt, p.a.si, event{sub: alPlane, flag: plHeard, aux: int32(r)}) // #nosec G115 -- region index
+		}
+		return
+	}
+	rp.heardAt, rp.heardAny = t, true
+	reports, _ := rp.shared.demands(w, p, r, rp.speaker, t)
+	p.round(w, r, t, reports)
+}
+
+// tooLargeForReport reports whether a notice of rep (agent.adoptionNotice)
+// is too large to carry its keys: its JSON, with the notice's own field,
+// over noticeBodyMax. A report of 256 keys or fewer is not encoded: each
+// key's JSON takes well under 256 bytes.
+func tooLargeForReport(rep region.DemandReport) bool {
+	if len(rep.Keys) <= 256 {
+		return false
+	}
+	b, err := json.Marshal(rep)
+	return err != nil || len(b)+len(`,"whole":true`) > noticeBodyMax
 }
 
 // notify is the notice of region r's publication of tb at t

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -153,4 +154,55 @@ func TestPublicationsAreNotRefused(t *testing.T) {
 	if a.plane.refused != 0 {
 		t.Fatalf("%d of %d publications refused, want none", a.plane.refused, a.plane.published)
 	}
+}
+
+// TestALevelReachesTheSpeakerAtOnce: as the agent's driver does, an agent
+// samples its batched keys between rounds and stores its report as soon
+// as a key's demand takes a new level; the notice carries it whole, and
+// the speaking agent ticks its Speaker with it on arrival (one one-way
+// trip after the store took it) or, within half a tick of the last round
+// a notice started, at that half tick's end, rather than at its next
+// tick. In rotating-hot, the hot region changes every 4 s: each
+// region's demand rises twentyfold and falls back.
+func TestALevelReachesTheSpeakerAtOnce(t *testing.T) {
+	w, a := smallWorld(t, "scenarios/26-rotating-hot.yaml", 1)
+	w.idealM = newMeter(w.nb, w.newSeries())
+	w.end = us(40 * time.Second)
+	var levels [][]Micros
+	var rounds [][]Micros
+	for r := range a.plane.regions {
+		levels, rounds = append(levels, nil), append(rounds, nil)
+		a.plane.regions[r].onRound = func(at Micros) { rounds[r] = append(rounds[r], at) }
+	}
+	a.onLevel = func(r, _ int, at Micros) { levels[r] = append(levels[r], at) }
+	w.run()
+	const eu = 1 // hot from 4 s to 8 s
+	if i := slices.IndexFunc(levels[eu], func(at Micros) bool { return at >= us(4*time.Second) }); i < 0 || levels[eu][i] > us(4*time.Second+300*time.Millisecond) {
+		t.Fatalf("eu-west's levels %v: want one within 300 ms of its rise at 4 s", levels[eu])
+	}
+	n := 0
+	for r := range levels {
+		trip := 2*w.net.lat[r][r] + speakerTick/2
+		for _, at := range levels[r] {
+			i := slices.IndexFunc(rounds[r], func(x Micros) bool { return x >= at })
+			if i < 0 {
+				continue // stored as the run ended, or while nobody spoke
+			}
+			if rounds[r][i]-at > trip {
+				t.Errorf("%s: level stored at %.4f s, the Speaker's next round at %.4f s; want within %d µs", w.regions[r].name, float64(at)/1e6, float64(rounds[r][i])/1e6, trip)
+			}
+			n++
+		}
+		// At most one round a notice starts every half tick: three
+		// rounds within half a tick are one too many.
+		for j := 2; j < len(rounds[r]); j++ {
+			if rounds[r][j]-rounds[r][j-2] < speakerTick/2 {
+				t.Errorf("%s: three Speaker rounds within half a tick: %v", w.regions[r].name, rounds[r][j-2:j+1])
+			}
+		}
+	}
+	if n < 20 {
+		t.Fatalf("%d levels stored in 40 s, want 20 or more", n)
+	}
+	t.Logf("%d levels", n)
 }
