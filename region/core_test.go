@@ -1032,3 +1032,53 @@ func TestRepeatedDenialsCarryTheReset(t *testing.T) {
 		}
 	}
 }
+
+// TestDemandListsAStopForAWhile: a key with no entry whose use stopped,
+// its estimate fallen to nothing, is listed with no demand until
+// stopReported has passed since its last arrival, so the speaker hears
+// the stop instead of keeping the key's last reading; then it is left
+// out.
+func TestDemandListsAStopForAWhile(t *testing.T) {
+	f := newFixture(t, nil)
+	want := func() (bucket.Tokens, bool) {
+		for _, d := range f.core.Demand(f.clk.Now()) {
+			if d.Key.Subject == "press" {
+				return d.Want, true
+			}
+		}
+		return 0, false
+	}
+	// 1,000 a second against a floor of 100 a second, for 2 s.
+	for ms := 0; ms < 2000; ms++ {
+		f.decide(t, key("press"), 1)
+		f.clk.Advance(time.Millisecond)
+		if ms%100 == 99 {
+			f.core.Tick(context.Background(), f.clk.Now())
+		}
+	}
+	if w, ok := want(); !ok || w < 800 {
+		t.Fatalf("pressing: want %d (listed %v), want about 1,000", w, ok)
+	}
+	stopped := f.clk.Now()
+	zeroAt := time.Duration(-1)
+	for f.clk.Now().Sub(stopped) < stopReported+500*time.Millisecond {
+		f.clk.Advance(10 * time.Millisecond)
+		f.core.Tick(context.Background(), f.clk.Now())
+		w, ok := want()
+		since := f.clk.Now().Sub(stopped)
+		switch {
+		case ok && w == 0 && zeroAt < 0:
+			zeroAt = since
+		case ok && w > 0 && zeroAt >= 0:
+			t.Fatalf("%v after the stop: want %d again after it read nothing", since, w)
+		case !ok && since <= stopReported:
+			t.Fatalf("%v after the stop: the key is no longer listed (its stop read at %v), want it listed with no demand until %v", since, zeroAt, stopReported)
+		case ok && since > stopReported+10*time.Millisecond:
+			t.Fatalf("%v after the stop: still listed (want %d), want it left out after %v", since, w, stopReported)
+		}
+	}
+	if zeroAt < 0 || zeroAt > 300*time.Millisecond {
+		t.Fatalf("the stop read as no demand %v after it (−1: never), want within 300 ms", zeroAt)
+	}
+	t.Logf("listed with no demand from %v after the stop", zeroAt)
+}

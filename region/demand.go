@@ -18,8 +18,11 @@ import (
 // unused there, and its floor may be lent. A key used well within its
 // floor keeps no state on the cold path (see cold) until a sample or a
 // press gives it some, so it is missing too until then. Keys whose demand
-// has decayed to nothing and that hold no entry are left out; a key idle
-// for IdleAfter has no state.
+// has decayed to nothing and that hold no entry are left out once
+// stopReported has passed since their last arrival: until then they are
+// listed with no demand, so the speaker hears that the use stopped rather
+// than keep the last reading it had; a key idle for IdleAfter has no
+// state.
 //
 // While the store is unavailable (the breaker not closed), a key of a rule
 // that fails closed is reported with no demand: the agent admits nothing
@@ -39,6 +42,7 @@ func (c *Core) AppendDemand(dst []KeyDemand, now time.Time) []KeyDemand {
 	order := c.sortedKeys()
 	out := slices.Grow(dst, len(order))
 	down := c.breaker.State(now) != BreakerClosed
+	nowUS := now.UnixMicro()
 	for _, ks := range order {
 		if ks.gone.Load() || ks.rs.Load().cfg.Scope != rules.ScopeGlobal {
 			continue
@@ -48,10 +52,10 @@ func (c *Core) AppendDemand(dst []KeyDemand, now time.Time) []KeyDemand {
 			continue
 		}
 		ks.mu.Lock()
-		rate := ks.demand.rate
+		rate, active := ks.demand.rate, ks.lastActive
 		ks.mu.Unlock()
 		want := bucket.Tokens(math.Ceil(rate * ac.global.Period().Seconds()))
-		if want <= 0 && !ac.hot {
+		if want <= 0 && !ac.hot && nowUS-active > stopReported.Microseconds() {
 			continue
 		}
 		if down && ks.rs.Load().cfg.OnUnavailable == rules.FailClosed {
@@ -96,6 +100,21 @@ func (c *Core) sortedKeys() []*keyState {
 	c.demandOrder, c.spareOrder = out, old[:0]
 	return out
 }
+
+// stopReported is how long after its last arrival a key whose demand
+// estimate fell to nothing, and that holds no entry, is still listed by
+// Demand, with no demand. Left out at once, the stop never reached the
+// speaker: it kept the key's last reading, which the region then reported
+// until a refresh interval had passed. In the simulator's demand-shift
+// (seed 1) the old region's estimate fell in two steps, 5,000 → 627 a
+// second, read from the window the stop began in, and then to nothing;
+// the first took its entry away (627 is below its floor), so the second
+// was never listed, and the region reported 627 and then 276 (one agent's
+// reading) for 2 s while the region the demand moved to waited for the
+// difference (convergence 2.5 s against 0.75 s). A second is several
+// rounds of reports: a round the speaker merges away, or one too soon
+// after its last urgent report to send at once, does not lose the stop.
+const stopReported = time.Second
 
 // sampleEvery is how often a key's short-term demand estimate takes in its
 // arrivals on the decision path (Tick samples every key too): often enough
