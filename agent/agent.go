@@ -366,7 +366,9 @@ func (a *Agent) reportLevels(ctx context.Context) {
 			continue // the round reports it, within a tick
 		}
 		last = now
-		if err := a.putReport(ctx, a.report(now)); err != nil {
+		rep := a.report(now)
+		rep.Level = true
+		if err := a.putReport(ctx, rep); err != nil {
 			a.noteErr(err)
 		}
 	}

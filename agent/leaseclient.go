@@ -112,7 +112,8 @@ type LeaseClient struct {
 	// (merged).
 	heard    map[string]region.DemandReport
 	lastRead []region.DemandReport
-	// heardAt is when a report announced whole last ticked the Speaker.
+	// heardAt is when a report of a new level announced whole last
+	// ticked the Speaker.
 	heardAt time.Time
 	// granted is set when a grant is stepped, and cleared as a carry takes
 	// Ready (carry folds a grant that came during its settle).
@@ -544,7 +545,7 @@ func (c *LeaseClient) roundWith(st lease.Stream, cr *carrier, reports []region.D
 // read the stored reports.
 func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream, cr *carrier, later clock.Timer, bodies [][]byte) error {
 	reports := make([]region.DemandReport, len(bodies))
-	whole := false
+	level := false
 	for i, b := range bodies {
 		var n reportNotice
 		if json.Unmarshal(b, &n) != nil || n.Agent == "" {
@@ -556,12 +557,16 @@ func (c *LeaseClient) adopted(ctx context.Context, st lease.Stream, cr *carrier,
 			if c.heard == nil {
 				c.heard = make(map[string]region.DemandReport)
 			}
-			c.heard[n.Agent], whole = n.DemandReport, true
+			c.heard[n.Agent] = n.DemandReport
+			level = level || n.Level
 		}
 	}
-	// The demand they carry ticks the Speaker without waiting for the
-	// next read of the store.
-	if whole {
+	// A new level one of them carries ticks the Speaker without waiting
+	// for the next read of the store. The rest wait for it (their demand
+	// is taken then, as merged has it): ticked by every round's report,
+	// the Speaker sent a report for each, and the simulator's library sent
+	// 22.4 lease messages a second over whole runs instead of 18.9.
+	if level {
 		if err := c.heardRound(st, cr, later); err != nil {
 			return err
 		}

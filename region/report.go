@@ -19,6 +19,11 @@ type DemandReport struct {
 	// Speaker is the agent that wrote that table.
 	Speaker string       `json:"speaker"`
 	Keys    []DemandItem `json:"keys"`
+	// Level is set on a report the agent stored between its rounds
+	// because a key's demand took a new level (Core.Leveled): the
+	// speaking agent ticks its Speaker with such a report as its notice
+	// arrives, and leaves the others to its next read of the store.
+	Level bool `json:"level,omitempty"`
 }
 
 // DemandItem is one key's demand in a report: Want tokens per the budget's

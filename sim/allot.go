@@ -388,7 +388,7 @@ func (a *allot) tick(w *world, r, ai int, t Micros) {
 			ag.view.Set(tb)
 		}
 	}
-	a.report(w, r, ai, t, now)
+	a.report(w, r, ai, t, now, false)
 	// The round's report carries any level its sampling took.
 	select {
 	case <-ag.core.Leveled():
@@ -412,18 +412,20 @@ func (a *allot) leveled(w *world, r, ai int, t Micros) {
 		return
 	}
 	ag.leveledAt, ag.leveledAny = t, true
-	if a.report(w, r, ai, t, w.regions[r].agent.at(t)) && a.onLevel != nil {
+	if a.report(w, r, ai, t, w.regions[r].agent.at(t), true) && a.onLevel != nil {
 		a.onLevel(r, ai, t)
 	}
 }
 
 // report stores agent ai of region r's demand report at t, with the
-// publication it decides with, and reports whether the store took it.
-func (a *allot) report(w *world, r, ai int, t Micros, now time.Time) bool {
+// publication it decides with, marked a new level when level is set, and
+// reports whether the store took it.
+func (a *allot) report(w *world, r, ai int, t Micros, now time.Time, level bool) bool {
 	ag := a.agents[r][ai]
 	ag.demand = ag.core.AppendDemand(ag.demand[:0], now)
 	ag.flip ^= 1
 	rep := region.AppendReport(ag.items[ag.flip], ag.name, now, ag.demand)
+	rep.Level = level
 	ag.items[ag.flip] = rep.Keys
 	if tb := ag.view.Table(); tb != nil {
 		rep.Pub, rep.Speaker = tb.Pub, tb.Speaker

@@ -387,17 +387,17 @@ func (p *leasePlane) handle(w *world, e *event) {
 		if tb == nil || !ag.view.Set(tb) {
 			return
 		}
-		p.a.report(w, r, ai, t, p.regionNow(w, r, t))
+		p.a.report(w, r, ai, t, p.regionNow(w, r, t), false)
 	case plWake:
-		// As LeaseClient.adopted: a report announced whole ticks the
-		// Speaker (heard), then the adoption is taken.
+		// As LeaseClient.adopted: a report of a new level announced
+		// whole ticks the Speaker (heard), then the adoption is taken.
 		r := int(e.aux)
 		rp := p.regions[r]
 		if rp.sp == nil || !p.reachShared(w, r, rp.speaker, t) {
 			return
 		}
 		n := e.p.(wakeNotice)
-		if n.whole {
+		if n.level {
 			p.heard(w, r, t)
 		}
 		rp.sp.Adopted(p.regionNow(w, r, t), []region.DemandReport{n.rep})
@@ -437,11 +437,12 @@ func (p *leasePlane) round(w *world, r int, t Micros, reports []region.DemandRep
 
 // wakeNotice is the notice of an agent's stored report (plWake): the
 // report without its keys (Adopted reads only who adopted what, not the
-// demand, whose buffer the agent reuses), and whether the notice carried
-// it whole (agent.adoptionNotice).
+// demand, whose buffer the agent reuses), and whether it ticks the
+// Speaker: a report of a new level the notice carried whole
+// (agent.adoptionNotice, LeaseClient.adopted).
 type wakeNotice struct {
 	rep   region.DemandReport
-	whole bool
+	level bool
 }
 
 // announce is the notice of agent ai of region r's report rep, stored at
@@ -449,13 +450,13 @@ type wakeNotice struct {
 // speaking agent has it one one-way trip after the store took it (two
 // after the agent sent it).
 func (p *leasePlane) announce(w *world, r, ai int, t Micros, rep region.DemandReport) {
-	whole := !tooLargeForReport(rep)
+	level := rep.Level && !tooLargeForReport(rep)
 	rep.Keys = nil
-	w.at(t+2*w.net.lat[r][r], p.a.si, event{sub: alPlane, flag: plWake, aux: int32(r), agt: int32(ai), p: wakeNotice{rep, whole}}) // #nosec G115 -- indexes
+	w.at(t+2*w.net.lat[r][r], p.a.si, event{sub: alPlane, flag: plWake, aux: int32(r), agt: int32(ai), p: wakeNotice{rep, level}}) // #nosec G115 -- indexes
 }
 
-// heard is a report announced whole reaching region r's speaking agent at
-// t (LeaseClient.heardRound): it ticks the Speaker now, or, within half a
+// heard is a report of a new level announced whole reaching region r's
+// speaking agent at t (LeaseClient.heardRound): it ticks the Speaker now, or, within half a
 // tick of the last round it so ticked, at that half tick's end. The
 // Speaker is ticked with the reports stored now, which the announced ones
 // are among: a report stored in the last one-way trip, not yet announced,
