@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/allot-dev/allot/agent"
 	"github.com/allot-dev/allot/bucket"
@@ -12,10 +13,17 @@ import (
 	"github.com/allot-dev/allot/region"
 )
 
-// TestSpeakerTimingsAreTheAgents: the simulator's speaking agent waits and
-// holds its speaker lease as agent.DefaultConfig has the agent do.
+// TestSpeakerTimingsAreTheAgents: the simulator's agents tick, and
+// (speaking) wait, hold their speaker lease and tick the Speaker, as
+// agent.DefaultConfig and agent.DefaultSpeakerConfig have the agent do.
 func TestSpeakerTimingsAreTheAgents(t *testing.T) {
 	cfg := agent.DefaultConfig()
+	if got, want := Micros(coreTick), us(cfg.Tick); got != want {
+		t.Errorf("coreTick %d µs, the agent's Tick %d µs", got, want)
+	}
+	if got, want := Micros(speakerTick), us(agent.DefaultSpeakerConfig().Tick); got != want {
+		t.Errorf("speakerTick %d µs, the speaking agent's Tick %d µs", got, want)
+	}
 	if got, want := Micros(speakerWait), us(cfg.SpeakerWait); got != want {
 		t.Errorf("speakerWait %d µs, the agent's SpeakerWait %d µs", got, want)
 	}
@@ -25,8 +33,9 @@ func TestSpeakerTimingsAreTheAgents(t *testing.T) {
 }
 
 // TestNoticeBodyMaxIsTheAgents: the simulator's agents carry in a notice
-// the tables agent.RedisShared's notices carry, and a table of 256
-// entries fits (tooLargeForNotice does not encode those).
+// the tables and reports agent.RedisShared's notices carry, and a table
+// of 256 entries, or a report of 256 keys, fits (overNotice does not
+// encode those).
 func TestNoticeBodyMaxIsTheAgents(t *testing.T) {
 	if noticeBodyMax != agent.NoticeBodyMax {
 		t.Errorf("noticeBodyMax %d, the agent's NoticeBodyMax %d", noticeBodyMax, agent.NoticeBodyMax)
@@ -42,7 +51,20 @@ func TestNoticeBodyMaxIsTheAgents(t *testing.T) {
 	for range 2000 {
 		tb.Entries = append(tb.Entries, tb.Entries[0])
 	}
-	if !tooLargeForNotice(tb) {
+	if !overNotice(tb, len(tb.Entries), 0) {
 		t.Fatal("a table of 2,256 long entries fits a notice")
+	}
+	rep := region.DemandReport{Agent: "ap-south-1-agent-0", At: time.Date(2026, 12, 31, 23, 59, 59, 999_999_999, time.FixedZone("", -12*3600)), Pub: math.MaxUint64, Speaker: "ap-south-1-agent-0", Level: true}
+	for i := range 256 {
+		rep.Keys = append(rep.Keys, region.DemandItem{Rule: "tenant-report-rule", Subject: "tenant-" + strconv.Itoa(1_000_000+i), Want: math.MaxInt64})
+	}
+	if b, err := json.Marshal(rep); err != nil || len(b)+len(`,"whole":true`) > noticeBodyMax {
+		t.Fatalf("a report of 256 long keys encodes to %d bytes (%v), more than a notice carries", len(b), err)
+	}
+	for range 2000 {
+		rep.Keys = append(rep.Keys, rep.Keys[0])
+	}
+	if !overNotice(rep, len(rep.Keys), 0) {
+		t.Fatal("a report of 2,256 long keys fits a notice")
 	}
 }

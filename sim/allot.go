@@ -66,10 +66,9 @@ type agentRT struct {
 	flip   int
 	// cut is what the agent last announced: its breaker not closed.
 	cut bool
-	// leveledAt is when the agent last stored a report for a new level
-	// (Core.Leveled) between rounds; leveledAny is set once it has.
-	leveledAt  Micros
-	leveledAny bool
+	// levelNext is when the agent may next store a report for a new level
+	// (Core.Leveled) between rounds: half a tick after the last (0: now).
+	levelNext Micros
 }
 
 // setBreaker gives cfg the scenario's breaker settings: the agents' cores
@@ -104,16 +103,11 @@ const (
 	alTick  uint8 = iota + 16 // an agent core's periodic tick
 	alPlane                   // routed to the plane
 	alFailoverDetected
-	alSampleHot // an agent samples its batched keys between ticks
 )
 
 // coreTick is how often an agent ticks its core (batch give-back, demand
-// sampling), as the agent's driver does.
+// sampling), as the agent's driver does (agent.DefaultConfig's Tick).
 const coreTick = 100_000 // µs
-
-// hotSampleEvery is how often an agent samples its batched keys between
-// ticks (Core.SampleHot), as the agent's driver does on a real clock.
-const hotSampleEvery = 20_000 // µs
 
 func newAllot(w *world) error {
 	a := &allot{w: w, ctx: context.Background()}
@@ -161,9 +155,7 @@ func newAllot(w *world) error {
 				return err
 			}
 			ags = append(ags, rt)
-			first := Micros(r*7919+i*1013+coreTick/3)%coreTick + 1
-			w.at(first, a.si, event{sub: alTick, aux: int32(r), agt: int32(i)})
-			w.at(first%hotSampleEvery+1, a.si, event{sub: alSampleHot, aux: int32(r), agt: int32(i)})
+			w.at(Micros(r*7919+i*1013+coreTick/3)%coreTick+1, a.si, event{sub: alTick, aux: int32(r), agt: int32(i)})
 		}
 		a.agents = append(a.agents, ags)
 	}
@@ -408,10 +400,10 @@ func (a *allot) leveled(w *world, r, ai int, t Micros) {
 	default:
 		return
 	}
-	if ag.leveledAny && t-ag.leveledAt < coreTick/2 {
+	if t < ag.levelNext {
 		return
 	}
-	ag.leveledAt, ag.leveledAny = t, true
+	ag.levelNext = t + coreTick/2
 	if a.report(w, r, ai, t, w.regions[r].agent.at(t), true) && a.onLevel != nil {
 		a.onLevel(r, ai, t)
 	}
@@ -446,13 +438,6 @@ func (a *allot) handle(w *world, e *event) {
 			a.tick(w, r, ai, e.at)
 		}
 		w.at(e.at+coreTick, a.si, event{sub: alTick, aux: e.aux, agt: e.agt})
-	case alSampleHot:
-		r, ai := int(e.aux), int(e.agt)
-		if ag := a.agents[r][ai]; ag.alive {
-			ag.core.SampleHot(w.regions[r].agent.at(e.at))
-			a.leveled(w, r, ai, e.at)
-		}
-		w.at(e.at+hotSampleEvery, a.si, event{sub: alSampleHot, aux: e.aux, agt: e.agt})
 	case alFailoverDetected:
 		// The agents see the Redis role or run id change and tell their
 		// cores, which drain buckets of rules that start empty.
@@ -497,7 +482,7 @@ func (a *allot) fault(w *world, f *FaultSpec, start bool) {
 		} else {
 			ag.alive = true
 			ag.speakAfter = w.eng.now + speakerWait
-			ag.leveledAny = false // a new process
+			ag.levelNext = 0 // a new process
 			if err := a.startCore(r, ag); err != nil {
 				panic(err) // the config was validated at start
 			}

@@ -78,13 +78,12 @@ type regionPlane struct {
 	// the new one per rule, kept from check to check so that their floors
 	// are computed once, not at every publication.
 	checkViews [2][]*region.TableView
-	// heardAt is when a report announced whole last ticked the Speaker
-	// (heardAny: one has), and laterAt when the next may, for reports
-	// announced within half a tick of it (0: none waits), as the agent's
-	// LeaseClient.heardRound.
-	heardAt  Micros
-	heardAny bool
-	laterAt  Micros
+	// heardNext is when a notice of a new level may next tick the Speaker
+	// (half a tick after the last that did; 0: now), and later is set
+	// while one that came before then waits for it (plHeard), as the
+	// agent's LeaseClient.heardRound.
+	heardNext Micros
+	later     bool
 	// onRound, when a test sets it, sees every round of the Speaker.
 	onRound func(t Micros)
 }
@@ -225,7 +224,7 @@ func (p *leasePlane) elect(w *world, r int, t Micros) {
 		return
 	}
 	rp.sp, rp.speaker = nil, want
-	rp.heardAny, rp.laterAt = false, 0 // a new speaker's client
+	rp.heardNext, rp.later = 0, false // a new speaker's client
 	if want < 0 {
 		return
 	}
@@ -310,7 +309,7 @@ func (p *leasePlane) handle(w *world, e *event) {
 		r := int(e.aux)
 		p.elect(w, r, t)
 		if rp := p.regions[r]; rp.sp != nil {
-			rp.laterAt = 0 // this round takes the announced reports too
+			rp.later = false // this round takes the announced reports too
 			reports, _ := rp.shared.demands(w, p, r, rp.speaker, t)
 			p.round(w, r, t, reports)
 		}
@@ -404,8 +403,8 @@ func (p *leasePlane) handle(w *world, e *event) {
 		p.carry(w, r, t)
 	case plHeard:
 		r := int(e.aux)
-		if rp := p.regions[r]; rp.sp != nil && rp.laterAt == t {
-			rp.laterAt = 0
+		if rp := p.regions[r]; rp.sp != nil && rp.later && rp.heardNext == t {
+			rp.later = false
 			p.heard(w, r, t)
 		}
 	case plReconnect:
@@ -450,7 +449,7 @@ type wakeNotice struct {
 // speaking agent has it one one-way trip after the store took it (two
 // after the agent sent it).
 func (p *leasePlane) announce(w *world, r, ai int, t Micros, rep region.DemandReport) {
-	level := rep.Level && !tooLargeForReport(rep)
+	level := rep.Level && !overNotice(rep, len(rep.Keys), len(`,"whole":true`))
 	rep.Keys = nil
 	w.at(t+2*w.net.lat[r][r], p.a.si, event{sub: alPlane, flag: plWake, aux: int32(r), agt: int32(ai), p: wakeNotice{rep, level}}) // #nosec G115 -- indexes
 }
@@ -463,28 +462,16 @@ func (p *leasePlane) announce(w *world, r, ai int, t Micros, rep region.DemandRe
 // is taken early.
 func (p *leasePlane) heard(w *world, r int, t Micros) {
 	rp := p.regions[r]
-	if rp.heardAny && t-rp.heardAt < speakerTick/2 {
-		if rp.laterAt == 0 {
-			rp.laterAt = rp.heardAt + speakerTick/2
-			w.at(rp.laterAt, p.a.si, event{sub: alPlane, flag: plHeard, aux: int32(r)}) // #nosec G115 -- region index
+	if t < rp.heardNext {
+		if !rp.later {
+			rp.later = true
+			w.at(rp.heardNext, p.a.si, event{sub: alPlane, flag: plHeard, aux: int32(r)}) // #nosec G115 -- region index
 		}
 		return
 	}
-	rp.heardAt, rp.heardAny = t, true
+	rp.heardNext = t + speakerTick/2
 	reports, _ := rp.shared.demands(w, p, r, rp.speaker, t)
 	p.round(w, r, t, reports)
-}
-
-// tooLargeForReport reports whether a notice of rep (agent.adoptionNotice)
-// is too large to carry its keys: its JSON, with the notice's own field,
-// over noticeBodyMax. A report of 256 keys or fewer is not encoded: each
-// key's JSON takes well under 256 bytes.
-func tooLargeForReport(rep region.DemandReport) bool {
-	if len(rep.Keys) <= 256 {
-		return false
-	}
-	b, err := json.Marshal(rep)
-	return err != nil || len(b)+len(`,"whole":true`) > noticeBodyMax
 }
 
 // notify is the notice of region r's publication of tb at t
@@ -496,7 +483,7 @@ func tooLargeForReport(rep region.DemandReport) bool {
 func (p *leasePlane) notify(w *world, r int, t Micros, tb *region.Table) {
 	rp := p.regions[r]
 	at, carried := t+w.net.lat[r][r], any(tb)
-	if tooLargeForNotice(tb) {
+	if overNotice(tb, len(tb.Entries), 0) {
 		at, carried = t+3*w.net.lat[r][r], nil
 	}
 	for ai, ag := range p.a.agents[r] {
@@ -509,15 +496,17 @@ func (p *leasePlane) notify(w *world, r int, t Micros, tb *region.Table) {
 // noticeBodyMax is agent.NoticeBodyMax (TestNoticeBodyMaxIsTheAgents).
 const noticeBodyMax = 64 << 10
 
-// tooLargeForNotice reports whether tb's JSON is larger than a notice
-// carries. A table of 256 entries or fewer is not encoded: each entry's
-// JSON takes well under 256 bytes.
-func tooLargeForNotice(tb *region.Table) bool {
-	if len(tb.Entries) <= 256 {
+// overNotice reports whether v, a table or a report listing n entries or
+// keys, is too large for a notice to carry: its JSON, with extra bytes the
+// notice adds, over noticeBodyMax (agent.tableNotice, agent.adoptionNotice,
+// whose reports carry `"whole":true`). One of 256 entries or fewer is not
+// encoded: each entry's or key's JSON takes well under 256 bytes.
+func overNotice(v any, n, extra int) bool {
+	if n <= 256 {
 		return false
 	}
-	b, err := json.Marshal(tb)
-	return err != nil || len(b) > noticeBodyMax
+	b, err := json.Marshal(v)
+	return err != nil || len(b)+extra > noticeBodyMax
 }
 
 // corruptGrant is the corrupted wire of Options.CorruptGrants: every grant
