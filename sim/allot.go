@@ -42,8 +42,8 @@ type allot struct {
 	// decisions: the store's calls for its key need not parse the key.
 	curBudget int
 	// onLevel, when a test sets it, sees every report stored for a new
-	// level between rounds.
-	onLevel func(r, ai int, t Micros)
+	// level, round set for a level the agent's round took.
+	onLevel func(r, ai int, t Micros, round bool)
 }
 
 // agentRT is one agent process of a region.
@@ -246,7 +246,7 @@ func (a *allot) arrive(w *world, t Micros, r, b int, cost int64, idealOK bool) {
 	var res region.Result
 	err := ag.core.DecideInto(a.ctx, w.regions[r].agent.at(t), &a.plane.keys[b], &rule.limit, bucket.Tokens(cost), "", &res)
 	a.curBudget = -1
-	a.leveled(w, r, ai, t)
+	a.leveled(w, r, ai, t, false)
 	p := pathOf(res.Path)
 	if err != nil && !errors.Is(err, region.ErrFailClosed) {
 		w.reject(a.si, b, idealOK, p, a.lat, true)
@@ -381,19 +381,19 @@ func (a *allot) tick(w *world, r, ai int, t Micros) {
 		}
 	}
 	a.report(w, r, ai, t, now, false)
-	// The round's report carries any level its sampling took.
-	select {
-	case <-ag.core.Leveled():
-	default:
-	}
+	// A level the round's sampling took is stored again, marked, as the
+	// agent's reportLevels does just after its round (unless it stored one
+	// within half a tick). Drained here, as it was, it reached the Speaker
+	// at its next tick.
+	a.leveled(w, r, ai, t, true)
 }
 
 // leveled stores agent ai of region r's report at t when its core says a
 // key's demand took a new level since (Core.Leveled), as the agent's driver
-// does between rounds (agent.reportLevels): at most one every half tick, a
-// level within half a tick of the last one so reported being left to the
-// round.
-func (a *allot) leveled(w *world, r, ai int, t Micros) {
+// does between rounds and just after each (agent.reportLevels), round set
+// for the latter: at most one every half tick, a level within half a tick
+// of the last one so reported being left to the round.
+func (a *allot) leveled(w *world, r, ai int, t Micros, round bool) {
 	ag := a.agents[r][ai]
 	select {
 	case <-ag.core.Leveled():
@@ -405,7 +405,7 @@ func (a *allot) leveled(w *world, r, ai int, t Micros) {
 	}
 	ag.levelNext = t + coreTick/2
 	if a.report(w, r, ai, t, w.regions[r].agent.at(t), true) && a.onLevel != nil {
-		a.onLevel(r, ai, t)
+		a.onLevel(r, ai, t, round)
 	}
 }
 
