@@ -35,6 +35,14 @@ type Core struct {
 	// hot caches the state of batched keys, found by a cheap hash of the
 	// key, so the busiest keys skip the lookup in their shard.
 	hot [hotSlots]atomic.Pointer[keyState]
+	// batchedKeys lists every key that turned batched, until a prune
+	// (SampleHot, Tick) finds it no longer batched or dropped: SampleHot
+	// samples them all, where a slot of the hot-key cache holds one of
+	// the keys whose hashes share it. sampleBuf is SampleHot's copy.
+	batchedMu   sync.Mutex
+	batchedKeys []*keyState
+	sampleMu    sync.Mutex // serializes SampleHot, which owns sampleBuf
+	sampleBuf   []*keyState
 
 	rulesMu sync.Mutex
 	rules   atomic.Pointer[map[string]*ruleState]

@@ -367,31 +367,70 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 		batch = float64(ac.limit.Burst())*c.cfg.BatchMaxFraction >= c.batchMinus
 	}
 	if batch && !ks.batched.Load() {
+		// Marked batched before it is listed: a prune that finds it listed
+		// keeps it.
+		ks.batched.Store(true)
 		c.promote(ks)
+		c.listBatched(ks)
 	}
 	ks.batched.Store(batch)
 }
 
-// SampleHot samples at now the demand of the batched keys in the hot-key
-// cache, the keys in heavy use, as Tick samples every key but without the
-// rest of its work. A key whose lock is taken (a refill holding it across
-// a call to the store) is left to its next sample. Decisions served from a
-// key's batch do not sample it (they read no clock under a coarse one), so
-// without SampleHot a batched key was sampled only as its batch ran out or
-// at the agent's round, and a fall of its use, which makes its batch last
+// SampleHot samples at now the demand of the batched keys, the keys in
+// heavy use, as Tick samples every key but without the rest of its work.
+// A key whose lock is taken (a refill holding it across a call to the
+// store) is left to its next sample. Decisions served from a key's batch
+// do not sample it (they read no clock under a coarse one), so without
+// SampleHot a batched key was sampled only as its batch ran out or at the
+// agent's round, and a fall of its use, which makes its batch last
 // longer, was read at the next round: 0.2–0.4 s late under chaos's
-// redis-slow, whose rounds are slow. Safe to call beside decisions and
-// Tick.
+// redis-slow, whose rounds are slow. It samples every batched key
+// (batchedKeys), not only those of the hot-key cache: a key whose slot
+// another key took (their hashes share it; a denied key takes its slot
+// too) was left to the rounds. Safe to call beside decisions and Tick.
 func (c *Core) SampleHot(now time.Time) {
 	nowUS := now.UnixMicro()
-	for i := range c.hot {
-		ks := c.hot[i].Load()
-		if ks == nil || !ks.batched.Load() || ks.gone.Load() || nowUS-ks.lastSample.Load() < sampleEvery.Microseconds() || !ks.mu.TryLock() {
+	c.sampleMu.Lock()
+	defer c.sampleMu.Unlock()
+	c.batchedMu.Lock()
+	c.pruneBatchedLocked()
+	keys := append(c.sampleBuf[:0], c.batchedKeys...)
+	c.batchedMu.Unlock()
+	for _, ks := range keys {
+		if !ks.batched.Load() || ks.gone.Load() || nowUS-ks.lastSample.Load() < sampleEvery.Microseconds() || !ks.mu.TryLock() {
 			continue
 		}
 		c.sampleLocked(ks, nowUS)
 		ks.mu.Unlock()
 	}
+	clear(keys) // keep no dropped key alive
+	c.sampleBuf = keys[:0]
+}
+
+// listBatched adds ks, just turned batched, to batchedKeys unless it is
+// listed already.
+func (c *Core) listBatched(ks *keyState) {
+	c.batchedMu.Lock()
+	if !ks.listed {
+		ks.listed = true
+		c.batchedKeys = append(c.batchedKeys, ks)
+	}
+	c.batchedMu.Unlock()
+}
+
+// pruneBatchedLocked takes out of batchedKeys the keys no longer batched
+// and those dropped. Requires that c.batchedMu is held.
+func (c *Core) pruneBatchedLocked() {
+	keep := c.batchedKeys[:0]
+	for _, ks := range c.batchedKeys {
+		if ks.batched.Load() && !ks.gone.Load() {
+			keep = append(keep, ks)
+		} else {
+			ks.listed = false
+		}
+	}
+	clear(c.batchedKeys[len(keep):])
+	c.batchedKeys = keep
 }
 
 // Leveled receives when a global key's reported demand (Demand) took a new

@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -452,5 +453,73 @@ func TestSampleHotReadsABatchedKeysFall(t *testing.T) {
 		case !hot && (leveled != 0 || rate < 1000):
 			t.Fatalf("unsampled: the stop leveled after %v, reported at %.0f a second; nothing should have read it", leveled, rate)
 		}
+	}
+}
+
+// TestSampleHotReadsAKeyOutOfTheHotCache: two keys batched at 2,000
+// decisions a second whose hashes share a slot of the hot-key cache; the
+// slot holds one. The other stops, and SampleHot still takes its fall
+// within 250 ms: it samples every batched key, not those of the cache
+// alone, which left this one to the agent's rounds.
+func TestSampleHotReadsAKeyOutOfTheHotCache(t *testing.T) {
+	f := newFixture(t, nil)
+	a := key("a")
+	var b bucket.Key
+	for i := 0; i < 1_000_000; i++ {
+		if k := key("b" + strconv.Itoa(i)); f.core.hash(&k)%hotSlots == f.core.hash(&a)%hotSlots {
+			b = k
+			break
+		}
+	}
+	if b.Subject == "" {
+		t.Fatal("no key shares a's slot")
+	}
+	global := bucket.PerSecond(30000)
+	ctx := context.Background()
+	for range 4000 { // 2 s at 2,000 a second each
+		for _, k := range []bucket.Key{a, b} {
+			if _, err := f.core.Decide(ctx, f.clk.Now(), k, global, 1, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f.clk.Advance(500 * time.Microsecond)
+	}
+	f.core.Tick(ctx, f.clk.Now())
+	ka, kb := f.core.lookup(&a), f.core.lookup(&b)
+	if ka == nil || kb == nil || !ka.batched.Load() || !kb.batched.Load() {
+		t.Fatal("the keys are not both batched: the test does not reach what it checks")
+	}
+	out, in := b, a // stop the key the slot does not hold
+	if f.core.slot(ka.h).Load() != ka {
+		out, in = a, b
+	}
+	select {
+	case <-f.core.Leveled(): // the rises, read before
+	default:
+	}
+	stopped := f.clk.Now()
+	leveled := time.Duration(0)
+	for f.clk.Now().Sub(stopped) < 250*time.Millisecond && leveled == 0 {
+		for range 40 { // the key the slot holds goes on
+			if _, err := f.core.Decide(ctx, f.clk.Now(), in, global, 1, ""); err != nil {
+				t.Fatal(err)
+			}
+			f.clk.Advance(500 * time.Microsecond)
+		}
+		f.core.SampleHot(f.clk.Now())
+		select {
+		case <-f.core.Leveled():
+			leveled = f.clk.Now().Sub(stopped)
+		default:
+		}
+	}
+	var rate float64
+	for _, d := range f.core.Demand(f.clk.Now()) {
+		if d.Key == out {
+			rate = d.Rate
+		}
+	}
+	if leveled == 0 || rate > 1000 {
+		t.Fatalf("the stopped key out of the cache: leveled after %v (0: never), reported at %.0f a second; want within 250 ms, below 1,000", leveled, rate)
 	}
 }

@@ -118,6 +118,7 @@ type keyState struct {
 	// order, which may still list it until it is rebuilt.
 	gone       atomic.Bool
 	refilling  bool         // under mu
+	listed     bool         // under Core.batchedMu: in Core.batchedKeys
 	arrived    atomic.Int64 // tokens asked since the last sample
 	deniedCost atomic.Int64
 	rs         atomic.Pointer[ruleState]
@@ -421,6 +422,11 @@ func (c *Core) TickSampled(ctx context.Context, now time.Time, sampled func()) {
 	}
 	clear(ret)
 	c.tickBuf = ret[:0]
+	// A driver that never calls SampleHot (the simulator) keeps no key
+	// listed past a tick after it stopped being batched or was dropped.
+	c.batchedMu.Lock()
+	c.pruneBatchedLocked()
+	c.batchedMu.Unlock()
 }
 
 // allocGlobal is the global limit the key was last decided under.
