@@ -103,11 +103,17 @@ const (
 	alTick  uint8 = iota + 16 // an agent core's periodic tick
 	alPlane                   // routed to the plane
 	alFailoverDetected
+	alSampleHot // an agent samples its batched keys between ticks
 )
 
 // coreTick is how often an agent ticks its core (batch give-back, demand
 // sampling), as the agent's driver does (agent.DefaultConfig's Tick).
 const coreTick = 100_000 // µs
+
+// hotSampleEvery is how often an agent samples its batched keys between
+// ticks (Core.SampleHot), as the agent's driver does on a real clock
+// (agent.hotSampleEvery).
+const hotSampleEvery = 20_000 // µs
 
 func newAllot(w *world) error {
 	a := &allot{w: w, ctx: context.Background()}
@@ -155,7 +161,9 @@ func newAllot(w *world) error {
 				return err
 			}
 			ags = append(ags, rt)
-			w.at(Micros(r*7919+i*1013+coreTick/3)%coreTick+1, a.si, event{sub: alTick, aux: int32(r), agt: int32(i)})
+			first := Micros(r*7919+i*1013+coreTick/3)%coreTick + 1
+			w.at(first, a.si, event{sub: alTick, aux: int32(r), agt: int32(i)})
+			w.at(first%hotSampleEvery+1, a.si, event{sub: alSampleHot, aux: int32(r), agt: int32(i)})
 		}
 		a.agents = append(a.agents, ags)
 	}
@@ -438,6 +446,13 @@ func (a *allot) handle(w *world, e *event) {
 			a.tick(w, r, ai, e.at)
 		}
 		w.at(e.at+coreTick, a.si, event{sub: alTick, aux: e.aux, agt: e.agt})
+	case alSampleHot:
+		r, ai := int(e.aux), int(e.agt)
+		if ag := a.agents[r][ai]; ag.alive {
+			ag.core.SampleHot(w.regions[r].agent.at(e.at))
+			a.leveled(w, r, ai, e.at, false)
+		}
+		w.at(e.at+hotSampleEvery, a.si, event{sub: alSampleHot, aux: e.aux, agt: e.agt})
 	case alFailoverDetected:
 		// The agents see the Redis role or run id change and tell their
 		// cores, which drain buckets of rules that start empty.

@@ -177,7 +177,8 @@ func hasOpenRule(sc *Scenario) bool {
 // and steady-skewed's first 3 s at full scale twice: its 1,000 keys share
 // the agents' hot-key caches, whose slots follow a hash seeded at random
 // in every core, so a run that let those caches choose what it samples
-// (Core.SampleHot) differed from the next.
+// (Core.SampleHot, when it walked the cache) differed from the next; it
+// fails so again with such a walk put back.
 func TestDeterministic(t *testing.T) {
 	sc, err := LoadScenario("scenarios/15-everything.yaml")
 	if err != nil {
