@@ -427,25 +427,12 @@ func TestSampleHotReadsABatchedKeysFall(t *testing.T) {
 		case <-f.core.Leveled(): // the rise, read before
 		default:
 		}
-		stopped := f.clk.Now()
-		leveled := time.Duration(0)
-		for f.clk.Now().Sub(stopped) < 250*time.Millisecond && leveled == 0 {
+		leveled, rate := awaitLevel(f, k, func() {
 			f.clk.Advance(20 * time.Millisecond)
 			if hot {
 				f.core.SampleHot(f.clk.Now())
 			}
-			select {
-			case <-f.core.Leveled():
-				leveled = f.clk.Now().Sub(stopped)
-			default:
-			}
-		}
-		var rate float64
-		for _, d := range f.core.Demand(f.clk.Now()) {
-			if d.Key == k {
-				rate = d.Rate
-			}
-		}
+		})
 		t.Logf("SampleHot %v: leveled after %v, reported at %.0f a second", hot, leveled, rate)
 		switch {
 		case hot && (leveled == 0 || rate > 1000):
@@ -497,9 +484,7 @@ func TestSampleHotReadsAKeyOutOfTheHotCache(t *testing.T) {
 	case <-f.core.Leveled(): // the rises, read before
 	default:
 	}
-	stopped := f.clk.Now()
-	leveled := time.Duration(0)
-	for f.clk.Now().Sub(stopped) < 250*time.Millisecond && leveled == 0 {
+	leveled, rate := awaitLevel(f, out, func() {
 		for range 40 { // the key the slot holds goes on
 			if _, err := f.core.Decide(ctx, f.clk.Now(), in, global, 1, ""); err != nil {
 				t.Fatal(err)
@@ -507,19 +492,29 @@ func TestSampleHotReadsAKeyOutOfTheHotCache(t *testing.T) {
 			f.clk.Advance(500 * time.Microsecond)
 		}
 		f.core.SampleHot(f.clk.Now())
-		select {
-		case <-f.core.Leveled():
-			leveled = f.clk.Now().Sub(stopped)
-		default:
-		}
-	}
-	var rate float64
-	for _, d := range f.core.Demand(f.clk.Now()) {
-		if d.Key == out {
-			rate = d.Rate
-		}
-	}
+	})
 	if leveled == 0 || rate > 1000 {
 		t.Fatalf("the stopped key out of the cache: leveled after %v (0: never), reported at %.0f a second; want within 250 ms, below 1,000", leveled, rate)
 	}
+}
+
+// awaitLevel calls step (which moves the clock) for up to 250 ms until
+// the core says a key's demand took a new level (Core.Leveled), and
+// returns how long that took (0: never) and k's reported rate then.
+func awaitLevel(f *fixture, k bucket.Key, step func()) (leveled time.Duration, rate float64) {
+	start := f.clk.Now()
+	for f.clk.Now().Sub(start) < 250*time.Millisecond && leveled == 0 {
+		step()
+		select {
+		case <-f.core.Leveled():
+			leveled = f.clk.Now().Sub(start)
+		default:
+		}
+	}
+	for _, d := range f.core.Demand(f.clk.Now()) {
+		if d.Key == k {
+			rate = d.Rate
+		}
+	}
+	return leveled, rate
 }
