@@ -366,14 +366,12 @@ func (c *Core) sampleLocked(ks *keyState, nowUS int64) {
 	if ac := ks.alloc.Load(); ac != nil && batch {
 		batch = float64(ac.limit.Burst())*c.cfg.BatchMaxFraction >= c.batchMinus
 	}
-	if batch && !ks.batched.Load() {
-		// Marked batched before it is listed: a prune that finds it listed
-		// keeps it.
-		ks.batched.Store(true)
+	// Marked batched before it is listed: a prune that finds it listed
+	// keeps it.
+	if was := ks.batched.Swap(batch); batch && !was {
 		c.promote(ks)
 		c.listBatched(ks)
 	}
-	ks.batched.Store(batch)
 }
 
 // SampleHot samples at now the demand of the batched keys, the keys in

@@ -175,11 +175,11 @@ func TestALevelReachesTheSpeakerAtOnce(t *testing.T) {
 		levels, rounds = append(levels, nil), append(rounds, nil)
 		a.plane.regions[r].onRound = func(at Micros) { rounds[r] = append(rounds[r], at) }
 	}
-	rounds0 := 0
+	byRound := 0
 	a.onLevel = func(r, _ int, at Micros, round bool) {
 		levels[r] = append(levels[r], at)
 		if round {
-			rounds0++
+			byRound++
 		}
 	}
 	w.run()
@@ -214,8 +214,8 @@ func TestALevelReachesTheSpeakerAtOnce(t *testing.T) {
 	// Some levels are taken by the agents' rounds (Tick samples every
 	// key): those are stored again, marked, as the agent's reportLevels
 	// does, and not left to the Speaker's next tick.
-	if rounds0 == 0 {
+	if byRound == 0 {
 		t.Fatalf("none of %d levels was taken by an agent's round", n)
 	}
-	t.Logf("%d levels, %d taken by rounds", n, rounds0)
+	t.Logf("%d levels, %d taken by rounds", n, byRound)
 }
