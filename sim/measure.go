@@ -52,6 +52,7 @@ type budgetCold struct {
 	area   float64 // ∫ max(excess,0) dt, scaled·µs
 	peakAt Micros
 	capped int64 // Σ over closed utilization windows of min(win, the ideal's win)
+	clear  int64 // the same over the clear windows (clearWindow) alone
 }
 
 func newMeter(nb int, bins *series) *meter {

@@ -32,13 +32,19 @@ func (m *meter) use(b int, cost int64) {
 }
 
 // closeWindow ends the current utilization window at every meter: each
-// system's use of each budget in it counts up to what the ideal admitted.
+// system's use of each budget in it counts up to what the ideal admitted,
+// and, in a clear window (clearWindow), counts again apart.
 func (w *world) closeWindow() {
 	im := w.idealM
+	clear := w.clearWindow(w.winEnd-utilWindow, w.winEnd)
 	for _, m := range w.meters {
 		for _, b := range m.touched {
 			bm := &m.b[b]
-			m.cold[b].capped += min(bm.win, im.b[b].win)
+			u := min(bm.win, im.b[b].win)
+			m.cold[b].capped += u
+			if clear {
+				m.cold[b].clear += u
+			}
 			bm.win = 0
 		}
 		m.touched = m.touched[:0]
@@ -46,10 +52,34 @@ func (w *world) closeWindow() {
 	for _, b := range im.touched {
 		bm := &im.b[b]
 		im.cold[b].capped += bm.win
+		if clear {
+			im.cold[b].clear += bm.win
+		}
 		bm.win = 0
 	}
 	im.touched = im.touched[:0]
 	w.winEnd += utilWindow
+}
+
+// clearWindow says whether the utilization window [from, to) is clear:
+// it begins after the run's first window, which holds the start (every
+// region on its floor until its first grant), and meets no fault's
+// influence, from the fault's start until a lease TTL plus a refresh after
+// its end (as the chaos harness's checker counts it). A clear window is
+// where allot and the static split stand on the same ground: no region
+// held to its floor by the start or by a fault the static split has no
+// part in, and no recovery still under way.
+func (w *world) clearWindow(from, to Micros) bool {
+	if from < utilWindow || w.sc == nil {
+		return false
+	}
+	after := us(w.sc.Coordinator.LeaseTTL + w.sc.Coordinator.Refresh)
+	for _, f := range w.sc.Faults {
+		if us(f.At) < to && from < us(f.At+f.For)+after {
+			return false
+		}
+	}
+	return true
 }
 
 // BudgetOutcome is one measured budget's figures for one system.
@@ -66,6 +96,12 @@ type BudgetOutcome struct {
 	// FalseRejectPct is the share of the budget's requests the system
 	// rejected that the ideal admitted.
 	FalseRejectPct float64 `json:"false_reject_pct"`
+	// ClearIdealTokens is what the ideal admitted in the run's clear
+	// windows (clearWindow), ClearUtilization the system's use over it,
+	// capped per window as Utilization is; both 0 when the run has no
+	// clear window or the ideal admitted nothing in them.
+	ClearIdealTokens int64   `json:"clear_ideal_tokens,omitempty"`
+	ClearUtilization float64 `json:"clear_utilization,omitempty"`
 }
 
 // ruleUsage fills ro's utilization and false-reject figures from m: the
@@ -98,6 +134,9 @@ func (w *world) ruleUsage(ro *RuleOutcome, r *ruleRT, m *meter) {
 		}
 		bo := BudgetOutcome{Key: k, IdealTokens: it, Utilization: round(float64(m.cold[b].capped)/float64(it), 6),
 			Contested: float64(ibu.rej) >= contestedShare*float64(ibu.requests)}
+		if ct := im.cold[b].clear; ct > 0 {
+			bo.ClearIdealTokens, bo.ClearUtilization = ct, round(float64(m.cold[b].clear)/float64(ct), 6)
+		}
 		if bu.requests > 0 {
 			bo.FalseRejectPct = round(100*float64(bu.rej)/float64(bu.requests), 4)
 		}

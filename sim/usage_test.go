@@ -2,6 +2,7 @@ package sim
 
 import (
 	"testing"
+	"time"
 )
 
 // TestUtilizationCappedPerWindow runs the independent baseline, which
@@ -89,6 +90,50 @@ func TestCloseWindowCapsAtTheIdeal(t *testing.T) {
 	}
 	if w.winEnd != 2*utilWindow {
 		t.Errorf("window end %d after two windows, want %d", w.winEnd, 2*utilWindow)
+	}
+}
+
+// TestClearWindowsLeaveOutTheStartAndFaults: a window is clear from the
+// second second on, except where it meets a fault or the lease TTL plus a
+// refresh after it; a clear window's capped use counts apart as well.
+func TestClearWindowsLeaveOutTheStartAndFaults(t *testing.T) {
+	sc := &Scenario{
+		Coordinator: CoordinatorSpec{LeaseTTL: 4 * time.Second, Refresh: time.Second},
+		Faults:      []FaultSpec{{Kind: FaultCoordinatorCut, At: 3 * time.Second, For: 2 * time.Second}},
+	}
+	w := &world{nb: 1, sc: sc, idealM: newMeter(1, nil)}
+	sys := newMeter(1, nil)
+	w.meters = []*meter{sys}
+	// The fault's influence: [3 s, 5 s + 4 s + 1 s) = [3 s, 10 s).
+	want := []bool{false, true, true, false, false, false, false, false, false, false, true, true}
+	var wantClear, wantSys int64
+	for i, c := range want {
+		w.winEnd = Micros(i+1) * utilWindow
+		if got := w.clearWindow(w.winEnd-utilWindow, w.winEnd); got != c {
+			t.Errorf("window [%d s, %d s) clear %v, want %v", i, i+1, got, c)
+		}
+		// The ideal admits 10 in each window, the system 7 in the
+		// even ones and 12 (capped at 10) in the odd.
+		w.idealM.use(0, 10)
+		u := int64(7)
+		if i%2 == 1 {
+			u = 12
+		}
+		sys.use(0, u)
+		if c {
+			wantClear += 10
+			wantSys += min(u, 10)
+		}
+		w.closeWindow()
+	}
+	if got := w.idealM.cold[0].clear; got != wantClear {
+		t.Errorf("ideal's clear tokens %d, want %d", got, wantClear)
+	}
+	if got := sys.cold[0].clear; got != wantSys {
+		t.Errorf("system's clear use %d, want %d", got, wantSys)
+	}
+	if got, all := sys.cold[0].capped, int64(len(want)/2)*(7+10); got != all {
+		t.Errorf("system's capped use %d over every window, want %d", got, all)
 	}
 }
 

@@ -20,6 +20,13 @@ type BehindStatic struct {
 	OnMean   int // budgets where it is ahead on the mean over those seeds
 	Gap      float64
 	GapKey   int
+	// The same over the clear windows alone (clearWindow: after the first
+	// second, meeting no fault's influence), for the budgets with clear
+	// windows at every seed they were measured at (ClearBudgets).
+	ClearBudgets int
+	ClearEvery   int
+	ClearGap     float64
+	ClearGapKey  int
 }
 
 // BehindStaticOf compares allot with the static split budget by budget, per
@@ -34,8 +41,10 @@ func BehindStaticOf(results []*Result) []BehindStatic {
 		key      int
 	}
 	type tally struct {
-		n, ahead int
-		gap      float64
+		n, ahead   int
+		gap        float64
+		nc, aheadC int
+		gapC       float64
 	}
 	tallies := map[budgetKey]*tally{}
 	for _, r := range results {
@@ -44,9 +53,9 @@ func BehindStaticOf(results []*Result) []BehindStatic {
 			continue
 		}
 		for j, ro := range al.Rules {
-			static := map[int]float64{}
+			static := map[int]BudgetOutcome{}
 			for _, b := range st.Rules[j].Budgets {
-				static[b.Key] = b.Utilization
+				static[b.Key] = b
 			}
 			for _, b := range ro.Budgets {
 				k := budgetKey{r.Scenario, ro.Rule, b.Key}
@@ -55,11 +64,19 @@ func BehindStaticOf(results []*Result) []BehindStatic {
 					t = &tally{}
 					tallies[k] = t
 				}
+				sb := static[b.Key]
 				t.n++
-				if static[b.Key] > b.Utilization {
+				if sb.Utilization > b.Utilization {
 					t.ahead++
 				}
-				t.gap += static[b.Key] - b.Utilization
+				t.gap += sb.Utilization - b.Utilization
+				if b.ClearIdealTokens > 0 {
+					t.nc++
+					if sb.ClearUtilization > b.ClearUtilization {
+						t.aheadC++
+					}
+					t.gapC += sb.ClearUtilization - b.ClearUtilization
+				}
 			}
 		}
 	}
@@ -68,13 +85,22 @@ func BehindStaticOf(results []*Result) []BehindStatic {
 	for k, t := range tallies {
 		row := rows[ruleKey{k.sc, k.rule}]
 		if row == nil {
-			row = &BehindStatic{Scenario: k.sc, Rule: k.rule, GapKey: -1}
+			row = &BehindStatic{Scenario: k.sc, Rule: k.rule, GapKey: -1, ClearGapKey: -1}
 			rows[ruleKey{k.sc, k.rule}] = row
 		}
 		row.Budgets++
 		row.Seeds = max(row.Seeds, t.n)
 		if t.ahead == t.n {
 			row.Every++
+		}
+		if t.nc == t.n {
+			row.ClearBudgets++
+			if t.aheadC == t.nc {
+				row.ClearEvery++
+				if gap := t.gapC / float64(t.nc); gap > row.ClearGap || gap == row.ClearGap && (row.ClearGapKey < 0 || k.key < row.ClearGapKey) {
+					row.ClearGap, row.ClearGapKey = gap, k.key
+				}
+			}
 		}
 		if gap := t.gap / float64(t.n); gap > 0 {
 			row.OnMean++
@@ -107,18 +133,23 @@ func WriteBehindStatic(w io.Writer, results []*Result) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	_, _ = io.WriteString(tw, "budgets behind the static split\trule\tbudgets\tseeds\tahead at every seed\tahead on the mean\tlargest gap (key)\t\n")
+	_, _ = io.WriteString(tw, "budgets behind the static split\trule\tbudgets\tseeds\tahead at every seed\tahead on the mean\tlargest gap (key)\tclear windows: budgets\tahead at every seed\tlargest gap there (key)\t\n")
 	var tot BehindStatic
 	for _, r := range rows {
-		gap := "-"
+		gap, gapC := "-", "-"
 		if r.GapKey >= 0 {
 			gap = fmt.Sprintf("%.3f (k%d)", r.Gap, r.GapKey)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t\n", r.Scenario, r.Rule, r.Budgets, r.Seeds, r.Every, r.OnMean, gap)
+		if r.ClearGapKey >= 0 {
+			gapC = fmt.Sprintf("%.4f (k%d)", r.ClearGap, r.ClearGapKey)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t\n", r.Scenario, r.Rule, r.Budgets, r.Seeds, r.Every, r.OnMean, gap, r.ClearBudgets, r.ClearEvery, gapC)
 		tot.Budgets += r.Budgets
 		tot.Every += r.Every
 		tot.OnMean += r.OnMean
+		tot.ClearBudgets += r.ClearBudgets
+		tot.ClearEvery += r.ClearEvery
 	}
-	fmt.Fprintf(tw, "all\t\t%d\t\t%d\t%d\t\t\n", tot.Budgets, tot.Every, tot.OnMean)
+	fmt.Fprintf(tw, "all\t\t%d\t\t%d\t%d\t\t%d\t%d\t\t\n", tot.Budgets, tot.Every, tot.OnMean, tot.ClearBudgets, tot.ClearEvery)
 	return tw.Flush()
 }

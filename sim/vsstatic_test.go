@@ -38,6 +38,36 @@ func TestBehindStaticOf(t *testing.T) {
 	if r.Budgets != 5 || r.Seeds != 2 || r.Every != 2 || r.OnMean != 3 || r.GapKey != 3 || r.Gap < 0.0999 || r.Gap > 0.1001 {
 		t.Fatalf("row %+v, want 5 budgets over 2 seeds, 2 behind at every seed (k0, k3), 3 on the mean, largest gap 0.10 at k3", r)
 	}
+	if r.ClearBudgets != 0 || r.ClearEvery != 0 || r.ClearGapKey != -1 {
+		t.Fatalf("row %+v: clear figures without clear windows", r)
+	}
+	// Clear windows: k0 behind there at both seeds (0.02, 0.04), k1 at
+	// seed 1 only; k2 has clear windows at seed 1 alone, so it is not
+	// counted.
+	clear := func(seed uint64, allot, static map[int]float64) *Result {
+		r := run(seed, allot, static)
+		for si := range r.Systems {
+			us := allot
+			if r.Systems[si].Name == "static" {
+				us = static
+			}
+			bs := r.Systems[si].Rules[0].Budgets
+			for i := range bs {
+				if u, ok := us[bs[i].Key+10]; ok {
+					bs[i].ClearIdealTokens, bs[i].ClearUtilization = 100, u
+				}
+			}
+		}
+		return r
+	}
+	results2 := []*Result{
+		clear(1, map[int]float64{0: 0.8, 1: 0.8, 2: 0.8, 10: 0.96, 11: 0.97, 12: 0.9}, map[int]float64{0: 0.9, 1: 0.9, 2: 0.9, 10: 0.98, 11: 0.98, 12: 0.95}),
+		clear(2, map[int]float64{0: 0.8, 1: 0.8, 2: 0.8, 10: 0.95, 11: 0.99}, map[int]float64{0: 0.9, 1: 0.9, 2: 0.9, 10: 0.99, 11: 0.98}),
+	}
+	r = BehindStaticOf(results2)[0]
+	if r.ClearBudgets != 2 || r.ClearEvery != 1 || r.ClearGapKey != 0 || r.ClearGap < 0.0299 || r.ClearGap > 0.0301 {
+		t.Fatalf("row %+v, want 2 budgets with clear windows at every seed, 1 behind there at every seed (k0 by 0.03)", r)
+	}
 	var b strings.Builder
 	if err := WriteBehindStatic(&b, results); err != nil {
 		t.Fatal(err)
