@@ -30,6 +30,7 @@ type harness struct {
 	conns   map[string]*conn
 	keys    map[bucket.Key]bool // every key the Allocator or b has used
 	grants  int                 // grants sent to a
+	wantB   bucket.Tokens       // b's demand at every tick
 }
 
 var keyB = bucket.Key{Rule: "api", Subject: "shared-tenant"}
@@ -49,7 +50,7 @@ func newHarness(tb testing.TB, lim Limits) *harness {
 		tb.Fatal(err)
 	}
 	h := &harness{s: s, clk: clk, budget: testBudgets()[0], honest: map[string]*lease.Holder{}, conns: map[string]*conn{},
-		keys: map[bucket.Key]bool{keyB: true}}
+		keys: map[bucket.Key]bool{keyB: true}, wantB: 450}
 	for _, r := range []string{"a", "b", "c"} {
 		c := &conn{region: r, out: make(chan *leasev1.Message, cfg.SendBuffer), done: make(chan struct{})}
 		s.streams[r], h.conns[r] = c, c
@@ -112,7 +113,7 @@ func (h *harness) deliver() error {
 func (h *harness) tick(d time.Duration) error {
 	h.clk.Advance(d)
 	now := h.clk.Now()
-	h.honest["b"].Demand(now, keyB, 450)
+	h.honest["b"].Demand(now, keyB, h.wantB)
 	h.honest["c"].Demand(now, keyB, 200)
 	for _, r := range []string{"b", "c"} {
 		h.honest[r].Tick(now)
@@ -228,6 +229,36 @@ func TestHostileRegion(t *testing.T) {
 		_ = h.send(lease.Message{Type: lease.MsgHello, Session: uint64(100 + i), Seq: 1, Entries: []lease.Entry{{Key: keyB, Count: math.MaxInt64, Burst: math.MaxInt64}},
 			Demand: []lease.Demand{{Key: keyB, Want: math.MaxInt64}}})
 		step(200 + i)
+	}
+}
+
+// TestHonestRegionIsNeverCutToBounds: a region whose demand is five times
+// the budget sends nothing the coordinator must cut (its sanitized counts
+// stay 0, so they flag only broken or hostile regions), and still gets what
+// the others leave.
+func TestHonestRegionIsNeverCutToBounds(t *testing.T) {
+	h := newHarness(t, Limits{MaxMessageBytes: MaxMessageSize, MaxReportKeys: 1000, MaxKeyBytes: 1024})
+	h.wantB = 5 * h.budget.Limit.Count()
+	// 15 s: a never says hello, so the leader learns for a lease TTL
+	// before it raises anyone.
+	for i := range 150 {
+		if err := h.tick(100 * time.Millisecond); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if err := h.check(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+	}
+	h.s.mu.Lock()
+	san := h.s.counts.sanitized
+	h.s.mu.Unlock()
+	if san != [3]uint64{} {
+		t.Errorf("sanitized clipped/dropped/clamped = %v for honest regions; want none", san)
+	}
+	// c wants 200 and a, never heard, keeps its floor: b gets the rest.
+	floorA := h.budget.Floor("a").Count
+	if l, _ := h.honest["b"].Allocation(h.clk.Now(), keyB); l.Count() < h.budget.Limit.Count()-floorA-210 {
+		t.Errorf("b holds %d wanting five times the budget; want at least %d", l.Count(), h.budget.Limit.Count()-floorA-210)
 	}
 }
 

@@ -354,7 +354,7 @@ func (h *Holder) allocation(now time.Time, key bucket.Key, hb *holderBudget) (bu
 // for keys some region presses on, so reporting light use costs it no
 // memory.) A key pressing on its allocation is reported at once; the
 // others ride on the next periodic report. Keys of unknown rules are
-// ignored.
+// ignored. A want above the budget's count is sent as the count (demands).
 func (h *Holder) Demand(now time.Time, key bucket.Key, want bucket.Tokens) {
 	hb := h.budgets[key.Rule]
 	if hb == nil || want < 0 {
@@ -747,7 +747,12 @@ func (h *Holder) report(now time.Time) {
 
 // demands lists the demand recorded within the last refresh interval or
 // at the latest feed (Fed), and once more with Want 0 a key whose demand
-// has gone.
+// has gone. A want above the budget's count is sent as the count: no
+// region can use more than the whole budget, and the coordinator cuts
+// every want to it, counting each cut as a sign of a broken or hostile
+// region, so an honest region never sends one above it. (Demand's urgency
+// rules still read the whole want: a rise beyond the budget is reported
+// at once as before, which renews the lease sooner after a lost grant.)
 func (h *Holder) demands(now time.Time) []Demand {
 	var ds []Demand
 	fed := !h.fedAt.IsZero() && now.Sub(h.fedAt) <= feedKeep*h.refresh
@@ -759,7 +764,11 @@ func (h *Holder) demands(now time.Time) []Demand {
 			}
 			d.want = 0 // say once that the demand has gone
 		}
-		ds = append(ds, Demand{Key: k, Want: d.want})
+		want := d.want
+		if hb := h.budgets[k.Rule]; hb != nil {
+			want = min(want, hb.b.Limit.Count())
+		}
+		ds = append(ds, Demand{Key: k, Want: want})
 		d.sent = d.want
 	}
 	slices.SortFunc(ds, func(a, b Demand) int { return cmpKey(a.Key, b.Key) })

@@ -10,8 +10,14 @@ import (
 
 func newTestHolder(t *testing.T) *Holder {
 	t.Helper()
+	return newHolderOf(t, testConfig().Budgets)
+}
+
+// newHolderOf is newTestHolder with budgets of its own.
+func newHolderOf(t *testing.T, budgets []Budget) *Holder {
+	t.Helper()
 	hc := DefaultHolderConfig()
-	hc.Region, hc.Session, hc.Budgets = "a", 7, testConfig().Budgets
+	hc.Region, hc.Session, hc.Budgets = "a", 7, budgets
 	h, err := NewHolder(hc, t0)
 	if err != nil {
 		t.Fatal(err)
@@ -23,7 +29,13 @@ func newTestHolder(t *testing.T) *Holder {
 // of es, and its acknowledgement.
 func grantedTestHolder(t *testing.T, es ...Entry) *Holder {
 	t.Helper()
-	h := newTestHolder(t)
+	return grantedHolderOf(t, testConfig().Budgets, es...)
+}
+
+// grantedHolderOf is grantedTestHolder with budgets of its own.
+func grantedHolderOf(t *testing.T, budgets []Budget, es ...Entry) *Holder {
+	t.Helper()
+	h := newHolderOf(t, budgets)
 	hello := h.Ready()[0]
 	if err := h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, es...)); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -107,7 +108,18 @@ func TestSmallIncreaseFromFreeCapacity(t *testing.T) {
 // or halved; a key that keeps pressing with a steady demand, or presses again
 // by less than a quarter of its allocation, waits for the periodic report.
 func TestHolderUrgentReports(t *testing.T) {
-	h := grantedTestHolder(t, Entry{Key: hk, Count: 300, Burst: 30}) // refresh 3 s; floor 133
+	// A budget of 6,000 a minute over 30 regions: the floor is 133, as
+	// under the test budget, and the wants below, up to 1,900, are within
+	// the budget (a want above its count is taken as the count).
+	regions := []string{"a"}
+	for i := range 29 {
+		regions = append(regions, fmt.Sprintf("r%d", i))
+	}
+	h := grantedHolderOf(t, []Budget{{Rule: "api", Limit: bucket.PerMinute(6000).WithBurst(600), Regions: regions, Reserve: DefaultReserve}},
+		Entry{Key: hk, Count: 300, Burst: 30}) // refresh 3 s; floor 133
+	if f := h.budgets["api"].floor; f != 133 {
+		t.Fatalf("floor %d, want 133", f)
+	}
 	checkReports(t, h, hk, []reportStep{
 		{1000 * time.Millisecond, 250, false},  // within its allocation
 		{1100 * time.Millisecond, 400, true},   // presses: at once
@@ -130,6 +142,40 @@ func TestHolderUrgentReports(t *testing.T) {
 		{7000 * time.Millisecond, 330, false},  // presses again, by less than a quarter: noise the next report carries
 		{7100 * time.Millisecond, 380, true},   // presses by a quarter of its allocation
 	})
+}
+
+// TestHolderCapsWantAtTheBudget: a want above the budget's count is sent
+// as the count, in urgent reports and periodic ones alike, while the
+// urgency rules still read the whole want.
+func TestHolderCapsWantAtTheBudget(t *testing.T) {
+	h := grantedTestHolder(t, Entry{Key: hk, Count: 300, Burst: 30}) // a budget of 600; refresh 3 s
+	for _, s := range []struct {
+		at     time.Duration
+		want   bucket.Tokens
+		report bool
+	}{
+		{1100 * time.Millisecond, 900, true},  // presses: at once
+		{2000 * time.Millisecond, 2400, true}, // grew by a quarter, ¾ s on
+		{4000 * time.Millisecond, 2400, false},
+		{5100 * time.Millisecond, 2400, true}, // the periodic report
+	} {
+		now := t0.Add(s.at)
+		h.Demand(now, hk, s.want)
+		h.Tick(now)
+		sent := false
+		for _, m := range h.Ready() {
+			if m.Type != MsgReport {
+				continue
+			}
+			sent = true
+			if len(m.Demand) != 1 || m.Demand[0].Want != 600 {
+				t.Fatalf("at %s with demand %d: report %v, want the key at the budget, 600", s.at, s.want, m.Demand)
+			}
+		}
+		if sent != s.report {
+			t.Fatalf("at %s with demand %d: report sent %v, want %v", s.at, s.want, sent, s.report)
+		}
+	}
 }
 
 // TestHolderReportsAFallsSecondStep: after a fall reported at once, each
