@@ -251,7 +251,7 @@ func mulDivRem(a, b, c int64) (q, r int64) {
 	if uq > math.MaxInt64 {
 		return math.MaxInt64, 0
 	}
-	return int64(uq), int64(ur)
+	return int64(uq), int64(ur) // #nosec G115 -- uq ≤ MaxInt64 (checked above), ur < c, an int64
 }
 
 // Config holds the Allocator's timing and tuning and the budgets it serves.
