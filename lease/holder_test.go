@@ -10,14 +10,8 @@ import (
 
 func newTestHolder(t *testing.T) *Holder {
 	t.Helper()
-	return newHolderOf(t, testConfig().Budgets)
-}
-
-// newHolderOf is newTestHolder with budgets of its own.
-func newHolderOf(t *testing.T, budgets []Budget) *Holder {
-	t.Helper()
 	hc := DefaultHolderConfig()
-	hc.Region, hc.Session, hc.Budgets = "a", 7, budgets
+	hc.Region, hc.Session, hc.Budgets = "a", 7, testConfig().Budgets
 	h, err := NewHolder(hc, t0)
 	if err != nil {
 		t.Fatal(err)
@@ -29,13 +23,7 @@ func newHolderOf(t *testing.T, budgets []Budget) *Holder {
 // of es, and its acknowledgement.
 func grantedTestHolder(t *testing.T, es ...Entry) *Holder {
 	t.Helper()
-	return grantedHolderOf(t, testConfig().Budgets, es...)
-}
-
-// grantedHolderOf is grantedTestHolder with budgets of its own.
-func grantedHolderOf(t *testing.T, budgets []Budget, es ...Entry) *Holder {
-	t.Helper()
-	h := newHolderOf(t, budgets)
+	h := newTestHolder(t)
 	hello := h.Ready()[0]
 	if err := h.Step(t0, grantMsg(1, 1, 0, hello.Seq, true, true, es...)); err != nil {
 		t.Fatal(err)

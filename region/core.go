@@ -35,8 +35,8 @@ type Core struct {
 	// hot caches the state of batched keys, found by a cheap hash of the
 	// key, so the busiest keys skip the lookup in their shard.
 	hot [hotSlots]atomic.Pointer[keyState]
-	// batchedKeys lists every key that turned batched, until a prune
-	// (SampleHot, Tick) finds it no longer batched or dropped: SampleHot
+	// batchedKeys lists every key that turned batched, until Tick's
+	// prune finds it no longer batched or dropped: SampleHot
 	// samples them all, where a slot of the hot-key cache holds one of
 	// the keys whose hashes share it. sampleBuf is SampleHot's copy.
 	batchedMu   sync.Mutex

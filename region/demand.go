@@ -391,7 +391,6 @@ func (c *Core) SampleHot(now time.Time) {
 	c.sampleMu.Lock()
 	defer c.sampleMu.Unlock()
 	c.batchedMu.Lock()
-	c.pruneBatchedLocked()
 	keys := append(c.sampleBuf[:0], c.batchedKeys...)
 	c.batchedMu.Unlock()
 	for _, ks := range keys {
@@ -416,9 +415,11 @@ func (c *Core) listBatched(ks *keyState) {
 	c.batchedMu.Unlock()
 }
 
-// pruneBatchedLocked takes out of batchedKeys the keys no longer batched
-// and those dropped. Requires that c.batchedMu is held.
-func (c *Core) pruneBatchedLocked() {
+// pruneBatched takes out of batchedKeys the keys no longer batched and
+// those dropped (Tick calls it; SampleHot skips them meanwhile).
+func (c *Core) pruneBatched() {
+	c.batchedMu.Lock()
+	defer c.batchedMu.Unlock()
 	keep := c.batchedKeys[:0]
 	for _, ks := range c.batchedKeys {
 		if ks.batched.Load() && !ks.gone.Load() {

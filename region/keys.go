@@ -422,11 +422,7 @@ func (c *Core) TickSampled(ctx context.Context, now time.Time, sampled func()) {
 	}
 	clear(ret)
 	c.tickBuf = ret[:0]
-	// A driver that never calls SampleHot (the simulator) keeps no key
-	// listed past a tick after it stopped being batched or was dropped.
-	c.batchedMu.Lock()
-	c.pruneBatchedLocked()
-	c.batchedMu.Unlock()
+	c.pruneBatched()
 }
 
 // allocGlobal is the global limit the key was last decided under.

@@ -20,9 +20,11 @@ type BehindStatic struct {
 	OnMean   int // budgets where it is ahead on the mean over those seeds
 	Gap      float64
 	GapKey   int
-	// The same over the clear windows alone (clearWindow: after the first
-	// second, meeting no fault's influence), for the budgets with clear
-	// windows at every seed they were measured at (ClearBudgets).
+	// Over the clear windows alone (clearWindow: after the first second,
+	// meeting no fault's influence), among the budgets with clear windows
+	// at every seed they were measured at (ClearBudgets): those where the
+	// static split is ahead at every seed, and the largest of their gaps
+	// on the mean, with its key.
 	ClearBudgets int
 	ClearEvery   int
 	ClearGap     float64
@@ -40,12 +42,7 @@ func BehindStaticOf(results []*Result) []BehindStatic {
 		sc, rule string
 		key      int
 	}
-	type tally struct {
-		n, ahead   int
-		gap        float64
-		nc, aheadC int
-		gapC       float64
-	}
+	type tally struct{ all, clear behind }
 	tallies := map[budgetKey]*tally{}
 	for _, r := range results {
 		al, st := r.System("allot"), r.System("static")
@@ -65,17 +62,9 @@ func BehindStaticOf(results []*Result) []BehindStatic {
 					tallies[k] = t
 				}
 				sb := static[b.Key]
-				t.n++
-				if sb.Utilization > b.Utilization {
-					t.ahead++
-				}
-				t.gap += sb.Utilization - b.Utilization
+				t.all.add(b.Utilization, sb.Utilization)
 				if b.ClearIdealTokens > 0 {
-					t.nc++
-					if sb.ClearUtilization > b.ClearUtilization {
-						t.aheadC++
-					}
-					t.gapC += sb.ClearUtilization - b.ClearUtilization
+					t.clear.add(b.ClearUtilization, sb.ClearUtilization)
 				}
 			}
 		}
@@ -89,23 +78,19 @@ func BehindStaticOf(results []*Result) []BehindStatic {
 			rows[ruleKey{k.sc, k.rule}] = row
 		}
 		row.Budgets++
-		row.Seeds = max(row.Seeds, t.n)
-		if t.ahead == t.n {
+		row.Seeds = max(row.Seeds, t.all.n)
+		if t.all.every() {
 			row.Every++
 		}
-		if t.nc == t.n {
-			row.ClearBudgets++
-			if t.aheadC == t.nc {
-				row.ClearEvery++
-				if gap := t.gapC / float64(t.nc); gap > row.ClearGap || gap == row.ClearGap && (row.ClearGapKey < 0 || k.key < row.ClearGapKey) {
-					row.ClearGap, row.ClearGapKey = gap, k.key
-				}
-			}
-		}
-		if gap := t.gap / float64(t.n); gap > 0 {
+		if gap := t.all.mean(); gap > 0 {
 			row.OnMean++
-			if gap > row.Gap || gap == row.Gap && (row.GapKey < 0 || k.key < row.GapKey) {
-				row.Gap, row.GapKey = gap, k.key
+			widest(&row.Gap, &row.GapKey, gap, k.key)
+		}
+		if t.clear.n == t.all.n {
+			row.ClearBudgets++
+			if t.clear.every() {
+				row.ClearEvery++
+				widest(&row.ClearGap, &row.ClearGapKey, t.clear.mean(), k.key)
 			}
 		}
 	}
@@ -123,6 +108,36 @@ func BehindStaticOf(results []*Result) []BehindStatic {
 		return out[i].Rule < out[j].Rule
 	})
 	return out
+}
+
+// behind tallies one budget against the static split: the seeds it was
+// measured at, those at which the static split was ahead, and the sum of
+// the static split's leads.
+type behind struct {
+	n, ahead int
+	gap      float64
+}
+
+func (b *behind) add(allot, static float64) {
+	b.n++
+	if static > allot {
+		b.ahead++
+	}
+	b.gap += static - allot
+}
+
+// every says the static split was ahead at every seed measured.
+func (b *behind) every() bool { return b.ahead == b.n }
+
+// mean is the static split's lead on the mean over the seeds.
+func (b *behind) mean() float64 { return b.gap / float64(b.n) }
+
+// widest keeps in (gap, key) the larger gap, the lower key on a tie; key
+// −1 is none yet.
+func widest(gap *float64, key *int, g float64, k int) {
+	if g > *gap || g == *gap && (*key < 0 || k < *key) {
+		*gap, *key = g, k
+	}
 }
 
 // WriteBehindStatic prints BehindStaticOf(results) with a total line, or
