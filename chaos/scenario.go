@@ -76,14 +76,15 @@ type Block struct {
 // Fault is one fault on the run's timeline, active from At for For.
 type Fault struct {
 	// Kind is one of the simulator's (coordinator_cut, region_cut,
-	// redis_cut, redis_failover, leader_failover, agent_crash) or one of
-	// the harness's own:
+	// redis_cut, redis_failover, leader_failover, agent_crash,
+	// coordinator_delay) or one of the harness's own:
 	//
 	//	coordinator_kill    kill -9 the coordinator leader (standalone too); restart after For (0: never)
 	//	redis_kill          kill -9 the region's Redis primary; restart it after For (standalone: empty)
 	//	speaker_kill        kill -9 the region's speaking agent; restart after For (0: never)
 	//	redis_delay         add Delay (+ up to Jitter) each way on the links of the region's agents (or Agent) to Redis
-	//	coordinator_delay   the same on the region's links to every coordinator
+	//	coordinator_delay   the same on the region's links to every coordinator; in the
+	//	                    scenario's faults rather than the chaos block, the simulator runs it too
 	//	coordinator_oneway  drop the bytes of one Direction ("to" or "from" the coordinators) on the region's links
 	//	gossip_split        the region's agents do not see each other from the start (At 0) for For
 	Kind   string        `yaml:"kind"`
@@ -125,7 +126,7 @@ const (
 	FaultRedisKill         = "redis_kill"
 	FaultSpeakerKill       = "speaker_kill"
 	FaultRedisDelay        = "redis_delay"
-	FaultCoordinatorDelay  = "coordinator_delay"
+	FaultCoordinatorDelay  = sim.FaultCoordinatorDelay
 	FaultCoordinatorOneway = "coordinator_oneway"
 	FaultGossipSplit       = "gossip_split"
 )
@@ -237,7 +238,7 @@ func (sc *Scenario) setDefaults() {
 	}
 	sc.Faults = sc.Faults[:0]
 	for _, f := range sc.Sim.Faults {
-		sc.Faults = append(sc.Faults, Fault{Kind: f.Kind, At: f.At, For: f.For, Region: f.Region, Agent: f.Agent, Sim: true})
+		sc.Faults = append(sc.Faults, Fault{Kind: f.Kind, At: f.At, For: f.For, Region: f.Region, Agent: f.Agent, Delay: f.Delay, Jitter: f.Jitter, Sim: true})
 	}
 	sc.Faults = append(sc.Faults, b.Faults...)
 	sort.SliceStable(sc.Faults, func(i, j int) bool { return sc.Faults[i].At < sc.Faults[j].At })

@@ -165,3 +165,27 @@ func TestRunSimRunsTheSeedItIsGiven(t *testing.T) {
 		t.Errorf("seeds %d and %d both read utilization %v: the seed did not reach the arrivals", sc.Sim.Seeds[0], other, got.Utilization)
 	}
 }
+
+// TestSimDelayIsInjected reads a coordinator_delay from the scenario's
+// faults (the simulator's timeline): the harness injects it with its
+// delay and jitter, and it is no harness-only fault, so the simulator's
+// side of the table ran it too.
+func TestSimDelayIsInjected(t *testing.T) {
+	sc, err := Parse([]byte(base + "faults: [{kind: coordinator_delay, region: b, at: 10s, for: 5s, delay: 200ms, jitter: 100ms}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sc.Faults) != 1 {
+		t.Fatalf("faults %+v", sc.Faults)
+	}
+	f := sc.Faults[0]
+	if f.Kind != FaultCoordinatorDelay || !f.Sim || f.Delay != 200*time.Millisecond || f.Jitter != 100*time.Millisecond {
+		t.Fatalf("fault %+v: want the simulator's coordinator_delay with delay 200ms and jitter 100ms", f)
+	}
+	if h := sc.HarnessOnly(); len(h) != 0 {
+		t.Fatalf("harness-only faults %+v: the simulator runs this one", h)
+	}
+	if _, err := Parse([]byte(base + "faults: [{kind: coordinator_delay, region: b, at: 10s, for: 5s}]\n")); err == nil || !strings.Contains(err.Error(), "delay=0s") {
+		t.Fatalf("no delay: %v", err)
+	}
+}

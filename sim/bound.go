@@ -167,6 +167,8 @@ func (a *allot) faultTerm(w *world, i, ri int) term {
 		return zero("agent crash in " + f.Region + ": a crash loses batch tokens, which only under-admits")
 	case FaultDuplicate, FaultReorder:
 		return zero(f.Kind + " lease messages: stale grants and acks are ignored by version and term")
+	case FaultCoordinatorDelay:
+		return zero("lease messages delayed: escrow (I1), leases measured from their send")
 	case FaultLoss:
 		return a.lossTerm(w, ri, &a.starts[i], f.For, f.Links, fmt.Sprintf("loss %g on %s links at %s for %s", f.Loss, f.Links, f.At, f.For))
 	case FaultRedisCut:

@@ -86,6 +86,10 @@ type regionPlane struct {
 	later     bool
 	// onRound, when a test sets it, sees every round of the Speaker.
 	onRound func(t Micros)
+	// upLast and downLast are the latest arrivals a coordinator_delay
+	// fault set on the region's lease stream, to and from the
+	// coordinators: a delayed message keeps the stream's order.
+	upLast, downLast Micros
 }
 
 type coordinator struct {
@@ -291,7 +295,7 @@ func (p *leasePlane) carry(w *world, r int, t Micros) {
 			if p.leader < 0 {
 				continue // no leader: the stream is down
 			}
-			at, n := w.net.sendLease(w.sysRng[p.a.si], p.agentNode(r), p.coordNode(p.leader), t)
+			at, n := w.net.sendLease(w.sysRng[p.a.si], p.agentNode(r), p.coordNode(p.leader), t, &rp.upLast)
 			for _, at := range at[:n] {
 				w.at(at, p.a.si, event{sub: alPlane, flag: plToCoord, agt: int32(p.leader), p: m}) // #nosec G115 -- an index into p.coords; 2^31 entries would not fit in memory
 			}
@@ -588,7 +592,7 @@ func (p *leasePlane) flushAlloc(w *world, t Micros) {
 		if r < 0 || p.regions[r].sp == nil {
 			continue
 		}
-		at, n := w.net.sendLease(w.sysRng[p.a.si], p.coordNode(p.leader), p.agentNode(r), t)
+		at, n := w.net.sendLease(w.sysRng[p.a.si], p.coordNode(p.leader), p.agentNode(r), t, &p.regions[r].downLast)
 		for _, at := range at[:n] {
 			w.at(at, p.a.si, event{sub: alPlane, flag: plToRegion, aux: int32(r), agt: int32(p.regions[r].speaker), p: m}) // #nosec G115 -- region (at most 255) and agent (at most 1000) indexes
 		}

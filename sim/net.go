@@ -28,14 +28,16 @@ type cut struct {
 	dir    string // coordinator_oneway: "to" or "from" the coordinators
 }
 
-// linkFault is an active fault on lease messages: duplication or
-// reordering, on one region's link to the coordinators or on every
-// region's (region −1).
+// linkFault is an active fault on lease messages: duplication,
+// reordering or delay, on one region's link to the coordinators or on
+// every region's (region −1).
 type linkFault struct {
 	kind   string
 	region int
 	prob   float64 // duplicate
-	delay  Micros  // reorder: the largest extra hold
+	// delay is reorder's largest extra hold, coordinator_delay's hold;
+	// jitter is coordinator_delay's largest extra hold on top.
+	delay, jitter Micros
 }
 
 // network is the simulated transport: one-way latency from the region
@@ -121,10 +123,13 @@ func (n *network) send(rng *rand.Rand, a, b node, t Micros) (Micros, bool) {
 }
 
 // sendLease is send for a lease message between a region's speaking agent
-// and a coordinator: the active duplicate and reorder faults of the
-// region apply too. It returns how many copies arrive (0, 1 or 2) and
-// when.
-func (n *network) sendLease(rng *rand.Rand, a, b node, t Micros) (at [2]Micros, copies int) {
+// and a coordinator: the active duplicate, reorder and coordinator_delay
+// faults of the region apply too. It returns how many copies arrive (0, 1
+// or 2) and when. last is the latest arrival a coordinator_delay fault
+// set on this link and direction: a delayed message arrives no earlier,
+// as bytes held on one TCP stream (the chaos harness's proxy) keep their
+// order.
+func (n *network) sendLease(rng *rand.Rand, a, b node, t Micros, last *Micros) (at [2]Micros, copies int) {
 	first, ok := n.send(rng, a, b, t)
 	if !ok {
 		return at, 0
@@ -151,6 +156,12 @@ func (n *network) sendLease(rng *rand.Rand, a, b node, t Micros) (at [2]Micros, 
 		case FaultReorder:
 			for i := range copies {
 				at[i] += Micros(rng.Float64() * float64(f.delay))
+			}
+		case FaultCoordinatorDelay:
+			for i := range copies {
+				at[i] += f.delay + Micros(rng.Float64()*float64(f.jitter))
+				at[i] = max(at[i], *last)
+				*last = at[i]
 			}
 		}
 	}

@@ -260,6 +260,10 @@ type FaultSpec struct {
 	//   reorder             every lease message of Region (or of every
 	//                       region) is held up to Delay more, uniformly, so
 	//                       later messages overtake earlier ones
+	//   coordinator_delay   every lease message of Region (or of every
+	//                       region) is held Delay more, plus up to Jitter,
+	//                       uniformly, each way; order is kept, as on the
+	//                       chaos harness's delayed TCP streams
 	//   redis_slow          Redis answers agents (Agent, or all) Delay later
 	//                       each way and fails Loss of their calls (slowredis.go)
 	Kind   string        `yaml:"kind"`
@@ -274,10 +278,12 @@ type FaultSpec struct {
 	// Down and Up are coordinator_flap's phases.
 	Down time.Duration `yaml:"down"`
 	Up   time.Duration `yaml:"up"`
-	// Prob is duplicate's probability, Delay reorder's largest hold
-	// and redis_slow's added delay each way.
-	Prob  float64       `yaml:"prob"`
-	Delay time.Duration `yaml:"delay"`
+	// Prob is duplicate's probability, Delay reorder's largest hold,
+	// coordinator_delay's and redis_slow's added delay each way, Jitter
+	// coordinator_delay's largest extra hold on top of Delay.
+	Prob   float64       `yaml:"prob"`
+	Delay  time.Duration `yaml:"delay"`
+	Jitter time.Duration `yaml:"jitter"`
 }
 
 // Fault kinds.
@@ -293,6 +299,7 @@ const (
 	FaultLoss              = "loss"
 	FaultDuplicate         = "duplicate"
 	FaultReorder           = "reorder"
+	FaultCoordinatorDelay  = "coordinator_delay"
 )
 
 // Links a loss fault applies to.
@@ -716,6 +723,17 @@ func (sc *Scenario) Validate() error {
 			}
 			if f.Kind == FaultReorder && f.Delay <= 0 {
 				return bad("faults[%d].delay=%s must be > 0", i, f.Delay)
+			}
+		case FaultCoordinatorDelay:
+			needRegion = f.Region != ""
+			if f.For <= 0 {
+				return bad("faults[%d].for=%s must be > 0 for %s", i, f.For, f.Kind)
+			}
+			if f.Delay <= 0 {
+				return bad("faults[%d].delay=%s must be > 0 for %s", i, f.Delay, f.Kind)
+			}
+			if f.Jitter < 0 {
+				return bad("faults[%d].jitter=%s must be ≥ 0", i, f.Jitter)
 			}
 		case FaultRedisFailover:
 		case FaultLeaderFailover:

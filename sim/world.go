@@ -396,8 +396,8 @@ func (w *world) fault(i int, start bool) {
 			w.net.removeCut(c)
 			w.flapDown[i] = false
 		}
-	case FaultDuplicate, FaultReorder:
-		lf := linkFault{kind: f.Kind, region: ri, prob: f.Prob, delay: us(f.Delay)}
+	case FaultDuplicate, FaultReorder, FaultCoordinatorDelay:
+		lf := linkFault{kind: f.Kind, region: ri, prob: f.Prob, delay: us(f.Delay), jitter: us(f.Jitter)}
 		if start {
 			w.net.addFault(lf)
 		} else {
