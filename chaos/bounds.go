@@ -93,6 +93,7 @@ var zeroWhy = map[string]string{
 	FaultCoordinatorDelay:   "lease messages delayed",
 	FaultCoordinatorOneway:  "lease messages lost one way",
 	FaultRedisDelay:         "a slow but healthy Redis is no outage",
+	sim.FaultRedisSlow:      "a slow but healthy Redis is no outage",
 	FaultGossipSplit:        "a partition inside a region",
 	sim.FaultRedisCut:       "",
 	sim.FaultRedisFailover:  "",

@@ -406,7 +406,7 @@ func (c *Cluster) timeline(sc *Scenario, gen *Generator, recs []FaultRecord, mu 
 		case sim.FaultRedisCut:
 			add(f.At, true, onRedis(rule(Both, Link{Drop: true})))
 			add(f.End(), false, offRedis)
-		case FaultRedisDelay:
+		case FaultRedisDelay, sim.FaultRedisSlow:
 			add(f.At, true, onRedis(rule(Both, Link{Delay: f.Delay, Jitter: f.Jitter})))
 			add(f.End(), false, func(context.Context) error {
 				return offRedis(context.Background())

@@ -77,15 +77,17 @@ type Block struct {
 type Fault struct {
 	// Kind is one of the simulator's (coordinator_cut, region_cut,
 	// redis_cut, redis_failover, leader_failover, agent_crash,
-	// coordinator_delay) or one of the harness's own:
+	// coordinator_delay, coordinator_oneway) or one of the harness's own:
 	//
 	//	coordinator_kill    kill -9 the coordinator leader (standalone too); restart after For (0: never)
 	//	redis_kill          kill -9 the region's Redis primary; restart it after For (standalone: empty)
 	//	speaker_kill        kill -9 the region's speaking agent; restart after For (0: never)
-	//	redis_delay         add Delay (+ up to Jitter) each way on the links of the region's agents (or Agent) to Redis
+	//	redis_delay         add Delay (+ up to Jitter) each way on the links of the region's agents (or Agent) to Redis;
+	//	                    the simulator's redis_slow with loss 0 is the same fault, and both run it
 	//	coordinator_delay   the same on the region's links to every coordinator; in the
 	//	                    scenario's faults rather than the chaos block, the simulator runs it too
-	//	coordinator_oneway  drop the bytes of one Direction ("to" or "from" the coordinators) on the region's links
+	//	coordinator_oneway  drop the bytes of one Direction ("to" or "from" the coordinators) on the region's links;
+	//	                    in the scenario's faults rather than the chaos block, the simulator runs it too
 	//	gossip_split        the region's agents do not see each other from the start (At 0) for For
 	Kind   string        `yaml:"kind"`
 	At     time.Duration `yaml:"at"`
@@ -100,6 +102,9 @@ type Fault struct {
 
 	// Sim is true for a fault from the simulator's timeline.
 	Sim bool `yaml:"-"`
+	// loss is a simulator's redis_slow's share of failed calls, which the
+	// harness refuses (its proxies delay bytes; they cannot fail a call).
+	loss float64
 	// Index is the fault's place in Scenario.Faults.
 	Index int `yaml:"-"`
 }
@@ -127,7 +132,7 @@ const (
 	FaultSpeakerKill       = "speaker_kill"
 	FaultRedisDelay        = "redis_delay"
 	FaultCoordinatorDelay  = sim.FaultCoordinatorDelay
-	FaultCoordinatorOneway = "coordinator_oneway"
+	FaultCoordinatorOneway = sim.FaultCoordinatorOneway
 	FaultGossipSplit       = "gossip_split"
 )
 
@@ -238,7 +243,7 @@ func (sc *Scenario) setDefaults() {
 	}
 	sc.Faults = sc.Faults[:0]
 	for _, f := range sc.Sim.Faults {
-		sc.Faults = append(sc.Faults, Fault{Kind: f.Kind, At: f.At, For: f.For, Region: f.Region, Agent: f.Agent, Delay: f.Delay, Jitter: f.Jitter, Sim: true})
+		sc.Faults = append(sc.Faults, Fault{Kind: f.Kind, At: f.At, For: f.For, Region: f.Region, Agent: f.Agent, Delay: f.Delay, Jitter: f.Jitter, Direction: f.Direction, loss: f.Loss, Sim: true})
 	}
 	sc.Faults = append(sc.Faults, b.Faults...)
 	sort.SliceStable(sc.Faults, func(i, j int) bool { return sc.Faults[i].At < sc.Faults[j].At })
@@ -353,12 +358,15 @@ func (sc *Scenario) validate() error {
 		case FaultCoordinatorKill:
 			needRegion = false
 		case FaultRedisKill, FaultSpeakerKill:
-		case FaultRedisDelay, FaultCoordinatorDelay:
+		case FaultRedisDelay, FaultCoordinatorDelay, sim.FaultRedisSlow:
 			if f.Delay <= 0 || f.For <= 0 {
 				return bad("%s: delay=%s and for=%s must be > 0", where, f.Delay, f.For)
 			}
-			if f.Kind == FaultRedisDelay && slices.Contains(b.Sentinel, f.Region) {
-				return bad("%s: redis_delay in a Sentinel region is not supported", where)
+			if f.Kind != FaultCoordinatorDelay && slices.Contains(b.Sentinel, f.Region) {
+				return bad("%s: %s in a Sentinel region is not supported", where, f.Kind)
+			}
+			if f.loss != 0 {
+				return bad("%s: loss=%v: a TCP proxy delays a call's bytes but cannot fail the call; the harness runs redis_slow with loss 0", where, f.loss)
 			}
 		case FaultCoordinatorOneway:
 			if f.Direction != "to" && f.Direction != "from" {

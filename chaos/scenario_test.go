@@ -166,11 +166,13 @@ func TestRunSimRunsTheSeedItIsGiven(t *testing.T) {
 	}
 }
 
-// TestSimDelayIsInjected reads a coordinator_delay from the scenario's
-// faults (the simulator's timeline): the harness injects it with its
-// delay and jitter, and it is no harness-only fault, so the simulator's
-// side of the table ran it too.
-func TestSimDelayIsInjected(t *testing.T) {
+// TestSimFaultsTheHarnessInjects reads a coordinator_delay, a
+// coordinator_oneway and a redis_slow from the scenario's faults (the
+// simulator's timeline): the harness injects them with their delay,
+// jitter and direction, and they are no harness-only faults, so the
+// simulator's side of the table ran them too. A redis_slow that fails
+// calls is refused: a proxy delays bytes, it cannot fail a call.
+func TestSimFaultsTheHarnessInjects(t *testing.T) {
 	sc, err := Parse([]byte(base + "faults: [{kind: coordinator_delay, region: b, at: 10s, for: 5s, delay: 200ms, jitter: 100ms}]\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -187,5 +189,22 @@ func TestSimDelayIsInjected(t *testing.T) {
 	}
 	if _, err := Parse([]byte(base + "faults: [{kind: coordinator_delay, region: b, at: 10s, for: 5s}]\n")); err == nil || !strings.Contains(err.Error(), "delay=0s") {
 		t.Fatalf("no delay: %v", err)
+	}
+	sc, err = Parse([]byte(base + "faults: [{kind: coordinator_oneway, region: b, at: 10s, for: 5s, direction: from}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := sc.Faults[0]; f.Kind != FaultCoordinatorOneway || !f.Sim || f.Direction != "from" || len(sc.HarnessOnly()) != 0 {
+		t.Fatalf("fault %+v, harness-only %+v: want the simulator's coordinator_oneway from the coordinators", f, sc.HarnessOnly())
+	}
+	sc, err = Parse([]byte(base + "faults: [{kind: redis_slow, region: a, at: 10s, for: 5s, delay: 45ms, jitter: 30ms}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := sc.Faults[0]; f.Kind != sim.FaultRedisSlow || !f.Sim || f.Delay != 45*time.Millisecond || f.Jitter != 30*time.Millisecond || len(sc.HarnessOnly()) != 0 {
+		t.Fatalf("fault %+v, harness-only %+v: want the simulator's redis_slow, 45ms and 30ms", f, sc.HarnessOnly())
+	}
+	if _, err := Parse([]byte(base + "faults: [{kind: redis_slow, region: a, at: 10s, for: 5s, delay: 45ms, loss: 0.5}]\n")); err == nil || !strings.Contains(err.Error(), "loss=0.5") {
+		t.Fatalf("a redis_slow that fails calls: %v, want it refused naming loss=0.5", err)
 	}
 }

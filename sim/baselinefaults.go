@@ -101,21 +101,22 @@ func (f *storeFaults) call(w *world, rng *rand.Rand, t Micros, r, ag int, out, b
 		return 0, false
 	}
 	clk := w.regions[r].agent
-	_, ok, outgrown := timedCall(b, clk, rng, t, out, back, s)
+	_, extra, ok, outgrown := timedCall(b, clk, rng, t, out, back, s)
 	switch {
 	case outgrown:
 		b.Cancel() // a deadline since raised: not counted (breaker.ErrOutgrown)
 	case !ok:
 		b.Failure(clk.at(t))
 	}
-	return f.delay(r, ag), !ok
+	return extra, !ok
 }
 
-// delay is the delay a redis_slow fault adds each way to agent ag of
-// region r's calls (0 when none is on its link).
-func (f *storeFaults) delay(r, ag int) Micros {
+// delay is the delay a redis_slow fault adds to agent ag of region r's
+// call on the way back (0 when none is on its link), drawn on its own: the
+// answer's arrival, after call judged the call by a draw of its own.
+func (f *storeFaults) delay(rng *rand.Rand, r, ag int) Micros {
 	if s := f.slow[r*f.maxAg+ag]; s != nil {
-		return s.delay
+		return s.extra(rng)
 	}
 	return 0
 }
@@ -178,7 +179,7 @@ func (f *storeFaults) fault(w *world, fs *FaultSpec, start bool) {
 			}
 			f.slow[r*f.maxAg+ai] = nil
 			if start {
-				f.slow[r*f.maxAg+ai] = &slowLink{delay: us(fs.Delay), loss: fs.Loss}
+				f.slow[r*f.maxAg+ai] = newSlowLink(fs)
 			}
 		}
 	}

@@ -76,7 +76,10 @@ func (s *localBuckets) arrive(w *world, t Micros, region, b int, cost int64, ide
 		}
 	}
 	w.meters[s.si].redisOps++
-	d, ns, err := bucket.Decide(*st, w.regions[region].redis.at(t+extra), l, bucket.Tokens(cost))
+	// Decided at the call's start, as allot's slow calls are (simStore.timed):
+	// at t+extra the regional bucket's clock would run backwards between
+	// agents' calls.
+	d, ns, err := bucket.Decide(*st, w.regions[region].redis.at(t), l, bucket.Tokens(cost))
 	allowed := err == nil && d.Allowed
 	if allowed {
 		*st = ns
@@ -177,7 +180,7 @@ func (c *central) handle(w *world, e *event) {
 		c.faults.fallback(w, c.si, e.at, region, ag, b, cost, idealOK, us(w.sc.Agent.Timeout))
 		return
 	}
-	back += c.faults.delay(region, ag) // a slow link's delay, on the way back too
+	back += c.faults.delay(w.sysRng[c.si], region, ag) // a slow link's delay, on the way back too
 	c.faults.answered(w, region, ag, t0)
 	if err != nil || !d.Allowed {
 		w.reject(c.si, b, idealOK, pathWAN, back-t0, false)

@@ -53,9 +53,11 @@ func TestCoordinatorDelayHoldsInOrder(t *testing.T) {
 	}
 }
 
-// delayed is the chaos harness's coordinator-slow in small: a budget of
-// 1000/s over three regions whose heavy demand moves from a to b at 10 s.
-const delayed = `name: delayed
+// threeRegions is the chaos harness's common setup in small: three
+// regions, a budget of 1000/s under policy whose heavy demand moves from
+// a to b at 10 s.
+func threeRegions(name, policy string) string {
+	return `name: ` + name + `
 duration: 20s
 regions: [{name: a}, {name: b}, {name: c}]
 latency:
@@ -64,8 +66,9 @@ latency:
   c: {c: 500us}
 jitter: 0.1
 coordinator: {lease_ttl: 5s, refresh: 500ms}
+agent: {timeout: 100ms}
 rules:
-  - {name: api, count: 1000, period: 1s, burst: 200, keys: 1, reserve: 0.333}
+  - {name: api, count: 1000, period: 1s, burst: 200, keys: 1, reserve: 0.333, policy: ` + policy + `}
 traffic:
   - {region: a, rule: api, rate: 150}
   - {region: b, rule: api, rate: 150}
@@ -73,6 +76,10 @@ traffic:
   - {region: a, rule: api, rate: 750, stop: 10s}
   - {region: b, rule: api, rate: 750, start: 10s, shift: true}
 `
+}
+
+// delayed is the chaos harness's coordinator-slow in small.
+var delayed = threeRegions("delayed", "closed")
 
 // TestCoordinatorDelayReachesTheProtocol runs a move of the demand with
 // and without every region's lease messages delayed 200–300 ms each way:
@@ -129,5 +136,75 @@ func TestCoordinatorDelayErrorsNameTheField(t *testing.T) {
 	}
 	if _, err := ParseScenario([]byte(delayed + "faults: [{kind: coordinator_delay, at: 1s, for: 5s, delay: 10ms}]\n")); err != nil {
 		t.Errorf("every region's lease messages delayed: %v", err)
+	}
+}
+
+// slowEverywhere is chaos's redis-slow in small: every agent's Redis link
+// 45–75 ms late each way against a deadline of 100 ms, Redis healthy.
+var slowEverywhere = threeRegions("slow-everywhere", "emergency") + `faults:
+  - {kind: redis_slow, region: a, at: 2s, for: 16s, delay: 45ms, jitter: 30ms}
+  - {kind: redis_slow, region: b, at: 2s, for: 16s, delay: 45ms, jitter: 30ms}
+  - {kind: redis_slow, region: c, at: 2s, for: 16s, delay: 45ms, jitter: 30ms}
+`
+
+// TestSlowRedisCreatesNoTokens runs every agent's Redis link slow with
+// jitter, so calls of one region's agents would reach the primary out of
+// the order they are made: the simulator makes each at its start, and a
+// primary whose clock ran backwards between them capped the debt it read
+// beyond the burst and dropped it, tokens no real store gives (1,086 of
+// overshoot in chaos's redis-slow, whose real processes' excess was 0).
+// Calls that answer within the deadline open no breaker, and nothing
+// overshoots the budget: no emergency admissions, no tokens made up.
+func TestSlowRedisCreatesNoTokens(t *testing.T) {
+	sc, err := ParseScenario([]byte(slowEverywhere))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seed := range []uint64{1, 2} {
+		res, err := Run(sc, seed, Options{Systems: []string{"allot", "static"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range res.Systems {
+			if len(s.Latency) == 0 {
+				t.Fatalf("seed %d, %s: no decisions", seed, s.Name)
+			}
+			var p99 float64
+			for _, l := range s.Latency {
+				if l.Path == "redis" {
+					p99 = l.P99Us / 1000
+				}
+			}
+			if s.Name == "allot" && p99 < 90 {
+				t.Fatalf("seed %d: p99 of store decisions %.1f ms: the slow links did not reach the calls", seed, p99)
+			}
+			for _, r := range s.Rules {
+				t.Logf("seed %d, %s, %s: overshoot %.1f tokens; p99 %.1f ms", seed, s.Name, r.Rule, r.PeakTokens, p99)
+				if r.PeakTokens > 0 {
+					t.Fatalf("seed %d, %s, %s: overshoot %.1f tokens on a slow but healthy Redis", seed, s.Name, r.Rule, r.PeakTokens)
+				}
+			}
+		}
+	}
+}
+
+// TestSlowLinkJitter draws a slow link's added delay within
+// [delay, delay+jitter], both ends reached closely, and without jitter
+// draws nothing from the stream (runs without jitter are as before).
+func TestSlowLinkJitter(t *testing.T) {
+	const ms = Micros(1000)
+	s := &slowLink{delay: 45 * ms, jitter: 30 * ms}
+	rng := rand.New(rand.NewPCG(3, 4))
+	lo, hi := Micros(1<<62), Micros(0)
+	for range 2000 {
+		e := s.extra(rng)
+		lo, hi = min(lo, e), max(hi, e)
+	}
+	if lo < 45*ms || hi > 75*ms || lo > 46*ms || hi < 74*ms {
+		t.Fatalf("delays drawn in [%d, %d] µs, want [45, 75] ms covered", lo, hi)
+	}
+	a, b := rand.New(rand.NewPCG(5, 6)), rand.New(rand.NewPCG(5, 6))
+	if e := (&slowLink{delay: 60 * ms}).extra(a); e != 60*ms || a.Uint64() != b.Uint64() {
+		t.Fatalf("without jitter: %d µs, or a draw taken from the stream", e)
 	}
 }

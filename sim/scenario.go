@@ -265,7 +265,8 @@ type FaultSpec struct {
 	//                       uniformly, each way; order is kept, as on the
 	//                       chaos harness's delayed TCP streams
 	//   redis_slow          Redis answers agents (Agent, or all) Delay later
-	//                       each way and fails Loss of their calls (slowredis.go)
+	//                       each way, plus up to Jitter, and fails Loss of
+	//                       their calls (slowredis.go)
 	Kind   string        `yaml:"kind"`
 	At     time.Duration `yaml:"at"`
 	For    time.Duration `yaml:"for"`
@@ -280,7 +281,7 @@ type FaultSpec struct {
 	Up   time.Duration `yaml:"up"`
 	// Prob is duplicate's probability, Delay reorder's largest hold,
 	// coordinator_delay's and redis_slow's added delay each way, Jitter
-	// coordinator_delay's largest extra hold on top of Delay.
+	// their largest extra hold on top of Delay.
 	Prob   float64       `yaml:"prob"`
 	Delay  time.Duration `yaml:"delay"`
 	Jitter time.Duration `yaml:"jitter"`
@@ -701,6 +702,9 @@ func (sc *Scenario) Validate() error {
 		case FaultRedisSlow:
 			if f.For <= 0 || f.Delay < 0 || f.Loss < 0 || f.Loss >= 1 || (f.Delay == 0 && f.Loss == 0) {
 				return bad("faults[%d]: redis_slow needs for > 0, delay=%s ≥ 0 and loss=%v in [0, 1), not both zero", i, f.Delay, f.Loss)
+			}
+			if f.Jitter < 0 {
+				return bad("faults[%d].jitter=%s must be ≥ 0", i, f.Jitter)
 			}
 		case FaultCoordinatorOneway:
 			if f.Direction != "to" && f.Direction != "from" {

@@ -12,14 +12,30 @@ import (
 
 // FaultRedisSlow: the regional Redis is slow and partly failing for one
 // agent (Agent) or for every agent of the region: each store call takes
-// Delay longer each way, and Loss of the calls fail (an error answer,
-// after the round trip). Redis itself stays up and answers the rest.
+// Delay longer each way, plus up to Jitter more (uniformly, drawn each
+// way), and Loss of the calls fail (an error answer, after the round
+// trip). Redis itself stays up and answers the rest. With Loss 0 it is
+// the chaos harness's redis_delay, which its proxies inject.
 const FaultRedisSlow = "redis_slow"
 
 // slowLink is a redis_slow fault in force on one agent's link to Redis.
 type slowLink struct {
-	delay Micros  // added each way
-	loss  float64 // fraction of calls that fail
+	delay  Micros  // added each way
+	jitter Micros  // the most added on top of delay, each way
+	loss   float64 // fraction of calls that fail
+}
+
+// newSlowLink is the link fault f puts on an agent's link.
+func newSlowLink(f *FaultSpec) *slowLink {
+	return &slowLink{delay: us(f.Delay), jitter: us(f.Jitter), loss: f.Loss}
+}
+
+// extra draws the delay the link adds one way (no draw without jitter).
+func (s *slowLink) extra(rng *rand.Rand) Micros {
+	if s.jitter > 0 {
+		return s.delay + Micros(rng.Float64()*float64(s.jitter))
+	}
+	return s.delay
 }
 
 // slowFault starts or ends a redis_slow fault in region r.
@@ -30,7 +46,7 @@ func (a *allot) slowFault(r int, f *FaultSpec, start bool) {
 		}
 		ag.store.slow = nil
 		if start {
-			ag.store.slow = &slowLink{delay: us(f.Delay), loss: f.Loss}
+			ag.store.slow = newSlowLink(f)
 		}
 	}
 }
@@ -43,44 +59,53 @@ func (a *allot) slowFault(r int, f *FaultSpec, start bool) {
 // fault is on the link, and after it until the deadline is back at its
 // floor. t is the call's start, out and back the link's one-way delays. It
 // returns the call's instant at the primary, or false when it failed.
+//
+// The instant leaves out the delay the slow link adds on the way out, as
+// if it were all on the way back: the simulator makes the call when the
+// agent does, before the calls other agents make while it would travel,
+// and at an instant later than theirs the primary's clock would run
+// backwards between calls, which a real primary's never does. A bucket
+// whose debt reads beyond its burst at the earlier instant is capped there
+// (bucket.Decide, as for a clock stepped back), and the debt the cap drops
+// is tokens no real store gives: chaos's redis-slow in the simulator
+// (every agent 45–75 ms late each way) overshot by 1,086 tokens, where the
+// real processes' excess was 0. The answer still takes the whole round
+// trip, so the breaker and the decision's latency see the slow link.
 func (s *simStore) timed(rng *rand.Rand, t, out, back Micros) (Micros, bool) {
 	a, w := s.a, s.a.w
 	b := a.agents[s.region][s.agent].core.Breaker()
-	took, ok, outgrown := timedCall(b, w.regions[s.region].agent, rng, t, out, back, s.slow)
+	took, _, ok, outgrown := timedCall(b, w.regions[s.region].agent, rng, t, out, back, s.slow)
 	a.lat += took
 	s.outgrown = outgrown
 	if !ok {
 		return 0, false
 	}
-	var extra Micros
-	if s.slow != nil {
-		extra = s.slow.delay
-	}
-	return t + out + extra, true
+	return t + out, true
 }
 
 // timedCall is one store call begun at t under b's deadline, on a link
-// whose one-way delays are out and back plus slow's delay (slow nil: none):
-// one that outlives the deadline times out (b.TimedOut; outgrown when the
-// breaker says it does not count), slow fails its share of the others
-// after their round trip, and an answer's latency is observed. It returns
-// how long the call took and whether it was answered; failures are the
-// caller's to count, as a store's caller does.
-func timedCall(b *breaker.Breaker, clk nodeClock, rng *rand.Rand, t, out, back Micros, slow *slowLink) (took Micros, ok, outgrown bool) {
-	var extra Micros
+// whose one-way delays are out and back plus slow's each way (slow nil:
+// none): one that outlives the deadline times out (b.TimedOut; outgrown
+// when the breaker says it does not count), slow fails its share of the
+// others after their round trip, and an answer's latency is observed. It
+// returns how long the call took, the delay slow added on the way out,
+// and whether it was answered; failures are the caller's to count, as a
+// store's caller does.
+func timedCall(b *breaker.Breaker, clk nodeClock, rng *rand.Rand, t, out, back Micros, slow *slowLink) (took, extra Micros, ok, outgrown bool) {
+	var extraBack Micros
 	var loss float64
 	if slow != nil {
-		extra, loss = slow.delay, slow.loss
+		extra, extraBack, loss = slow.extra(rng), slow.extra(rng), slow.loss
 	}
-	rtt := out + back + 2*extra
+	rtt := out + back + extra + extraBack
 	if d := b.Deadline(); rtt > us(d) {
-		return us(d), false, !b.TimedOut(clk.at(t+us(d)), d)
+		return us(d), extra, false, !b.TimedOut(clk.at(t+us(d)), d)
 	}
 	if loss > 0 && rng.Float64() < loss {
-		return rtt, false, false
+		return rtt, extra, false, false
 	}
 	b.Observe(clk.at(t+rtt), time.Duration(rtt)*time.Microsecond)
-	return rtt, true, false
+	return rtt, extra, true, false
 }
 
 // deadlineRaised reports whether agent ai of region r's breaker gives calls
