@@ -112,8 +112,8 @@ func (f *storeFaults) call(w *world, rng *rand.Rand, t Micros, r, ag int, out, b
 }
 
 // delay is the delay a redis_slow fault adds to agent ag of region r's
-// call on the way back (0 when none is on its link), drawn on its own: the
-// answer's arrival, after call judged the call by a draw of its own.
+// answer on the way back (0 when none is on its link), drawn afresh: call
+// judged the call against its deadline with draws of its own.
 func (f *storeFaults) delay(rng *rand.Rand, r, ag int) Micros {
 	if s := f.slow[r*f.maxAg+ag]; s != nil {
 		return s.extra(rng)
