@@ -128,6 +128,7 @@ func TestCoordinatorDelayErrorsNameTheField(t *testing.T) {
 		{"{kind: coordinator_delay, region: a, at: 1s, delay: 10ms}", "faults[0].for=0s must be > 0 for coordinator_delay"},
 		{"{kind: coordinator_delay, region: a, at: 1s, for: 5s, delay: 10ms, jitter: -1ms}", "faults[0].jitter=-1ms must be ≥ 0"},
 		{"{kind: coordinator_delay, region: zz, at: 1s, for: 5s, delay: 10ms}", `"zz"`},
+		{"{kind: redis_slow, region: a, at: 1s, for: 5s, delay: 10ms, jitter: -2ms}", "faults[0].jitter=-2ms must be ≥ 0"},
 	} {
 		_, err := ParseScenario([]byte(delayed + "faults: [" + c.fault + "]\n"))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

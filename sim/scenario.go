@@ -693,6 +693,9 @@ func (sc *Scenario) Validate() error {
 		if f.At < 0 || f.For < 0 {
 			return bad("faults[%d]: at=%s and for=%s must be ≥ 0", i, f.At, f.For)
 		}
+		if f.Jitter < 0 {
+			return bad("faults[%d].jitter=%s must be ≥ 0", i, f.Jitter)
+		}
 		needRegion := true
 		switch f.Kind {
 		case FaultCoordinatorCut, FaultRegionCut, FaultRedisCut, FaultAgentCrash:
@@ -702,9 +705,6 @@ func (sc *Scenario) Validate() error {
 		case FaultRedisSlow:
 			if f.For <= 0 || f.Delay < 0 || f.Loss < 0 || f.Loss >= 1 || (f.Delay == 0 && f.Loss == 0) {
 				return bad("faults[%d]: redis_slow needs for > 0, delay=%s ≥ 0 and loss=%v in [0, 1), not both zero", i, f.Delay, f.Loss)
-			}
-			if f.Jitter < 0 {
-				return bad("faults[%d].jitter=%s must be ≥ 0", i, f.Jitter)
 			}
 		case FaultCoordinatorOneway:
 			if f.Direction != "to" && f.Direction != "from" {
@@ -735,9 +735,6 @@ func (sc *Scenario) Validate() error {
 			}
 			if f.Delay <= 0 {
 				return bad("faults[%d].delay=%s must be > 0 for %s", i, f.Delay, f.Kind)
-			}
-			if f.Jitter < 0 {
-				return bad("faults[%d].jitter=%s must be ≥ 0", i, f.Jitter)
 			}
 		case FaultRedisFailover:
 		case FaultLeaderFailover:
