@@ -676,6 +676,7 @@ func (c *LeaseClient) send(st lease.Stream, msgs []lease.Message) error {
 
 // carry carries out the Speaker's Ready in its order: it settles every
 // change in the regional store, publishes the table to the shared store
+// (both in one round trip when the shared state can: SettlePublisher)
 // and this agent's view, reports the outcome, and returns the messages to
 // send. A publication refused because another speaker published a higher
 // number is made again above it at once. The calls to the stores are made
@@ -687,11 +688,14 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 	defer c.carryMu.Unlock()
 	var send []lease.Message
 	for range 2 {
-		rd, o, sent := c.settle(ctx)
+		rd, o, sent, pub := c.settle(ctx)
 		send = append(send, sent...)
 		if t := rd.Publish; t != nil {
-			f, _ := c.deps.Fence()
-			ok, err := c.deps.Shared.PublishTable(ctx, t, f)
+			ok, err := pub.stored, pub.err
+			if !pub.done {
+				f, _ := c.deps.Fence()
+				ok, err = c.deps.Shared.PublishTable(ctx, t, f)
+			}
 			if ok {
 				// A Notifier announced it as it stored it, or says it could not.
 				c.notices.note(c.log, err, "tables", "region", c.cfg.Region)
@@ -731,16 +735,30 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 // carry folds in before it publishes.
 const maxFolds = 2
 
+// publication is how settle published a Ready's table along with its
+// settlement, when it did (done).
+type publication struct {
+	done   bool
+	stored bool
+	err    error
+}
+
 // settle takes the Speaker's Ready and settles it in the regional store.
-// A grant stepped meanwhile is folded in, up to maxFolds: the Speaker is
-// advanced with the settle's outcome, its next Ready settled too, and only
-// the newest table is left to publish (it carries every grant folded, and
-// agents adopt it one publication sooner). Every table published is
-// settled first; one never published is only ever superseded by one with
-// a higher publication number, which the acknowledgements waiting for it
-// wait for. sent are the messages of the Ready advanced here. Requires
-// c.carryMu, not c.mu.
-func (c *LeaseClient) settle(ctx context.Context) (rd region.Ready, o region.Outcome, sent []lease.Message) {
+// When the shared state can (SettlePublisher), a Ready with a table to
+// publish is settled and published in one round trip, and pub says how.
+// Otherwise a grant stepped meanwhile is folded in, up to maxFolds: the
+// Speaker is advanced with the settle's outcome, its next Ready settled
+// too, and only the newest table is left to publish (it carries every
+// grant folded, and agents adopt it one publication sooner). Every table
+// published is settled first; one never published is only ever superseded
+// by one with a higher publication number, which the acknowledgements
+// waiting for it wait for. sent are the messages of the Ready advanced
+// here. Requires c.carryMu, not c.mu.
+func (c *LeaseClient) settle(ctx context.Context) (rd region.Ready, o region.Outcome, sent []lease.Message, pub publication) {
+	sp, _ := c.deps.Shared.(SettlePublisher)
+	if sp != nil && !sp.SettlesIn(c.deps.Store) {
+		sp = nil
+	}
 	for folds := 0; ; folds++ {
 		c.mu.Lock()
 		if folds > 0 {
@@ -753,12 +771,18 @@ func (c *LeaseClient) settle(ctx context.Context) (rd region.Ready, o region.Out
 		if next.Publish == nil && folds > 0 {
 			next.Publish = rd.Publish // still the newest, not yet published
 		}
+		if sp != nil && next.Publish != nil {
+			f, _ := c.deps.Fence()
+			o, pub.stored, pub.err = sp.SettleAndPublish(ctx, c.deps.Store, next.Settle, next.Publish, f)
+			pub.done = true
+			return next, o, sent, pub
+		}
 		rd, o = next, region.Settle(ctx, c.deps.Store, next.Settle)
 		c.mu.Lock()
 		fold := c.granted && rd.Publish != nil && folds < maxFolds
 		c.mu.Unlock()
 		if !fold {
-			return rd, o, sent
+			return rd, o, sent, pub
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/allot-dev/allot/bucket"
+	"github.com/allot-dev/allot/bucket/redisstore"
 	"github.com/allot-dev/allot/clock"
 	"github.com/allot-dev/allot/region"
 )
@@ -305,6 +306,14 @@ func (m *MemShared) PublishTable(_ context.Context, t *region.Table, f Fence) (b
 	return true, nil
 }
 
+// settleThenPublish settles changes in st, then publishes t: two round
+// trips, for a store SettleAndPublish cannot pipeline with.
+func (r *RedisShared) settleThenPublish(ctx context.Context, st bucket.Store, changes []region.Change, t *region.Table, f Fence) (region.Outcome, bool, error) {
+	o := region.Settle(ctx, st, changes)
+	stored, err := r.PublishTable(ctx, t, f)
+	return o, stored, err
+}
+
 // LoadTable implements Shared.
 func (m *MemShared) LoadTable(context.Context) (*region.Table, error) {
 	m.mu.Lock()
@@ -581,9 +590,18 @@ func (r *RedisShared) PublishTable(ctx context.Context, t *region.Table, f Fence
 	}
 	ctx, cancel := r.ctx(ctx)
 	defer cancel()
-	ch := r.channel(NoticeTable)
-	res, err := publishScript.Run(ctx, r.c, []string{r.tableKey, r.leaseKey}, strconv.FormatUint(t.Pub, 10), body,
-		r.ttl.Milliseconds(), f.String(), ch, tableNotice(body)).Result()
+	res, err := publishScript.Run(ctx, r.c, []string{r.tableKey, r.leaseKey}, r.publishArgs(t, body, f)...).Result()
+	return r.published(t, f, res, err)
+}
+
+// publishArgs are publishScript's arguments for t, whose JSON is body.
+func (r *RedisShared) publishArgs(t *region.Table, body []byte, f Fence) []any {
+	return []any{strconv.FormatUint(t.Pub, 10), body, r.ttl.Milliseconds(), f.String(), r.channel(NoticeTable), tableNotice(body)}
+}
+
+// published reads publishScript's reply for t under f as PublishTable
+// returns it.
+func (r *RedisShared) published(t *region.Table, f Fence, res any, err error) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("%w: agent: publish table to %s: %w", bucket.ErrUnavailable, r.tableKey, err)
 	}
@@ -593,7 +611,99 @@ func (r *RedisShared) PublishTable(ctx context.Context, t *region.Table, f Fence
 		}
 		return false, nil
 	}
-	return true, stored(res, "agent: announce table "+strconv.FormatUint(t.Pub, 10), ch)
+	return true, stored(res, "agent: announce table "+strconv.FormatUint(t.Pub, 10), r.channel(NoticeTable))
+}
+
+// SettlePublisher is a Shared that can settle a carry's changes and
+// publish its table in one round trip to the store (RedisShared on a
+// single primary). Under a store 60 ms away each way, the two calls one
+// after the other held a region's new table back a round trip more, twice
+// in every move of demand: at the region that gives back and at the one
+// that takes it.
+type SettlePublisher interface {
+	// SettlesIn reports whether SettleAndPublish can settle in st.
+	SettlesIn(st bucket.Store) bool
+	// SettleAndPublish settles changes in st (region.Settle) and then
+	// publishes t under f (Shared.PublishTable), in one round trip, no
+	// agent able to read t before every change it carries is settled. The
+	// Outcome is Settle's; the bool and the error are PublishTable's.
+	SettleAndPublish(ctx context.Context, st bucket.Store, changes []region.Change, t *region.Table, f Fence) (region.Outcome, bool, error)
+}
+
+var _ SettlePublisher = (*RedisShared)(nil)
+
+// SettlesIn implements SettlePublisher: st must be a redisstore.Store on
+// this shared state's own client, a single primary's (or Sentinel's),
+// directly or under the breaker's deadlines (breaker.Timed).
+func (r *RedisShared) SettlesIn(st bucket.Store) bool { return r.redisStore(st) != nil }
+
+// redisStore is the redisstore.Store SettleAndPublish can settle st in,
+// nil when there is none.
+func (r *RedisShared) redisStore(st bucket.Store) *redisstore.Store {
+	for {
+		switch s := st.(type) {
+		case *redisstore.Store:
+			if _, single := r.c.(*redis.Client); !single || s.Client() != r.c {
+				return nil
+			}
+			return s
+		case interface{ Inner() bucket.Store }:
+			st = s.Inner()
+		default:
+			return nil
+		}
+	}
+}
+
+// SettleAndPublish implements SettlePublisher: the rebases and then the
+// publication are pipelined on one connection, which Redis runs in order
+// (redisstore.Store.QueueRebases), under the shared state's timeout, as
+// the publication alone was (not the breaker's deadline, which a settle
+// through breaker.Timed ran under: a pipeline of a rebase and a
+// publication is not a decision's call, whose latency the breaker
+// follows). A change to an allocation that admits nothing writes nothing,
+// as Change.Apply. When st cannot queue them, it settles and then
+// publishes, two round trips.
+func (r *RedisShared) SettleAndPublish(ctx context.Context, st bucket.Store, changes []region.Change, t *region.Table, f Fence) (region.Outcome, bool, error) {
+	var o region.Outcome
+	body, err := json.Marshal(t)
+	if err != nil {
+		return region.Settle(ctx, st, changes), false, fmt.Errorf("agent: encode table: %w", err)
+	}
+	rs := r.redisStore(st)
+	if rs == nil {
+		return r.settleThenPublish(ctx, st, changes, t, f)
+	}
+	var queued []region.Change
+	var rbs []redisstore.Rebasing
+	for _, c := range changes {
+		if c.To.AdmitsNothing() {
+			continue // nothing to write
+		}
+		queued = append(queued, c)
+		rbs = append(rbs, redisstore.Rebasing{Key: c.Key, From: c.From, To: c.To, Credit: c.Credit})
+	}
+	cctx, cancel := r.ctx(ctx)
+	defer cancel()
+	p := r.c.Pipeline()
+	done, queuedOK := rs.QueueRebases(cctx, p, rbs)
+	if !queuedOK {
+		return r.settleThenPublish(ctx, st, changes, t, f)
+	}
+	keys := []string{r.tableKey, r.leaseKey}
+	args := r.publishArgs(t, body, f)
+	// With its source, as the rebases: a server that lost the script
+	// (restarted, failed over) would refuse EVALSHA, and the table would
+	// wait another round trip.
+	pub := publishScript.Eval(cctx, p, keys, args...)
+	_, _ = p.Exec(cctx) // each command's error is read from it
+	lost, errs := done()
+	for i, c := range queued {
+		o.Add(c, lost[i], errs[i])
+	}
+	res, err := pub.Result()
+	stored, err := r.published(t, f, res, err)
+	return o, stored, err
 }
 
 // LoadTable implements Shared.

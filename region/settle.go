@@ -83,15 +83,21 @@ func Settle(ctx context.Context, st bucket.Store, changes []Change) Outcome {
 	var o Outcome
 	for _, c := range changes {
 		lost, err := c.Apply(ctx, st)
-		if err != nil {
-			o.Unsettled = append(o.Unsettled, c)
-			continue
-		}
-		if lost > 0 {
-			o.Lost = append(o.Lost, Loss{Change: c, Tokens: lost})
-		}
+		o.Add(c, lost, err)
 	}
 	return o
+}
+
+// Add records how the store took c: not at all (err), or taking lost
+// tokens away.
+func (o *Outcome) Add(c Change, lost bucket.Tokens, err error) {
+	if err != nil {
+		o.Unsettled = append(o.Unsettled, c)
+		return
+	}
+	if lost > 0 {
+		o.Lost = append(o.Lost, Loss{Change: c, Tokens: lost})
+	}
 }
 
 // Settler works out which allocation changes of a region's lease.Holder

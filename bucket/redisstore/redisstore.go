@@ -416,16 +416,29 @@ func (r *Store) Return(ctx context.Context, key bucket.Key, l bucket.Limit, n bu
 // that round trip more (a decrease settled in 230–260 ms under chaos's
 // redis-slow, a raise in one call 100–140 ms). Settlements are rare.
 func (r *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limit, credit bucket.Tokens) (bucket.Tokens, error) {
-	if err := bucket.Check(to, 1); err != nil {
+	ops, what, err := r.rebaseOps(key, from, to, credit)
+	if err != nil {
 		return 0, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
+	defer cancel()
+	err = r.exec(ctx, ops)
+	return rebaseResult(ops, what, err)
+}
+
+// rebaseOps checks a rebase's arguments and lays it out as the script's
+// operations: the rebase, and with credit a return after it.
+func (r *Store) rebaseOps(key bucket.Key, from, to bucket.Limit, credit bucket.Tokens) ([]*op, string, error) {
+	if err := bucket.Check(to, 1); err != nil {
+		return nil, "", err
+	}
 	if credit < 0 {
-		return 0, errCost(credit)
+		return nil, "", errCost(credit)
 	}
 	fnum, fden, fburst := int64(1), int64(1), int64(0)
 	if !from.AdmitsNothing() {
 		if err := bucket.Check(from, 1); err != nil {
-			return 0, err
+			return nil, "", err
 		}
 		fnum, fden = from.IntervalFraction()
 		fburst = int64(from.Burst())
@@ -438,16 +451,80 @@ func (r *Store) Rebase(ctx context.Context, key bucket.Key, from, to bucket.Limi
 		ops = append(ops, &op{code: codeReturn, bk: bk, args: [7]int64{num, den, int64(to.Burst()), int64(credit)}})
 		what = "rebase and return"
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
-	defer cancel()
-	err := r.exec(ctx, ops)
+	return ops, what, nil
+}
+
+// rebaseResult is what a rebase laid out by rebaseOps took away, or the
+// first error of its call and its operations.
+func rebaseResult(ops []*op, what string, err error) (bucket.Tokens, error) {
 	for _, o := range ops {
 		err = cmp.Or(err, o.err)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("%w: redis %s on %s: %w", bucket.ErrUnavailable, what, bk, err)
+		return 0, fmt.Errorf("%w: redis %s on %s: %w", bucket.ErrUnavailable, what, ops[0].bk, err)
 	}
 	return ops[0].res.granted, nil
+}
+
+// Rebasing is one rebase for QueueRebases: Rebase's arguments.
+type Rebasing struct {
+	Key      bucket.Key
+	From, To bucket.Limit
+	Credit   bucket.Tokens
+}
+
+// Client returns the client the store calls Redis with.
+func (r *Store) Client() redis.UniversalClient { return r.c }
+
+// QueueRebases queues rs on p, a pipeline of the store's own client (see
+// Client), as one script call, so that a caller can send them in the same
+// round trip as what must follow them: Redis runs a connection's commands
+// in order, so a command queued after them runs once they have. The call
+// sends the script's source (EVAL, not EVALSHA): a server that lost the
+// script would refuse it, and what was queued after it would still run. It
+// returns done, which, once p has executed, gives each rebase what Rebase
+// would return, in order. ok is false on a Cluster, whose pipelines keep
+// no order between nodes and whose script calls take the keys of one slot
+// only: the caller rebases one by one (Rebase), then sends the rest.
+func (r *Store) QueueRebases(ctx context.Context, p redis.Pipeliner, rs []Rebasing) (done func() ([]bucket.Tokens, []error), ok bool) {
+	if r.cluster {
+		return nil, false
+	}
+	lost := make([]bucket.Tokens, len(rs))
+	errs := make([]error, len(rs))
+	what := make([]string, len(rs))
+	each := make([][]*op, len(rs))
+	var all []*op
+	for i, rb := range rs {
+		ops, w, err := r.rebaseOps(rb.Key, rb.From, rb.To, rb.Credit)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		each[i], what[i] = ops, w
+		all = append(all, ops...)
+	}
+	var cmd *redis.Cmd
+	if len(all) > 0 {
+		now := ""
+		if r.opts.Now != nil {
+			now = strconv.FormatInt(r.opts.Now().UnixMicro(), 10)
+		}
+		keys, argv := scriptArgs(all, now, r.window)
+		cmd = script.Eval(ctx, p, keys, argv...)
+	}
+	return func() ([]bucket.Tokens, []error) {
+		if cmd == nil {
+			return lost, errs
+		}
+		err := r.deliver(all, cmd)
+		for i, ops := range each {
+			if ops != nil {
+				lost[i], errs[i] = rebaseResult(ops, what[i], err)
+			}
+		}
+		return lost, errs
+	}, true
 }
 
 // Peek implements bucket.Store.
