@@ -254,3 +254,57 @@ func TestSettleAndPublishInOneRoundTrip(t *testing.T) {
 		t.Errorf("a change to nothing wrote its bucket (exists %d, %v)", n, err)
 	}
 }
+
+// BenchmarkCarry settles the changes of 1 and of 50 keys and publishes
+// the table, two ways side by side on one redis-server: settled and then
+// published (region.Settle, then PublishTable: a round trip per key and
+// one more), and in one pipeline (SettleAndPublish). Every iteration moves
+// each key between two limits, so every rebase writes.
+func BenchmarkCarry(b *testing.B) {
+	ctx := context.Background()
+	addr := testenv.RedisAddr(b)
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { _ = c.Close() })
+	prefix := fmt.Sprintf("allot-bench-carry-%d:", time.Now().UnixNano())
+	rs, err := redisstore.New(c, redisstore.Options{Prefix: prefix, Timeout: 5 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sh := NewRedisShared(c, prefix, "eu", 5*time.Second, time.Minute)
+	lo, hi := bucket.PerSecond(100), bucket.PerSecond(200)
+	var pub uint64 // publications go on rising across the sub-benchmarks
+	for _, n := range []int{1, 50} {
+		var down, up []region.Change
+		for i := range n {
+			k := bucket.Key{Rule: "api", Subject: fmt.Sprintf("k%d", i)}
+			down = append(down, region.Change{Key: k, From: hi, To: lo})
+			up = append(up, region.Change{Key: k, From: lo, To: hi})
+		}
+		for _, way := range []string{"settle-then-publish", "one-pipeline"} {
+			b.Run(fmt.Sprintf("keys=%d/%s", n, way), func(b *testing.B) {
+				for i := 0; b.Loop(); i++ {
+					changes := down
+					if i%2 == 1 {
+						changes = up
+					}
+					pub++
+					tab := &region.Table{Region: "eu", Speaker: "eu-0", Pub: pub}
+					var (
+						o      region.Outcome
+						stored bool
+						err    error
+					)
+					if way == "one-pipeline" {
+						o, stored, err = sh.SettleAndPublish(ctx, rs, changes, tab, Fence{})
+					} else {
+						o = region.Settle(ctx, rs, changes)
+						stored, err = sh.PublishTable(ctx, tab, Fence{})
+					}
+					if err != nil || !stored || len(o.Unsettled) > 0 {
+						b.Fatalf("stored %v, %v, %d unsettled", stored, err, len(o.Unsettled))
+					}
+				}
+			})
+		}
+	}
+}
