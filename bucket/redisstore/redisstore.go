@@ -262,10 +262,7 @@ func (r *Store) run(ctx context.Context, code int64, key bucket.Key, l bucket.Li
 // its calls in one round trip (and a failure of one node is not the
 // batch's).
 func (r *Store) exec(ctx context.Context, batch []*op) error {
-	now := ""
-	if r.opts.Now != nil {
-		now = strconv.FormatInt(r.opts.Now().UnixMicro(), 10)
-	}
+	now := r.nowArg()
 	if !r.cluster || len(batch) == 1 {
 		return r.call(ctx, r.c, batch, now)
 	}
@@ -299,6 +296,15 @@ func (r *Store) exec(ctx context.Context, batch []*op) error {
 		_ = r.deliver(g, cmds[i])
 	}
 	return nil
+}
+
+// nowArg is the script's clock argument: Options.Now in µs, or "" for the
+// server's TIME.
+func (r *Store) nowArg() string {
+	if r.opts.Now == nil {
+		return ""
+	}
+	return strconv.FormatInt(r.opts.Now().UnixMicro(), 10)
 }
 
 // call runs one script call for ops, whose keys share a slot or are on a
@@ -506,11 +512,7 @@ func (r *Store) QueueRebases(ctx context.Context, p redis.Pipeliner, rs []Rebasi
 	}
 	var cmd *redis.Cmd
 	if len(all) > 0 {
-		now := ""
-		if r.opts.Now != nil {
-			now = strconv.FormatInt(r.opts.Now().UnixMicro(), 10)
-		}
-		keys, argv := scriptArgs(all, now, r.window)
+		keys, argv := scriptArgs(all, r.nowArg(), r.window)
 		cmd = script.Eval(ctx, p, keys, argv...)
 	}
 	return func() ([]bucket.Tokens, []error) {
