@@ -86,6 +86,9 @@ type LeaseClient struct {
 	deps LeaseDeps
 	log  *slog.Logger
 	rng  *rand.Rand
+	// pipe settles and publishes a carry in one round trip, nil when the
+	// shared state cannot in deps.Store (SettlePublisher).
+	pipe SettlePublisher
 
 	mu sync.Mutex // serializes sp and cfg.Budgets
 	sp *region.Speaker
@@ -148,7 +151,11 @@ func NewLeaseClient(cfg SpeakerConfig, deps LeaseDeps) (*LeaseClient, error) {
 	if deps.Fence == nil {
 		deps.Fence = func() (Fence, bool) { return Fence{}, true }
 	}
-	return &LeaseClient{cfg: cfg, deps: deps, log: deps.Logger, rng: rand.New(rand.NewPCG(deps.Seed, 0x7370656b))}, nil
+	c := &LeaseClient{cfg: cfg, deps: deps, log: deps.Logger, rng: rand.New(rand.NewPCG(deps.Seed, 0x7370656b))}
+	if sp, ok := deps.Shared.(SettlePublisher); ok && sp.SettlesIn(deps.Store) {
+		c.pipe = sp
+	}
+	return c, nil
 }
 
 // start restores or creates the Speaker at now, from the newer of the
@@ -691,8 +698,11 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 		rd, o, sent, pub := c.settle(ctx)
 		send = append(send, sent...)
 		if t := rd.Publish; t != nil {
-			ok, err := pub.stored, pub.err
-			if !pub.done {
+			var ok bool
+			var err error
+			if pub != nil {
+				ok, err = pub.stored, pub.err
+			} else {
 				f, _ := c.deps.Fence()
 				ok, err = c.deps.Shared.PublishTable(ctx, t, f)
 			}
@@ -736,16 +746,16 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 const maxFolds = 2
 
 // publication is how settle published a Ready's table along with its
-// settlement, when it did (done).
+// settlement.
 type publication struct {
-	done   bool
 	stored bool
 	err    error
 }
 
 // settle takes the Speaker's Ready and settles it in the regional store.
 // When the shared state can (SettlePublisher), a Ready with a table to
-// publish is settled and published in one round trip, and pub says how.
+// publish is settled and published in one round trip, and pub says how
+// (nil: not published).
 // Otherwise a grant stepped meanwhile is folded in, up to maxFolds: the
 // Speaker is advanced with the settle's outcome, its next Ready settled
 // too, and only the newest table is left to publish (it carries every
@@ -754,11 +764,8 @@ type publication struct {
 // by one with a higher publication number, which the acknowledgements
 // waiting for it wait for. sent are the messages of the Ready advanced
 // here. Requires c.carryMu, not c.mu.
-func (c *LeaseClient) settle(ctx context.Context) (rd region.Ready, o region.Outcome, sent []lease.Message, pub publication) {
-	sp, _ := c.deps.Shared.(SettlePublisher)
-	if sp != nil && !sp.SettlesIn(c.deps.Store) {
-		sp = nil
-	}
+func (c *LeaseClient) settle(ctx context.Context) (rd region.Ready, o region.Outcome, sent []lease.Message, pub *publication) {
+	sp := c.pipe
 	for folds := 0; ; folds++ {
 		c.mu.Lock()
 		if folds > 0 {
@@ -773,8 +780,8 @@ func (c *LeaseClient) settle(ctx context.Context) (rd region.Ready, o region.Out
 		}
 		if sp != nil && next.Publish != nil {
 			f, _ := c.deps.Fence()
+			pub = &publication{}
 			o, pub.stored, pub.err = sp.SettleAndPublish(ctx, c.deps.Store, next.Settle, next.Publish, f)
-			pub.done = true
 			return next, o, sent, pub
 		}
 		rd, o = next, region.Settle(ctx, c.deps.Store, next.Settle)

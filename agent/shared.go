@@ -306,14 +306,6 @@ func (m *MemShared) PublishTable(_ context.Context, t *region.Table, f Fence) (b
 	return true, nil
 }
 
-// settleThenPublish settles changes in st, then publishes t: two round
-// trips, for a store SettleAndPublish cannot pipeline with.
-func (r *RedisShared) settleThenPublish(ctx context.Context, st bucket.Store, changes []region.Change, t *region.Table, f Fence) (region.Outcome, bool, error) {
-	o := region.Settle(ctx, st, changes)
-	stored, err := r.PublishTable(ctx, t, f)
-	return o, stored, err
-}
-
 // LoadTable implements Shared.
 func (m *MemShared) LoadTable(context.Context) (*region.Table, error) {
 	m.mu.Lock()
@@ -584,19 +576,26 @@ func (r *RedisShared) ctx(ctx context.Context) (context.Context, context.CancelF
 
 // PublishTable implements Shared.
 func (r *RedisShared) PublishTable(ctx context.Context, t *region.Table, f Fence) (bool, error) {
-	body, err := json.Marshal(t)
+	args, err := r.publishArgs(t, f)
 	if err != nil {
-		return false, fmt.Errorf("agent: encode table: %w", err)
+		return false, err
 	}
 	ctx, cancel := r.ctx(ctx)
 	defer cancel()
-	res, err := publishScript.Run(ctx, r.c, []string{r.tableKey, r.leaseKey}, r.publishArgs(t, body, f)...).Result()
+	res, err := publishScript.Run(ctx, r.c, r.publishKeys(), args...).Result()
 	return r.published(t, f, res, err)
 }
 
-// publishArgs are publishScript's arguments for t, whose JSON is body.
-func (r *RedisShared) publishArgs(t *region.Table, body []byte, f Fence) []any {
-	return []any{strconv.FormatUint(t.Pub, 10), body, r.ttl.Milliseconds(), f.String(), r.channel(NoticeTable), tableNotice(body)}
+// publishKeys and publishArgs are publishScript's keys and arguments for
+// t under f.
+func (r *RedisShared) publishKeys() []string { return []string{r.tableKey, r.leaseKey} }
+
+func (r *RedisShared) publishArgs(t *region.Table, f Fence) ([]any, error) {
+	body, err := json.Marshal(t)
+	if err != nil {
+		return nil, fmt.Errorf("agent: encode table: %w", err)
+	}
+	return []any{strconv.FormatUint(t.Pub, 10), body, r.ttl.Milliseconds(), f.String(), r.channel(NoticeTable), tableNotice(body)}, nil
 }
 
 // published reads publishScript's reply for t under f as PublishTable
@@ -625,27 +624,27 @@ type SettlePublisher interface {
 	SettlesIn(st bucket.Store) bool
 	// SettleAndPublish settles changes in st (region.Settle) and then
 	// publishes t under f (Shared.PublishTable), in one round trip, no
-	// agent able to read t before every change it carries is settled. The
-	// Outcome is Settle's; the bool and the error are PublishTable's.
+	// agent able to read t before every change it carries is settled. st
+	// is one SettlesIn accepts. The Outcome is Settle's; the bool and the
+	// error are PublishTable's.
 	SettleAndPublish(ctx context.Context, st bucket.Store, changes []region.Change, t *region.Table, f Fence) (region.Outcome, bool, error)
 }
 
 var _ SettlePublisher = (*RedisShared)(nil)
 
-// SettlesIn implements SettlePublisher: st must be a redisstore.Store on
-// this shared state's own client, a single primary's (or Sentinel's),
+// SettlesIn implements SettlePublisher: st must be a redisstore.Store that
+// queues on this shared state's own client (redisstore.Store.QueuesOn),
 // directly or under the breaker's deadlines (breaker.Timed).
-func (r *RedisShared) SettlesIn(st bucket.Store) bool { return r.redisStore(st) != nil }
+func (r *RedisShared) SettlesIn(st bucket.Store) bool {
+	rs := redisStoreUnder(st)
+	return rs != nil && rs.QueuesOn(r.c)
+}
 
-// redisStore is the redisstore.Store SettleAndPublish can settle st in,
-// nil when there is none.
-func (r *RedisShared) redisStore(st bucket.Store) *redisstore.Store {
+// redisStoreUnder is the redisstore.Store st is or wraps, nil when none.
+func redisStoreUnder(st bucket.Store) *redisstore.Store {
 	for {
 		switch s := st.(type) {
 		case *redisstore.Store:
-			if _, single := r.c.(*redis.Client); !single || s.Client() != r.c {
-				return nil
-			}
 			return s
 		case interface{ Inner() bucket.Store }:
 			st = s.Inner()
@@ -662,18 +661,19 @@ func (r *RedisShared) redisStore(st bucket.Store) *redisstore.Store {
 // through breaker.Timed ran under: a pipeline of a rebase and a
 // publication is not a decision's call, whose latency the breaker
 // follows). A change to an allocation that admits nothing writes nothing,
-// as Change.Apply. When st cannot queue them, it settles and then
+// as Change.Apply. On a store SettlesIn refuses, it settles and then
 // publishes, two round trips.
 func (r *RedisShared) SettleAndPublish(ctx context.Context, st bucket.Store, changes []region.Change, t *region.Table, f Fence) (region.Outcome, bool, error) {
+	args, err := r.publishArgs(t, f)
+	rs := redisStoreUnder(st)
+	if err != nil || rs == nil || !rs.QueuesOn(r.c) {
+		// Two round trips, settled first (an encoding error is
+		// PublishTable's to give).
+		o := region.Settle(ctx, st, changes)
+		stored, err := r.PublishTable(ctx, t, f)
+		return o, stored, err
+	}
 	var o region.Outcome
-	body, err := json.Marshal(t)
-	if err != nil {
-		return region.Settle(ctx, st, changes), false, fmt.Errorf("agent: encode table: %w", err)
-	}
-	rs := r.redisStore(st)
-	if rs == nil {
-		return r.settleThenPublish(ctx, st, changes, t, f)
-	}
 	var queued []region.Change
 	var rbs []redisstore.Rebasing
 	for _, c := range changes {
@@ -686,16 +686,11 @@ func (r *RedisShared) SettleAndPublish(ctx context.Context, st bucket.Store, cha
 	cctx, cancel := r.ctx(ctx)
 	defer cancel()
 	p := r.c.Pipeline()
-	done, queuedOK := rs.QueueRebases(cctx, p, rbs)
-	if !queuedOK {
-		return r.settleThenPublish(ctx, st, changes, t, f)
-	}
-	keys := []string{r.tableKey, r.leaseKey}
-	args := r.publishArgs(t, body, f)
+	done := rs.QueueRebases(cctx, p, rbs)
 	// With its source, as the rebases: a server that lost the script
 	// (restarted, failed over) would refuse EVALSHA, and the table would
 	// wait another round trip.
-	pub := publishScript.Eval(cctx, p, keys, args...)
+	pub := publishScript.Eval(cctx, p, r.publishKeys(), args...)
 	_, _ = p.Exec(cctx) // each command's error is read from it
 	lost, errs := done()
 	for i, c := range queued {

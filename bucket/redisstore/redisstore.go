@@ -479,23 +479,22 @@ type Rebasing struct {
 	Credit   bucket.Tokens
 }
 
-// Client returns the client the store calls Redis with.
-func (r *Store) Client() redis.UniversalClient { return r.c }
+// QueuesOn reports whether QueueRebases can queue on a pipeline of c: c is
+// the store's own client, a single primary's (or Sentinel's). A Cluster's
+// pipelines keep no order between nodes, and its script calls take the
+// keys of one slot only.
+func (r *Store) QueuesOn(c redis.UniversalClient) bool { return !r.cluster && c == r.c }
 
-// QueueRebases queues rs on p, a pipeline of the store's own client (see
-// Client), as one script call, so that a caller can send them in the same
-// round trip as what must follow them: Redis runs a connection's commands
-// in order, so a command queued after them runs once they have. The call
-// sends the script's source (EVAL, not EVALSHA): a server that lost the
-// script would refuse it, and what was queued after it would still run. It
-// returns done, which, once p has executed, gives each rebase what Rebase
-// would return, in order. ok is false on a Cluster, whose pipelines keep
-// no order between nodes and whose script calls take the keys of one slot
-// only: the caller rebases one by one (Rebase), then sends the rest.
-func (r *Store) QueueRebases(ctx context.Context, p redis.Pipeliner, rs []Rebasing) (done func() ([]bucket.Tokens, []error), ok bool) {
-	if r.cluster {
-		return nil, false
-	}
+// QueueRebases queues rs on p, a pipeline of a client QueuesOn accepts, as
+// one script call, so that a caller can send them in the same round trip
+// as what must follow them: Redis runs a connection's commands in order,
+// so a command queued after them runs once they have. The call sends the
+// script's source (EVAL, not EVALSHA): a server that lost the script would
+// refuse it, and what was queued after it would still run. It returns
+// done, which, once p has executed, gives each rebase what Rebase would
+// return, in order. On a store QueuesOn refuses, nothing is queued and
+// every rebase fails.
+func (r *Store) QueueRebases(ctx context.Context, p redis.Pipeliner, rs []Rebasing) (done func() ([]bucket.Tokens, []error)) {
 	lost := make([]bucket.Tokens, len(rs))
 	errs := make([]error, len(rs))
 	what := make([]string, len(rs))
@@ -503,6 +502,9 @@ func (r *Store) QueueRebases(ctx context.Context, p redis.Pipeliner, rs []Rebasi
 	var all []*op
 	for i, rb := range rs {
 		ops, w, err := r.rebaseOps(rb.Key, rb.From, rb.To, rb.Credit)
+		if err == nil && r.cluster {
+			err = fmt.Errorf("%w: redisstore: rebases queued on a Cluster keep no order", bucket.ErrUnavailable)
+		}
 		if err != nil {
 			errs[i] = err
 			continue
@@ -510,15 +512,12 @@ func (r *Store) QueueRebases(ctx context.Context, p redis.Pipeliner, rs []Rebasi
 		each[i], what[i] = ops, w
 		all = append(all, ops...)
 	}
-	var cmd *redis.Cmd
-	if len(all) > 0 {
-		keys, argv := scriptArgs(all, r.nowArg(), r.window)
-		cmd = script.Eval(ctx, p, keys, argv...)
+	if len(all) == 0 {
+		return func() ([]bucket.Tokens, []error) { return lost, errs }
 	}
+	keys, argv := scriptArgs(all, r.nowArg(), r.window)
+	cmd := script.Eval(ctx, p, keys, argv...)
 	return func() ([]bucket.Tokens, []error) {
-		if cmd == nil {
-			return lost, errs
-		}
 		err := r.deliver(all, cmd)
 		for i, ops := range each {
 			if ops != nil {
@@ -526,7 +525,7 @@ func (r *Store) QueueRebases(ctx context.Context, p redis.Pipeliner, rs []Rebasi
 			}
 		}
 		return lost, errs
-	}, true
+	}
 }
 
 // Peek implements bucket.Store.
