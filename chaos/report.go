@@ -175,6 +175,40 @@ func PrintSummary(w io.Writer, results []*Result) {
 			ex, bd, u, uw, vi, optS(ca), optS(cd), r.LoadAvg.Start, r.LoadAvg.Max, why)
 	}
 	_ = tw.Flush() // a table for the terminal; a failed write there has no one to tell
+	if line := movesWithin(results); line != "" {
+		fmt.Fprintln(w, line)
+	}
+}
+
+// movesWithin tallies the runs' demand shifts whose region came within 5%
+// of its fair share by allocation inside the scenario's convergence limit
+// (its convergence checks, enforced or not), and names the others: the
+// harness's figure for the three-refresh target, counted the same way in
+// every run. Empty when no run had a shift.
+func movesWithin(results []*Result) string {
+	n, ok := 0, 0
+	var miss []string
+	for _, r := range results {
+		for _, c := range r.Checks {
+			if c.Name != "convergence" {
+				continue
+			}
+			n++
+			if c.Pass {
+				ok++
+				continue
+			}
+			miss = append(miss, fmt.Sprintf("%s %s: %s", r.Scenario, c.Subject, c.Value))
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	line := fmt.Sprintf("moves within their convergence limit: %d of %d", ok, n)
+	if len(miss) > 0 {
+		line += "; slower: " + strings.Join(miss, ", ")
+	}
+	return line
 }
 
 // PrintDetail writes a run's fault rows and checks.
