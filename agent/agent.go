@@ -392,15 +392,21 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 		cut = an.Cut()
 	}
 	a.core.SetPeersCut(len(cut))
-	// The speaker is the lowest of the agents that reach the store (all
-	// of them when none does), and speaks only while it holds the lease.
+	// The speaker is the agent that published the table this one decides
+	// with while it reaches the store, else the lowest of the agents that
+	// reach it (all of them when none does) (region.SpeakerOf), and speaks
+	// only while it holds the lease.
 	candidates := slices.DeleteFunc(slices.Clone(members), func(m string) bool {
 		return slices.Contains(cut, m) || (cutSelf && m == a.cfg.Name)
 	})
 	if len(candidates) == 0 {
 		candidates = members
 	}
-	speak := a.deps.Transport != nil && region.SpeakerOf(candidates) == a.cfg.Name && now.Sub(a.started) >= a.cfg.SpeakerWait
+	var current string
+	if t := a.view.Table(); t != nil {
+		current = t.Speaker
+	}
+	speak := a.deps.Transport != nil && region.SpeakerOf(candidates, current) == a.cfg.Name && now.Sub(a.started) >= a.cfg.SpeakerWait
 	a.mu.Lock()
 	a.members = members
 	a.mu.Unlock()

@@ -62,7 +62,7 @@ func TestGossipElectsOneSpeakerAndFailsOver(t *testing.T) {
 		return true
 	})
 	for _, g := range gs {
-		if s := region.SpeakerOf(g.Members()); s != "agent-a" {
+		if s := region.SpeakerOf(g.Members(), ""); s != "agent-a" {
 			t.Fatalf("%s elects %s, want agent-a", g.Self(), s)
 		}
 	}
@@ -81,7 +81,7 @@ func TestGossipElectsOneSpeakerAndFailsOver(t *testing.T) {
 		return true
 	})
 	for _, g := range rest {
-		if s := region.SpeakerOf(g.Members()); s != "agent-b" {
+		if s := region.SpeakerOf(g.Members(), ""); s != "agent-b" {
 			t.Fatalf("%s elects %s after the crash, want agent-b", g.Self(), s)
 		}
 	}
@@ -95,14 +95,14 @@ func TestGossipElectsOneSpeakerAndFailsOver(t *testing.T) {
 }
 
 func TestSpeakerAndStatic(t *testing.T) {
-	if s := region.SpeakerOf(nil); s != "" {
+	if s := region.SpeakerOf(nil, ""); s != "" {
 		t.Fatalf("speaker of nobody: %q", s)
 	}
 	m := NewStaticMembership("b", "c", "a", "a")
 	if got := fmt.Sprint(m.Members()); got != "[a b c]" {
 		t.Fatalf("members %s", got)
 	}
-	if region.SpeakerOf(m.Members()) != "a" {
+	if region.SpeakerOf(m.Members(), "") != "a" {
 		t.Fatal("speaker is not the lowest name")
 	}
 	if err := (GossipConfig{Name: "x", Region: "r", BindAddr: "nope"}).Validate(); err == nil {

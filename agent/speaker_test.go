@@ -95,6 +95,61 @@ func (c *countedStream) Close() error {
 	return c.Stream.Close()
 }
 
+// speakerRegion is the region eu of a budget split with us, its
+// coordinator running until ctx ends, as the speaker tests below run it:
+// agents share its in-process store and shared state, and config gives
+// each its settings (ticks of 20 ms).
+type speakerRegion struct {
+	coord  *LocalCoordinator
+	shared *MemShared
+	mem    *bucket.Memory
+}
+
+func newSpeakerRegion(t *testing.T, ctx context.Context) (*speakerRegion, func(name string) Config) {
+	t.Helper()
+	spec := lease.Split{Regions: []string{"eu", "us"}}
+	budgets := []lease.Budget{{Rule: "api", Limit: bucket.PerSecond(100), Regions: spec.Regions}}
+	coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go coord.Run(ctx, 20*time.Millisecond)
+	config := func(name string) Config {
+		cfg := DefaultConfig()
+		cfg.Name, cfg.Core.Region, cfg.Core.Floors = name, "eu", spec
+		cfg.Speaker.Budgets, cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Tick = budgets, 400*time.Millisecond, 100*time.Millisecond, 20*time.Millisecond
+		cfg.Tick = 20 * time.Millisecond
+		return cfg
+	}
+	return &speakerRegion{coord: coord, shared: NewMemShared(), mem: bucket.NewMemory(bucket.MemoryOptions{})}, config
+}
+
+// speakingOf lists the agents that say they speak; a nil one is stopped.
+func speakingOf(agents []*Agent) []int {
+	var out []int
+	for i, a := range agents {
+		if a != nil && a.Status().Speaking {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// watchSpeakers samples agents every 10 ms for d of a synctest bubble's
+// clock, once the bubble is idle, and fails t when two speak at once;
+// check runs at every sample.
+func watchSpeakers(t *testing.T, d time.Duration, agents []*Agent, check func()) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		time.Sleep(10 * time.Millisecond)
+		synctest.Wait()
+		if s := speakingOf(agents); len(s) > 1 {
+			t.Fatalf("at %s: agents %v speak at once", time.Now().Format(time.StampMilli), s)
+		}
+		check()
+	}
+}
+
 // TestOneSpeakerUnderASplit: a region's two agents cannot see each other
 // (each one's membership is itself alone, as in a partition inside the
 // region) but share the region's store. Each stands to speak; the speaker
@@ -105,30 +160,17 @@ func (c *countedStream) Close() error {
 // open. In a synctest bubble on its fake clock.
 func TestOneSpeakerUnderASplit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		global := bucket.PerSecond(100)
-		spec := lease.Split{Regions: []string{"eu", "us"}}
-		budgets := []lease.Budget{{Rule: "api", Limit: global, Regions: spec.Regions}}
-		coord, err := NewLocalCoordinator(testLeaseConfig(budgets), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		go coord.Run(ctx, 20*time.Millisecond)
-		shared := NewMemShared()
-		mem := bucket.NewMemory(bucket.MemoryOptions{})
+		reg, config := newSpeakerRegion(t, ctx)
 		var agents []*Agent
 		var cuts []*cutShared
 		var streams [2]atomic.Int64
 		var wg sync.WaitGroup
 		for i, name := range []string{"eu-0", "eu-1"} {
-			cfg := DefaultConfig()
-			cfg.Name, cfg.Core.Region, cfg.Core.Floors = name, "eu", spec
-			cfg.Speaker.Budgets, cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Tick = budgets, 400*time.Millisecond, 100*time.Millisecond, 20*time.Millisecond
-			cfg.Tick = 20 * time.Millisecond
-			cs := &cutShared{Shared: shared}
-			a, err := New(cfg, Deps{Store: mem, Shared: cs, Membership: NewStaticMembership(name),
-				Transport: streamCount{Transport: coord.Transport("eu"), open: &streams[i]},
+			cs := &cutShared{Shared: reg.shared}
+			a, err := New(config(name), Deps{Store: reg.mem, Shared: cs, Membership: NewStaticMembership(name),
+				Transport: streamCount{Transport: reg.coord.Transport("eu"), open: &streams[i]},
 				Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: uint64(i + 1)})
 			if err != nil {
 				t.Fatal(err)
@@ -137,27 +179,14 @@ func TestOneSpeakerUnderASplit(t *testing.T) {
 			wg.Add(1)
 			go func() { defer wg.Done(); a.Run(ctx) }()
 		}
-		speaking := func() []int {
-			var out []int
-			for i, a := range agents {
-				if a.Status().Speaking {
-					out = append(out, i)
-				}
-			}
-			return out
-		}
+		speaking := func() []int { return speakingOf(agents) }
 		watch := func(d time.Duration) {
 			t.Helper()
-			for end := time.Now().Add(d); time.Now().Before(end); {
-				time.Sleep(10 * time.Millisecond)
-				synctest.Wait()
-				if s := speaking(); len(s) > 1 {
-					t.Fatalf("at %s: agents %v speak at once", time.Now().Format(time.StampMilli), s)
-				}
+			watchSpeakers(t, d, agents, func() {
 				if n := streams[0].Load() + streams[1].Load(); n > 1 {
 					t.Fatalf("at %s: %d streams open (%d, %d)", time.Now().Format(time.StampMilli), n, streams[0].Load(), streams[1].Load())
 				}
-			}
+			})
 		}
 		watch(3 * time.Second) // SpeakerWait, a hello and a grant
 		s := speaking()
@@ -241,4 +270,95 @@ func TestRedisSpeakerLease(t *testing.T) {
 	if tb, err := sh.LoadTable(ctx); err != nil || tb.Pub != 10 {
 		t.Fatalf("stored table %+v %v, want publication 10", tb, err)
 	}
+}
+
+// TestSpeakerStaysWhenALowerAgentJoins: a region's speaker keeps speaking
+// when an agent with a lower name joins (one restarted): the newcomer,
+// which would be the lowest, decides with the speaker's table and does not
+// stand, so the region keeps its stream and its Speaker. When the speaker
+// stops and leaves the membership, the newcomer takes over. Sampled every
+// 10 ms: never two agents speaking. In a synctest bubble on its fake
+// clock. With the speaker chosen as the lowest name alone, eu-0 takes
+// over 1.5 s (SpeakerWait) after it starts.
+func TestSpeakerStaysWhenALowerAgentJoins(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		reg, config := newSpeakerRegion(t, ctx)
+		names := []string{"eu-0", "eu-1"}
+		var agents [2]*Agent
+		var members [2]*StaticMembership
+		var opened [2]atomic.Int64
+		var stops [2]context.CancelFunc
+		var done [2]chan struct{}
+		var wg sync.WaitGroup
+		start := func(i int, others ...string) {
+			members[i] = NewStaticMembership(names[i], others...)
+			a, err := New(config(names[i]), Deps{Store: reg.mem, Shared: reg.shared, Membership: members[i],
+				Transport: openCount{reg.coord.Transport("eu"), &opened[i]},
+				Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: uint64(i + 1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			agents[i] = a
+			actx, stop := context.WithCancel(ctx)
+			stops[i], done[i] = stop, make(chan struct{})
+			wg.Add(1)
+			go func() { defer wg.Done(); defer close(done[i]); a.Run(actx) }()
+		}
+		speaking := func() []int { return speakingOf(agents[:]) }
+		watch := func(d time.Duration) {
+			t.Helper()
+			watchSpeakers(t, d, agents[:], func() {})
+		}
+		start(1)
+		watch(3 * time.Second) // SpeakerWait, a hello and a grant
+		if s := speaking(); len(s) != 1 || s[0] != 1 || !agents[1].Status().LeaseLive {
+			t.Fatalf("speakers %v after 3 s (lease live %v), want eu-1 alone with a live lease", s, agents[1].Status().LeaseLive)
+		}
+		// eu-0 joins: both see both.
+		start(0, names[1])
+		members[1].Set(names)
+		watch(4 * time.Second)
+		if s := speaking(); len(s) != 1 || s[0] != 1 {
+			t.Fatalf("speakers %v 4 s after eu-0 joined, want eu-1 still", s)
+		}
+		if n := opened[1].Load(); n != 1 {
+			t.Fatalf("eu-1 opened %d streams, want its first alone", n)
+		}
+		if n := opened[0].Load(); n != 0 {
+			t.Fatalf("eu-0, which does not speak, opened %d streams", n)
+		}
+		if !agents[1].Status().LeaseLive {
+			t.Fatal("the region's lease lapsed while eu-0 joined")
+		}
+		// eu-1 stops and leaves: eu-0 takes over.
+		stops[1]()
+		<-done[1]
+		agents[1] = nil // stopped: its status is its last
+		members[0].Set(names[:1])
+		watch(3 * time.Second)
+		if s := speaking(); len(s) != 1 || s[0] != 0 {
+			t.Fatalf("speakers %v 3 s after eu-1 left, want eu-0", s)
+		}
+		if !agents[0].Status().LeaseLive {
+			t.Fatal("eu-0 speaks without a live lease")
+		}
+		cancel()
+		wg.Wait()
+	})
+}
+
+// openCount is a lease.Transport that counts the streams it opened.
+type openCount struct {
+	lease.Transport
+	n *atomic.Int64
+}
+
+func (o openCount) Connect(ctx context.Context) (lease.Stream, error) {
+	st, err := o.Transport.Connect(ctx)
+	if err == nil {
+		o.n.Add(1)
+	}
+	return st, err
 }

@@ -691,3 +691,24 @@ func TestSpeakerAcksBesideACarry(t *testing.T) {
 		t.Fatalf("the next Ready sends %+v: acks Acks released again", rd.Send)
 	}
 }
+
+// TestSpeakerOf: the agent that published the table stays while it is a
+// member; otherwise, or with no table, the lowest name speaks.
+func TestSpeakerOf(t *testing.T) {
+	for _, c := range []struct {
+		members []string
+		current string
+		want    string
+	}{
+		{nil, "", ""},
+		{nil, "b", ""},
+		{[]string{"b", "a", "c"}, "", "a"},
+		{[]string{"b", "a", "c"}, "c", "c"}, // a lower agent joined: c stays
+		{[]string{"b", "c"}, "a", "b"},      // the speaker left: the lowest
+		{[]string{"b"}, "b", "b"},
+	} {
+		if got := SpeakerOf(c.members, c.current); got != c.want {
+			t.Errorf("SpeakerOf(%v, %q) = %q, want %q", c.members, c.current, got, c.want)
+		}
+	}
+}

@@ -195,9 +195,9 @@ func (p *leasePlane) coordNow(w *world, c int, t Micros) time.Time {
 }
 
 // elect makes the agent that should speak for region r at t do so, as
-// the agent does: membership makes the lowest-named live agent that
-// reaches the store stand (region.SpeakerOf over the agents whose breaker
-// is closed, or over all of them when none is), once it has waited
+// the agent does: each live agent stands when region.SpeakerOf, over the
+// agents whose breaker is closed (or over all of them when none is) and
+// the speaker of the table its view holds, names it, once it has waited
 // speakerWait since it started; it speaks only while it holds the speaker
 // lease in the region's store (holdSpeaker). A new speaker restores its
 // Speaker from the newer of the shared table and its own view, under a
@@ -217,11 +217,17 @@ func (p *leasePlane) elect(w *world, r int, t Micros) {
 	if len(reach) == 0 {
 		reach = live
 	}
-	if name := region.SpeakerOf(reach); name != "" {
-		for i, ag := range p.a.agents[r] {
-			if ag.name == name && ag.speakAfter <= t && rp.shared.holdSpeaker(w, p, r, i, t) {
-				want = i
-			}
+	for i, ag := range p.a.agents[r] {
+		if !ag.alive || ag.speakAfter > t {
+			continue
+		}
+		var current string
+		if tb := ag.view.Table(); tb != nil {
+			current = tb.Speaker
+		}
+		if region.SpeakerOf(reach, current) == ag.name && rp.shared.holdSpeaker(w, p, r, i, t) {
+			want = i
+			break
 		}
 	}
 	if want == rp.speaker {
