@@ -448,7 +448,13 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	}
 	fence, held := a.holdSpeaker(ctx, now, speak)
 	a.setSpeaking(ctx, speak && held, fence)
-	if !speak {
+	// An agent that does not speak reads the table at its round, a table
+	// no notice brought; so does one that stands without the lease (two
+	// that cannot see each other both stand; one back from a cut names
+	// itself in its view until it reads another's table): reading only
+	// when it did not stand, it decided with its own last table, at its
+	// floors once that lease ended, for as long as it stood.
+	if !speak || !held {
 		if t, err := a.deps.Shared.LoadTable(ctx); err != nil {
 			a.noteErr(err)
 			ok = false

@@ -167,7 +167,8 @@ func TestOneSpeakerUnderASplit(t *testing.T) {
 		var cuts []*cutShared
 		var streams [2]atomic.Int64
 		var wg sync.WaitGroup
-		for i, name := range []string{"eu-0", "eu-1"} {
+		names := []string{"eu-0", "eu-1"}
+		for i, name := range names {
 			cs := &cutShared{Shared: reg.shared}
 			a, err := New(config(name), Deps{Store: reg.mem, Shared: cs, Membership: NewStaticMembership(name),
 				Transport: streamCount{Transport: reg.coord.Transport("eu"), open: &streams[i]},
@@ -211,6 +212,13 @@ func TestOneSpeakerUnderASplit(t *testing.T) {
 		}
 		if !agents[other].Status().LeaseLive {
 			t.Fatal("the region's lease lapsed across the takeover")
+		}
+		// The first, standing without the lease and with no notices from
+		// this store, decides with the speaker's tables: it reads them at
+		// its rounds, as an agent that does not stand does.
+		tb := agents[first].View().Table()
+		if tb == nil || tb.Speaker != names[other] || !tb.Live(time.Now()) {
+			t.Fatalf("agent %d, standing without the lease, decides with %+v, want a live table of %s", first, tb, names[other])
 		}
 		cancel()
 		wg.Wait()

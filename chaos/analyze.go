@@ -329,7 +329,7 @@ func Analyze(sc *Scenario, hist []Decision, rounds []Round, recs []FaultRecord, 
 	res.Checks = append(res.Checks, a.falseOutages())
 	res.Shifts = a.shifts(arrivals)
 	for _, sh := range res.Shifts {
-		c := CheckResult{Name: "convergence", Subject: fmt.Sprintf("%s %s/%s at %.0fs", sh.Region, sh.Rule, sh.Key, sh.AtS),
+		c := CheckResult{Name: CheckConvergence, Subject: fmt.Sprintf("%s %s/%s at %.0fs", sh.Region, sh.Rule, sh.Key, sh.AtS),
 			Limit: sc.Block.ConvergeWithin.String(), Enforced: sc.Has(CheckConvergence)}
 		if sh.AllocS != nil {
 			c.Value = fmt.Sprintf("%.2fs", *sh.AllocS)

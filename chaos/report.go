@@ -190,7 +190,7 @@ func movesWithin(results []*Result) string {
 	var miss []string
 	for _, r := range results {
 		for _, c := range r.Checks {
-			if c.Name != "convergence" {
+			if c.Name != CheckConvergence {
 				continue
 			}
 			n++

@@ -10,7 +10,7 @@ import (
 // and says nothing of moves when no run had one.
 func TestSummaryCountsMoves(t *testing.T) {
 	conv := func(subject, value string, pass bool) CheckResult {
-		return CheckResult{Name: "convergence", Subject: subject, Value: value, Limit: "1.5s", Pass: pass}
+		return CheckResult{Name: CheckConvergence, Subject: subject, Value: value, Limit: "1.5s", Pass: pass}
 	}
 	results := []*Result{
 		{Scenario: "healthy", Checks: []CheckResult{
