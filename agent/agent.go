@@ -643,6 +643,11 @@ func (a *Agent) stop() {
 	if err := a.deps.Shared.ReleaseSpeaker(ctx, f); err != nil {
 		a.noteErr(err)
 	}
+	// Its lease client has stopped: the status says so at once, not when
+	// the agent's own view of the lease would have ended.
+	a.mu.Lock()
+	a.speaking, a.fence, a.fenceTill = false, Fence{}, time.Time{}
+	a.mu.Unlock()
 	a.core.Shutdown(ctx, a.deps.Clock.Now())
 }
 

@@ -343,7 +343,9 @@ func TestSpeakerStaysWhenALowerAgentJoins(t *testing.T) {
 		// eu-1 stops and leaves: eu-0 takes over.
 		stops[1]()
 		<-done[1]
-		agents[1] = nil // stopped: its status is its last
+		if agents[1].Status().Speaking {
+			t.Fatal("eu-1 says it speaks after it stopped")
+		}
 		members[0].Set(names[:1])
 		watch(3 * time.Second)
 		if s := speaking(); len(s) != 1 || s[0] != 0 {
