@@ -635,16 +635,17 @@ var _ SettlePublisher = (*RedisShared)(nil)
 // SettlesIn implements SettlePublisher: st must be a redisstore.Store that
 // queues on this shared state's own client (redisstore.Store.QueuesOn),
 // directly or under the breaker's deadlines (breaker.Timed).
-func (r *RedisShared) SettlesIn(st bucket.Store) bool {
-	rs := redisStoreUnder(st)
-	return rs != nil && rs.QueuesOn(r.c)
-}
+func (r *RedisShared) SettlesIn(st bucket.Store) bool { return r.queuer(st) != nil }
 
-// redisStoreUnder is the redisstore.Store st is or wraps, nil when none.
-func redisStoreUnder(st bucket.Store) *redisstore.Store {
+// queuer is the redisstore.Store st is or wraps when it queues on this
+// shared state's client, nil otherwise.
+func (r *RedisShared) queuer(st bucket.Store) *redisstore.Store {
 	for {
 		switch s := st.(type) {
 		case *redisstore.Store:
+			if !s.QueuesOn(r.c) {
+				return nil
+			}
 			return s
 		case interface{ Inner() bucket.Store }:
 			st = s.Inner()
@@ -665,8 +666,8 @@ func redisStoreUnder(st bucket.Store) *redisstore.Store {
 // publishes, two round trips.
 func (r *RedisShared) SettleAndPublish(ctx context.Context, st bucket.Store, changes []region.Change, t *region.Table, f Fence) (region.Outcome, bool, error) {
 	args, err := r.publishArgs(t, f)
-	rs := redisStoreUnder(st)
-	if err != nil || rs == nil || !rs.QueuesOn(r.c) {
+	rs := r.queuer(st)
+	if err != nil || rs == nil {
 		// Two round trips, settled first (an encoding error is
 		// PublishTable's to give).
 		o := region.Settle(ctx, st, changes)
