@@ -402,11 +402,7 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	if len(candidates) == 0 {
 		candidates = members
 	}
-	var current string
-	if t := a.view.Table(); t != nil {
-		current = t.Speaker
-	}
-	speak := a.deps.Transport != nil && region.SpeakerOf(candidates, current) == a.cfg.Name && now.Sub(a.started) >= a.cfg.SpeakerWait
+	speak := a.deps.Transport != nil && region.SpeakerOf(candidates, a.view.Speaker()) == a.cfg.Name && now.Sub(a.started) >= a.cfg.SpeakerWait
 	a.mu.Lock()
 	a.members = members
 	a.mu.Unlock()

@@ -279,6 +279,15 @@ func (t *Table) extends(old *Table) bool {
 // Table returns the current table, nil if none.
 func (v *TableView) Table() *Table { return v.cur.Load() }
 
+// Speaker is the agent that published the current table, empty when there
+// is none: what SpeakerOf keeps speaking while it lives.
+func (v *TableView) Speaker() string {
+	if t := v.cur.Load(); t != nil {
+		return t.Speaker
+	}
+	return ""
+}
+
 // Epoch implements Allocations.
 func (v *TableView) Epoch() uint64 { return v.epoch.Load() }
 

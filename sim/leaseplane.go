@@ -221,11 +221,7 @@ func (p *leasePlane) elect(w *world, r int, t Micros) {
 		if !ag.alive || ag.speakAfter > t {
 			continue
 		}
-		var current string
-		if tb := ag.view.Table(); tb != nil {
-			current = tb.Speaker
-		}
-		if region.SpeakerOf(reach, current) == ag.name && rp.shared.holdSpeaker(w, p, r, i, t) {
+		if region.SpeakerOf(reach, ag.view.Speaker()) == ag.name && rp.shared.holdSpeaker(w, p, r, i, t) {
 			want = i
 			break
 		}
