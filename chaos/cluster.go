@@ -52,6 +52,8 @@ type Cluster struct {
 	owners *Owners
 	ports  Ports
 	logf   func(string, ...any)
+	// traceLease starts the coordinators at -log-level debug.
+	traceLease bool
 
 	etcd     *Proc
 	etcdAddr string
@@ -128,11 +130,12 @@ func (c *Cluster) path(name string) string { return filepath.Join(c.dir, name) }
 
 // StartCluster starts every process of sc and waits until the system is
 // ready to be measured: one leader, every region with its members, one
-// speaker and a live lease, and the leader past its learning period.
-func StartCluster(ctx context.Context, sc *Scenario, bins Binaries, dir string, logf func(string, ...any)) (c *Cluster, err error) {
+// speaker and a live lease, and the leader past its learning period. With
+// traceLease the coordinators log every lease message (-log-level debug).
+func StartCluster(ctx context.Context, sc *Scenario, bins Binaries, dir string, logf func(string, ...any), traceLease bool) (c *Cluster, err error) {
 	owners := NewOwners()
 	c = &Cluster{sc: sc, dir: dir, bins: bins, owners: owners, sup: NewSupervisor(dir, owners), logf: logf,
-		http: &http.Client{Timeout: time.Second}}
+		http: &http.Client{Timeout: time.Second}, traceLease: traceLease}
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -302,6 +305,9 @@ func (c *Cluster) startCoordinators(ctx context.Context) error {
 		// redirect: the advertised address is the proxy's.
 		args := []string{"serve", "-listen", listen, "-http", httpAddr, "-advertise", px.Addr(), "-budgets", c.docPath}
 		args = append(args, c.auth.coordinatorArgs()...)
+		if c.traceLease {
+			args = append(args, "-log-level", "debug")
+		}
 		if c.etcd != nil {
 			args = append(args, "-etcd", c.etcdAddr, "-prefix", c.prefix, "-session-ttl", strconv.Itoa(sessionTTL(s)))
 		}

@@ -32,6 +32,9 @@ type Options struct {
 	Seed uint64
 	// Logf receives progress lines; nil discards them.
 	Logf func(format string, args ...any)
+	// TraceLease has the coordinators log every lease message, with its
+	// keys, in their logs (-log-level debug): for following a move.
+	TraceLease bool
 }
 
 // FaultRecord is a fault as it was injected.
@@ -104,7 +107,7 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (res *Result, err erro
 	}
 	logf("%s: starting processes in %s", sc.Name(), dir)
 	began := time.Now()
-	c, err := StartCluster(ctx, sc, bins, dir, logf)
+	c, err := StartCluster(ctx, sc, bins, dir, logf, opts.TraceLease)
 	if err != nil {
 		return nil, err
 	}

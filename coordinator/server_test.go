@@ -421,3 +421,39 @@ func TestElectionConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTraceAtDebugLevel: at debug level a lease message is logged with its
+// keys (a count and burst, a drop to the floor, a credit, a demand, a
+// return), at most traceKeys of them and the rest counted; at info level
+// nothing is.
+func TestTraceAtDebugLevel(t *testing.T) {
+	var buf strings.Builder
+	s := newTestServer(t, clock.NewManual(t0), "", func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	k := func(i int) bucket.Key { return bucket.Key{Rule: "api", Subject: "t" + strconv.Itoa(i)} }
+	m := lease.Message{Type: lease.MsgGrant, Region: "a", Term: 2, Grant: 7, Version: 9, Base: 8, Entries: []lease.Entry{
+		{Key: k(0), Count: 420, Burst: 42}, {Key: k(1), Drop: true}, {Key: k(2), Drop: true, Credit: 3}, {Key: k(3), Count: 100, Burst: 10, Credit: 5},
+	}}
+	s.trace("down", m)
+	want := `level=DEBUG msg="coordinator: lease message" dir=down msg="grant a term=2 grant=7 ver=9 base=8 entries=4" keys="api/t0=420/42 api/t1=floor api/t2=floor+3 api/t3=100/10+5"`
+	if !strings.Contains(buf.String(), want) {
+		t.Fatalf("the record is\n%s\nwant it to contain\n%s", buf.String(), want)
+	}
+	buf.Reset()
+	up := lease.Message{Type: lease.MsgAck, Region: "b", Term: 2, Grant: 7, Version: 9, Returns: []lease.Return{{Key: k(0), Tokens: 12}}}
+	for i := range traceKeys + 4 {
+		up.Demand = append(up.Demand, lease.Demand{Key: k(i), Want: bucket.Tokens(i)})
+	}
+	s.trace("up", up)
+	if got := buf.String(); !strings.Contains(got, `dir=up msg="ack b term=2 grant=7 ver=9" keys="api/t0=0 api/t1=1 `) ||
+		!strings.Contains(got, "api/t15=15 (5 more)\"") || strings.Contains(got, "api/t16=") {
+		t.Fatalf("the record is\n%s\nwant the first %d demands and the other 5 counted", got, traceKeys)
+	}
+	buf.Reset()
+	s.log = slog.New(slog.NewTextHandler(&buf, nil))
+	s.trace("down", m)
+	if buf.Len() != 0 {
+		t.Fatalf("at info level the message was logged:\n%s", buf.String())
+	}
+}

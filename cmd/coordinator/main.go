@@ -115,6 +115,7 @@ func serve(args []string) error {
 	tokensFile := fs.String("region-tokens", "", "tokens file (\"<region> <token>\" or \"<region> sha256:<hex>\" a line): a region proves its name with its token (needs -tls-cert)")
 	insecure := fs.Bool("insecure", false, "accept a region by its name alone, without a certificate or token (any client that reaches -listen can speak for any region)")
 	takeover := fs.Duration("takeover-after", 0, "silence after which another stream of a region may take its stream's place (0: twice the lease refresh)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error; debug also logs every lease message up and down, with its keys")
 	lim := coordinator.DefaultLimits()
 	fs.IntVar(&lim.MaxMessageBytes, "max-message-bytes", lim.MaxMessageBytes, "largest lease message a region may send; a larger one ends its stream")
 	fs.IntVar(&lim.MaxReportKeys, "max-report-keys", lim.MaxReportKeys, "most keys of one region's message; beyond it those with the largest values are kept")
@@ -122,7 +123,11 @@ func serve(args []string) error {
 	hc := httpserver.DefaultConfig()
 	hc.RegisterFlags(fs)
 	_ = fs.Parse(args)
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("serve: -log-level=%q: %w", *logLevel, err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if *advertise == "" {
 		*advertise = *listen
 	}

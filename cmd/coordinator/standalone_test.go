@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,7 +49,7 @@ func TestStandaloneProcess(t *testing.T) {
 	}
 	grpcAddr, httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	cmd := exec.Command(bin, "serve", "-budgets", doc, "-listen", grpcAddr, "-http", httpAddr,
-		"-tls-cert", certFile, "-tls-key", keyFile, "-region-tokens", tokens)
+		"-tls-cert", certFile, "-tls-key", keyFile, "-region-tokens", tokens, "-log-level", "debug")
 	logf, _ := os.Create(filepath.Join(dir, "coord.log"))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
@@ -112,6 +114,22 @@ func TestStandaloneProcess(t *testing.T) {
 			t.Errorf("the log lacks %s:\n%s", want, logs)
 		}
 	}
+	// At debug level every lease message is logged with its keys: the
+	// region's hello and its report of the key, and a grant of it at its
+	// demand or more.
+	if !regexp.MustCompile(`level=DEBUG msg="coordinator: lease message" dir=up msg="hello us `).Match(logs) ||
+		!regexp.MustCompile(`dir=up msg="report us [^"]*" keys="api/t=300"`).Match(logs) {
+		t.Errorf("the debug log lacks the region's hello or its report of api/t:\n%s", logs)
+	}
+	granted := false
+	for _, m := range regexp.MustCompile(`dir=down msg="grant us [^"]*" keys="api/t=(\d+)/\d+`).FindAllSubmatch(logs, -1) {
+		if n, _ := strconv.Atoi(string(m[1])); n >= 300 {
+			granted = true
+		}
+	}
+	if !granted {
+		t.Errorf("the debug log lacks a grant of api/t of 300 or more:\n%s", logs)
+	}
 }
 
 // TestServeNeedsRegionAuth: a coordinator with neither mutual TLS nor
@@ -143,6 +161,7 @@ func TestServeNeedsRegionAuth(t *testing.T) {
 	}{
 		{[]string{"-etcd", "127.0.0.1:1", "-session-ttl", "0"}, "session_ttl=0 must be > 0"},
 		{[]string{"-advertise", "nonsense"}, `-advertise="nonsense" must be host:port`},
+		{[]string{"-log-level", "loud"}, `-log-level="loud"`},
 	} {
 		args := append([]string{"serve", "-budgets", doc, "-listen", "127.0.0.1:0", "-http", "127.0.0.1:0", "-insecure"}, c.args...)
 		out, err := exec.Command(bin, args...).CombinedOutput()
