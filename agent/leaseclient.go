@@ -14,6 +14,7 @@ import (
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/internal/leaselog"
 	"github.com/allot-dev/allot/lease"
 	"github.com/allot-dev/allot/region"
 )
@@ -250,6 +251,7 @@ func (c *LeaseClient) release() {
 	}
 	defer st.Close()
 	for _, m := range msgs {
+		c.trace("up", m)
 		if st.Send(m) != nil {
 			return
 		}
@@ -481,6 +483,7 @@ func (cr *carrier) stop() {
 
 // step steps the Speaker with m. Requires c.mu.
 func (c *LeaseClient) step(m lease.Message) {
+	c.trace("down", m)
 	if m.Type == lease.MsgGrant {
 		c.granted = true
 	}
@@ -674,11 +677,21 @@ func (c *LeaseClient) send(st lease.Stream, msgs []lease.Message) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	for _, m := range msgs {
+		c.trace("up", m)
 		if err := st.Send(m); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// trace logs a lease message the speaker takes from the coordinator (down)
+// or sends it (up), with its keys, at debug level. Beside the
+// coordinator's own trace it shows a grant's time in the region: from its
+// arrival through the carry (traced as the table's publication) to the
+// acknowledgement.
+func (c *LeaseClient) trace(dir string, m lease.Message) {
+	leaselog.Trace(c.log, "agent: lease message", dir, m)
 }
 
 // carry carries out the Speaker's Ready in its order: it settles every
@@ -695,6 +708,7 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 	defer c.carryMu.Unlock()
 	var send []lease.Message
 	for range 2 {
+		began := time.Now() // the carry's own time, for the trace: the real clock
 		rd, o, sent, pub := c.settle(ctx)
 		send = append(send, sent...)
 		if t := rd.Publish; t != nil {
@@ -725,6 +739,7 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 				// not the lease holder's is not this region's table.
 				c.deps.View.Set(t)
 			}
+			c.tracePublished(t, ok, began)
 		}
 		c.mu.Lock()
 		c.sp.Advance(o)
@@ -739,6 +754,18 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 		}
 	}
 	return send
+}
+
+// tracePublished logs at debug level that the carry begun at began
+// settled its changes and published t (stored, or not: refused or
+// failed), and how long that took.
+func (c *LeaseClient) tracePublished(t *region.Table, stored bool, began time.Time) {
+	ctx := context.Background()
+	if !c.log.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	c.log.LogAttrs(ctx, slog.LevelDebug, "agent: table published", slog.Uint64("pub", t.Pub), slog.Uint64("version", t.Version),
+		slog.Bool("stored", stored), slog.Duration("took", time.Since(began)))
 }
 
 // maxFolds is how many grants that arrive during a carry's settles one

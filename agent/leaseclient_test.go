@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -238,6 +239,49 @@ func TestLeaseClientLogsAnOutageNotEveryRedial(t *testing.T) {
 		}
 		if n := logs.count("agent: no coordinator") + logs.count("agent: still no coordinator"); n != 3 {
 			t.Fatalf("%d outage lines after the coordinator came back, want the 3 of the outage", n)
+		}
+	})
+}
+
+// TestLeaseClientTracesAtDebugLevel: at debug level the speaker logs the
+// lease messages it sends (its hello, the acknowledgement of its first
+// grant) and takes (the grant, with the key it raises), and the table it
+// publishes; at info level none of them.
+func TestLeaseClientTracesAtDebugLevel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var debug, info syncBuffer
+		// Half the budget of 300 a second in reserve: a's floor is 75, and
+		// a demand of 200 is granted from the reserve.
+		start := func(log *slog.Logger) *leaseClientFixture {
+			return newLeaseClientFixtureWith(t, ctx, NewMemShared(), bucket.NewMemory(bucket.MemoryOptions{}), 0.5, []string{"a", "b"}, log, nil, "a-0")
+		}
+		f := start(slog.New(slog.NewTextHandler(&debug, &slog.HandlerOptions{Level: slog.LevelDebug})))
+		g := start(slog.New(slog.NewTextHandler(&info, nil)))
+		k := bucket.Key{Rule: "api", Subject: "t"}
+		for _, x := range []*leaseClientFixture{f, g} {
+			x.shared.PutDemand(ctx, region.ReportOf("a-0", time.Now(), []region.KeyDemand{{Key: k, Want: 200}}))
+		}
+		time.Sleep(3 * time.Second)
+		log := debug.String()
+		for _, want := range []string{
+			`level=DEBUG msg="agent: lease message" dir=up msg="hello a `,
+			`dir=up msg="report a seq=`,
+			`keys="api/t=200"`,
+			`dir=down msg="grant a term=`,
+			`dir=up msg="ack a term=`,
+			`msg="agent: table published" pub=`,
+		} {
+			if !strings.Contains(log, want) {
+				t.Errorf("the debug log lacks %s:\n%s", want, log)
+			}
+		}
+		if !regexp.MustCompile(`dir=down msg="grant a [^"]*" keys="api/t=2[0-9][0-9]/`).MatchString(log) {
+			t.Errorf("the debug log lacks a grant raising api/t for the demand of 200:\n%s", log)
+		}
+		if n := info.count("agent: lease message") + info.count("agent: table published"); n != 0 {
+			t.Errorf("at info level %d trace records:\n%s", n, &info)
 		}
 	})
 }

@@ -52,7 +52,8 @@ type Cluster struct {
 	owners *Owners
 	ports  Ports
 	logf   func(string, ...any)
-	// traceLease starts the coordinators at -log-level debug.
+	// traceLease starts the coordinators and the agents at -log-level
+	// debug (the agents otherwise at warn).
 	traceLease bool
 
 	etcd     *Proc
@@ -131,7 +132,8 @@ func (c *Cluster) path(name string) string { return filepath.Join(c.dir, name) }
 // StartCluster starts every process of sc and waits until the system is
 // ready to be measured: one leader, every region with its members, one
 // speaker and a live lease, and the leader past its learning period. With
-// traceLease the coordinators log every lease message (-log-level debug).
+// traceLease the coordinators and the speaking agents log every lease
+// message (-log-level debug).
 func StartCluster(ctx context.Context, sc *Scenario, bins Binaries, dir string, logf func(string, ...any), traceLease bool) (c *Cluster, err error) {
 	owners := NewOwners()
 	c = &Cluster{sc: sc, dir: dir, bins: bins, owners: owners, sup: NewSupervisor(dir, owners), logf: logf,
@@ -372,6 +374,10 @@ func (c *Cluster) startRegion(ctx context.Context, rs sim.RegionSpec) error {
 	s, b := c.sc.Sim, c.sc.Block
 	reg := &Region{Name: rs.Name}
 	c.regions = append(c.regions, reg)
+	agentLogLevel := "warn"
+	if c.traceLease {
+		agentLogLevel = "debug"
+	}
 	sentinel := slices.Contains(b.Sentinel, rs.Name)
 	announce := func(pp int) []string {
 		if !sentinel {
@@ -467,7 +473,7 @@ func (c *Cluster) startRegion(ctx context.Context, rs sim.RegionSpec) error {
 			"-breaker-failures", strconv.Itoa(s.Agent.BreakerFailures), "-breaker-backoff", s.Agent.BreakerBackoff.String(),
 			"-batch-window", s.Agent.BatchWindow.String(),
 			"-batch-max-fraction", strconv.FormatFloat(s.Agent.BatchMaxFraction, 'g', -1, 64),
-			"-log-level", "warn"}
+			"-log-level", agentLogLevel}
 		args = append(args, c.auth.agentArgs(rs.Name)...)
 		if !sentinel {
 			px, err := c.newPartyProxy("redis-"+rs.Name+"-for-"+a.Name, fmt.Sprintf("127.0.0.1:%d", primary.Port), a.Name)

@@ -32,8 +32,9 @@ type Options struct {
 	Seed uint64
 	// Logf receives progress lines; nil discards them.
 	Logf func(format string, args ...any)
-	// TraceLease has the coordinators log every lease message, with its
-	// keys, in their logs (-log-level debug): for following a move.
+	// TraceLease has the coordinators and the speaking agents log every
+	// lease message, with its keys, and the speakers each table they
+	// publish (-log-level debug): for following a move.
 	TraceLease bool
 }
 

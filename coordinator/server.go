@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,8 +17,8 @@ import (
 
 	leasev1 "github.com/allot-dev/allot/api/lease/v1"
 	"github.com/allot-dev/allot/auth"
-	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/internal/leaselog"
 	"github.com/allot-dev/allot/lease"
 )
 
@@ -580,55 +579,13 @@ type logState struct {
 	folded int
 }
 
-// traceKeys is how many of a message's entries, demands and returns a
-// debug record lists; the rest are counted.
-const traceKeys = 16
-
 // trace logs a lease message up from a region (as the Allocator takes it,
 // after sanitize) or down to one, with its keys and their values, at
-// debug level: off unless the logger's level is debug, and then every
-// message, unpaced, so that a move can be followed from report to
-// decrease, acknowledgement and raise (docs/design.md, "Operations").
+// debug level: every message, unpaced, so that a move can be followed
+// from report to decrease, acknowledgement and raise (docs/design.md,
+// "Operations").
 func (s *Server) trace(dir string, m lease.Message) {
-	ctx := context.Background()
-	if !s.log.Enabled(ctx, slog.LevelDebug) {
-		return
-	}
-	var b strings.Builder
-	n := 0
-	item := func(k bucket.Key, format string, args ...any) {
-		if n < traceKeys {
-			if b.Len() > 0 {
-				b.WriteByte(' ')
-			}
-			b.WriteString(k.Rule + "/" + k.Subject + "=")
-			fmt.Fprintf(&b, format, args...)
-		}
-		n++
-	}
-	for _, e := range m.Entries {
-		switch {
-		case e.Drop && e.Credit > 0:
-			item(e.Key, "floor+%d", e.Credit)
-		case e.Drop:
-			item(e.Key, "floor")
-		case e.Credit > 0:
-			item(e.Key, "%d/%d+%d", e.Count, e.Burst, e.Credit)
-		default:
-			item(e.Key, "%d/%d", e.Count, e.Burst)
-		}
-	}
-	for _, d := range m.Demand {
-		item(d.Key, "%d", d.Want)
-	}
-	for _, r := range m.Returns {
-		item(r.Key, "back %d", r.Tokens)
-	}
-	if n > traceKeys {
-		fmt.Fprintf(&b, " (%d more)", n-traceKeys)
-	}
-	s.log.LogAttrs(ctx, slog.LevelDebug, "coordinator: lease message", slog.String("dir", dir),
-		slog.String("msg", m.String()), slog.String("keys", b.String()))
+	leaselog.Trace(s.log, "coordinator: lease message", dir, m)
 }
 
 // logLocked logs msg at most once per logEvery for kind, with the number

@@ -18,6 +18,7 @@ import (
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/clock"
+	"github.com/allot-dev/allot/internal/leaselog"
 	"github.com/allot-dev/allot/internal/leasetest"
 	"github.com/allot-dev/allot/lease"
 )
@@ -442,13 +443,13 @@ func TestTraceAtDebugLevel(t *testing.T) {
 	}
 	buf.Reset()
 	up := lease.Message{Type: lease.MsgAck, Region: "b", Term: 2, Grant: 7, Version: 9, Returns: []lease.Return{{Key: k(0), Tokens: 12}}}
-	for i := range traceKeys + 4 {
+	for i := range leaselog.Keys + 4 {
 		up.Demand = append(up.Demand, lease.Demand{Key: k(i), Want: bucket.Tokens(i)})
 	}
 	s.trace("up", up)
 	if got := buf.String(); !strings.Contains(got, `dir=up msg="ack b term=2 grant=7 ver=9" keys="api/t0=0 api/t1=1 `) ||
 		!strings.Contains(got, "api/t15=15 (5 more)\"") || strings.Contains(got, "api/t16=") {
-		t.Fatalf("the record is\n%s\nwant the first %d demands and the other 5 counted", got, traceKeys)
+		t.Fatalf("the record is\n%s\nwant the first %d demands and the other 5 counted", got, leaselog.Keys)
 	}
 	buf.Reset()
 	s.log = slog.New(slog.NewTextHandler(&buf, nil))

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/bucket"
@@ -140,6 +141,47 @@ type Entry struct {
 type Demand struct {
 	Key  bucket.Key
 	Want bucket.Tokens
+}
+
+// Keys renders the message's keys with their values for a log, at most n
+// of them and the rest counted: an entry as count/burst, a drop as floor
+// (either with +credit), a demand as its want, a return as back and its
+// tokens.
+func (m Message) Keys(n int) string {
+	var b strings.Builder
+	i := 0
+	item := func(k bucket.Key, format string, args ...any) {
+		if i < n {
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(k.Rule + "/" + k.Subject + "=")
+			fmt.Fprintf(&b, format, args...)
+		}
+		i++
+	}
+	for _, e := range m.Entries {
+		switch {
+		case e.Drop && e.Credit > 0:
+			item(e.Key, "floor+%d", e.Credit)
+		case e.Drop:
+			item(e.Key, "floor")
+		case e.Credit > 0:
+			item(e.Key, "%d/%d+%d", e.Count, e.Burst, e.Credit)
+		default:
+			item(e.Key, "%d/%d", e.Count, e.Burst)
+		}
+	}
+	for _, d := range m.Demand {
+		item(d.Key, "%d", d.Want)
+	}
+	for _, r := range m.Returns {
+		item(r.Key, "back %d", r.Tokens)
+	}
+	if i > n {
+		fmt.Fprintf(&b, " (%d more)", i-n)
+	}
+	return b.String()
 }
 
 // String renders a message compactly for logs and scenario tests.

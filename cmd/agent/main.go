@@ -141,7 +141,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.StringVar(&o.tlsKey, "tls-key", "", "TLS key (PEM)")
 	fs.StringVar(&o.tlsCA, "tls-ca", "", "CA (PEM) that client certificates of the gRPC and HTTP servers must chain to (mutual TLS: every client needs one), and that the coordinator's (without -coordinator-ca) and Redis's certificates must chain to")
 	fs.StringVar(&o.failoverEmpty, "failover-empty", "", "rules (comma-separated, or *) whose buckets start empty after a detected Redis failover")
-	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error; debug also logs the speaking agent's lease messages and table publications")
 	fs.IntVar(&o.breakerFailures, "breaker-failures", cc.BreakerFailures, "Redis failures that open the circuit breaker: in a row, or within a second when they are at least half its calls")
 	fs.DurationVar(&o.breakerBackoff, "breaker-backoff", cc.BreakerBackoff, "how long the breaker stays open before a probe")
 	fs.DurationVar(&o.batchWindow, "batch-window", cc.BatchWindow, "local demand one token batch covers")

@@ -6,7 +6,7 @@
 //	chaos chaos/scenarios                      # every scenario (make chaos)
 //	chaos chaos/scenarios/short                # the short form (make chaos-short)
 //	chaos -run 'redis' -keep chaos/scenarios   # some, keeping logs and histories
-//	chaos -run '^healthy$' -keep -trace-lease chaos/scenarios  # every lease message in coordinator-N.log
+//	chaos -run '^healthy$' -keep -trace-lease chaos/scenarios  # every lease message in the processes' logs
 //	chaos -judge /tmp/allot-chaos-…/healthy    # judge a kept run again
 //
 // The exit status is 1 when any run's verdict differs from the one its
@@ -55,7 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	quiet := fs.Bool("q", false, "no progress lines")
 	judge := fs.Bool("judge", false, "judge again runs kept with -keep: the arguments are their directories")
 	seed := fs.Uint64("seed", 0, "the arrivals' seed for every file, the simulator's beside it too (default: each file's first seed)")
-	traceLease := fs.Bool("trace-lease", false, "the coordinators log every lease message with its keys (-log-level debug); with -keep, in coordinator-N.log")
+	traceLease := fs.Bool("trace-lease", false, "the coordinators and the speaking agents log every lease message with its keys (-log-level debug); with -keep, in coordinator-N.log and <region>-N.log")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: chaos [flags] scenario.yaml|dir ...\n")
 		fs.PrintDefaults()
