@@ -707,8 +707,12 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 	c.carryMu.Lock()
 	defer c.carryMu.Unlock()
 	var send []lease.Message
+	trace := c.log.Enabled(ctx, slog.LevelDebug)
 	for range 2 {
-		began := time.Now() // the carry's own time, for the trace: the real clock
+		var began time.Time
+		if trace {
+			began = time.Now() // the carry's own time, for the trace: the real clock
+		}
 		rd, o, sent, pub := c.settle(ctx)
 		send = append(send, sent...)
 		if t := rd.Publish; t != nil {
@@ -739,7 +743,9 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 				// not the lease holder's is not this region's table.
 				c.deps.View.Set(t)
 			}
-			c.tracePublished(t, ok, began)
+			if trace {
+				c.tracePublished(ctx, t, ok, began)
+			}
 		}
 		c.mu.Lock()
 		c.sp.Advance(o)
@@ -758,12 +764,9 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 
 // tracePublished logs at debug level that the carry begun at began
 // settled its changes and published t (stored, or not: refused or
-// failed), and how long that took.
-func (c *LeaseClient) tracePublished(t *region.Table, stored bool, began time.Time) {
-	ctx := context.Background()
-	if !c.log.Enabled(ctx, slog.LevelDebug) {
-		return
-	}
+// failed), and how long that took. The carry calls it, and reads the
+// clock for it, only when the log is at debug level.
+func (c *LeaseClient) tracePublished(ctx context.Context, t *region.Table, stored bool, began time.Time) {
 	c.log.LogAttrs(ctx, slog.LevelDebug, "agent: table published", slog.Uint64("pub", t.Pub), slog.Uint64("version", t.Version),
 		slog.Bool("stored", stored), slog.Duration("took", time.Since(began)))
 }

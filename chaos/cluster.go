@@ -129,6 +129,15 @@ const sentinelMaster = "allot"
 
 func (c *Cluster) path(name string) string { return filepath.Join(c.dir, name) }
 
+// logLevel is a process's -log-level: debug when the run traces the lease
+// protocol, else def.
+func (c *Cluster) logLevel(def string) string {
+	if c.traceLease {
+		return "debug"
+	}
+	return def
+}
+
 // StartCluster starts every process of sc and waits until the system is
 // ready to be measured: one leader, every region with its members, one
 // speaker and a live lease, and the leader past its learning period. With
@@ -307,9 +316,7 @@ func (c *Cluster) startCoordinators(ctx context.Context) error {
 		// redirect: the advertised address is the proxy's.
 		args := []string{"serve", "-listen", listen, "-http", httpAddr, "-advertise", px.Addr(), "-budgets", c.docPath}
 		args = append(args, c.auth.coordinatorArgs()...)
-		if c.traceLease {
-			args = append(args, "-log-level", "debug")
-		}
+		args = append(args, "-log-level", c.logLevel("info"))
 		if c.etcd != nil {
 			args = append(args, "-etcd", c.etcdAddr, "-prefix", c.prefix, "-session-ttl", strconv.Itoa(sessionTTL(s)))
 		}
@@ -374,10 +381,6 @@ func (c *Cluster) startRegion(ctx context.Context, rs sim.RegionSpec) error {
 	s, b := c.sc.Sim, c.sc.Block
 	reg := &Region{Name: rs.Name}
 	c.regions = append(c.regions, reg)
-	agentLogLevel := "warn"
-	if c.traceLease {
-		agentLogLevel = "debug"
-	}
 	sentinel := slices.Contains(b.Sentinel, rs.Name)
 	announce := func(pp int) []string {
 		if !sentinel {
@@ -473,7 +476,7 @@ func (c *Cluster) startRegion(ctx context.Context, rs sim.RegionSpec) error {
 			"-breaker-failures", strconv.Itoa(s.Agent.BreakerFailures), "-breaker-backoff", s.Agent.BreakerBackoff.String(),
 			"-batch-window", s.Agent.BatchWindow.String(),
 			"-batch-max-fraction", strconv.FormatFloat(s.Agent.BatchMaxFraction, 'g', -1, 64),
-			"-log-level", agentLogLevel}
+			"-log-level", c.logLevel("warn")}
 		args = append(args, c.auth.agentArgs(rs.Name)...)
 		if !sentinel {
 			px, err := c.newPartyProxy("redis-"+rs.Name+"-for-"+a.Name, fmt.Sprintf("127.0.0.1:%d", primary.Port), a.Name)
