@@ -332,7 +332,9 @@ func Analyze(sc *Scenario, hist []Decision, rounds []Round, recs []FaultRecord, 
 		c := CheckResult{Name: CheckConvergence, Subject: fmt.Sprintf("%s %s/%s at %.0fs", sh.Region, sh.Rule, sh.Key, sh.AtS),
 			Limit: sc.Block.ConvergeWithin.String(), Enforced: sc.Has(CheckConvergence)}
 		if sh.AllocS != nil {
-			c.Value = fmt.Sprintf("%.2fs", *sh.AllocS)
+			// To the millisecond: a round lands a few ms after its tick,
+			// and a move read at 1.503 s is slower than 1.5 s.
+			c.Value = fmt.Sprintf("%.3fs", *sh.AllocS)
 			c.Pass = *sh.AllocS <= sc.Block.ConvergeWithin.Seconds()
 		} else {
 			c.Value = fmt.Sprintf("never (at most %.2f of the fair %.0f/s)", sh.Peak, sh.Fair)
@@ -577,8 +579,14 @@ func redisOutage(kind string) bool {
 	return kind == sim.FaultRedisCut || kind == FaultRedisKill || kind == sim.FaultRedisFailover
 }
 
-// speakers checks that no region has two speaking agents in two
-// consecutive rounds (one round may catch a handover half done).
+// speakerOverlap is how long a region may be seen with two speaking
+// agents: a handover caught mid-way, for up to one sampling period of
+// 200 ms (the harness sampled at that period when the check was set as
+// "never two rounds running").
+const speakerOverlap = 200 * time.Millisecond
+
+// speakers checks that no region is seen with two speaking agents for
+// longer than speakerOverlap: a run of n rounds counts n sampling periods.
 func (a *analysis) speakers() []CheckResult {
 	var out []CheckResult
 	for ri, reg := range a.sc.Sim.Regions {
@@ -598,9 +606,10 @@ func (a *analysis) speakers() []CheckResult {
 				run = 0
 			}
 		}
+		seen := time.Duration(longest) * a.period
 		out = append(out, CheckResult{Name: "one speaker", Subject: reg.Name,
-			Value: fmt.Sprintf("two speakers in %d rounds (longest %s)", total, time.Duration(longest)*a.period),
-			Limit: "never two rounds running", Pass: longest < 2, Enforced: true})
+			Value: fmt.Sprintf("two speakers in %d rounds (longest %s)", total, seen),
+			Limit: "never seen for more than " + speakerOverlap.String(), Pass: seen <= speakerOverlap, Enforced: true})
 	}
 	return out
 }

@@ -44,8 +44,13 @@ func steady(rate float64, ri int16) []Decision {
 // rounds returns sampling rounds every 200 ms in which region b's agents
 // report state(t) and region a's a healthy steady state.
 func rounds(state func(t time.Duration) (entry int64, breaker string, speakers int)) []Round {
+	return roundsEvery(200*time.Millisecond, state)
+}
+
+// roundsEvery is rounds sampled every period.
+func roundsEvery(period time.Duration, state func(t time.Duration) (entry int64, breaker string, speakers int)) []Round {
 	var out []Round
-	for t := time.Duration(0); t < 40*time.Second; t += 200 * time.Millisecond {
+	for t := time.Duration(0); t < 40*time.Second; t += period {
 		e, br, sp := state(t)
 		rd := Round{T: t, Agents: [][]AgentSample{
 			{{Up: true, Speaking: true, LeaseLive: true, Breaker: "closed", Entries: map[string][2]int64{"api/k0": {50, 10}}},
@@ -191,27 +196,40 @@ func TestAnalyzeCatchesAStuckRegion(t *testing.T) {
 	}
 }
 
-// TestAnalyzeCatchesTwoSpeakers: two agents of b speaking for two rounds
-// running fail the check; for a single round (a handover caught mid-way)
-// they do not.
+// TestAnalyzeCatchesTwoSpeakers: two agents of b seen speaking for more
+// than 200 ms fail the check; for 200 ms or less (a handover caught
+// mid-way) they do not — at the harness's sampling period, and at the
+// 200 ms of runs kept before it.
 func TestAnalyzeCatchesTwoSpeakers(t *testing.T) {
 	sc := parseAnalyze(t, "closed")
 	hist := steady(50, 0)
 	for _, c := range []struct {
-		until time.Duration
-		pass  bool
-	}{{5*time.Second + 200*time.Millisecond, true}, {5*time.Second + 400*time.Millisecond, false}} {
+		period, until time.Duration
+		pass          bool
+	}{
+		{200 * time.Millisecond, 5*time.Second + 200*time.Millisecond, true},
+		{200 * time.Millisecond, 5*time.Second + 400*time.Millisecond, false},
+		{100 * time.Millisecond, 5*time.Second + 200*time.Millisecond, true},
+		{100 * time.Millisecond, 5*time.Second + 300*time.Millisecond, false},
+	} {
 		two := func(t time.Duration) (int64, string, int) {
 			if t >= 5*time.Second && t < c.until {
 				return 50, "closed", 2
 			}
 			return 50, "closed", 1
 		}
-		res := Analyze(sc, hist, rounds(two), cutRecord(sc), 200*time.Millisecond)
+		res := Analyze(sc, hist, roundsEvery(c.period, two), cutRecord(sc), c.period)
+		found := false
 		for _, ch := range res.Checks {
-			if ch.Name == "one speaker" && ch.Subject == "b" && ch.Pass != c.pass {
-				t.Fatalf("two speakers until %s: %+v, want pass=%v", c.until, ch, c.pass)
+			if ch.Name == "one speaker" && ch.Subject == "b" {
+				found = true
+				if ch.Pass != c.pass {
+					t.Fatalf("sampled every %s, two speakers until %s: %+v, want pass=%v", c.period, c.until, ch, c.pass)
+				}
 			}
+		}
+		if !found {
+			t.Fatalf("sampled every %s: no one-speaker check for b", c.period)
 		}
 	}
 }

@@ -26,7 +26,9 @@ type Options struct {
 	Keep bool
 	// Bins are the built binaries; empty means build them into Dir.
 	Bins Binaries
-	// Sample is the probe's period (default 200 ms).
+	// Sample is the probe's period (default 100 ms): a move's time is read
+	// from the first round that finds it done, so it is late by up to one
+	// period.
 	Sample time.Duration
 	// Seed drives the arrivals; 0 means the scenario's first seed.
 	Seed uint64
@@ -80,7 +82,7 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (res *Result, err erro
 		logf = func(string, ...any) {}
 	}
 	if opts.Sample <= 0 {
-		opts.Sample = 200 * time.Millisecond
+		opts.Sample = 100 * time.Millisecond
 	}
 	opts.Seed = sc.seed(opts.Seed)
 	dir := opts.Dir
@@ -264,7 +266,7 @@ func Judge(dir string) (*Result, error) {
 			h.Faults[i].Sim = sc.Faults[i].Sim
 		}
 	}
-	if h.SampleNS == 0 {
+	if h.SampleNS == 0 { // kept before the period was recorded, at 200 ms
 		h.SampleNS = 200 * time.Millisecond
 	}
 	res := Analyze(sc, h.Decisions, h.Rounds, h.Faults, h.SampleNS)
