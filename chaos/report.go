@@ -154,6 +154,7 @@ func (r *Result) worstShift() (alloc, admit *float64) {
 
 // PrintSummary writes one line per run.
 func PrintSummary(w io.Writer, results []*Result) {
+	label := labels(results)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\texpect\tverdict\toutcome\tworst excess / bound\tutil (worst)\tvs ideal\tconverge s (alloc/admit)\tload avg\twhy")
 	for _, r := range results {
@@ -171,12 +172,32 @@ func PrintSummary(w io.Writer, results []*Result) {
 				why += fmt.Sprintf(" (+%d more)", len(r.Failures)-1)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s / %s\t%.2f (%.2f)\t%.2f\t%s / %s\t%.1f–%.1f\t%s\n", r.Scenario, r.Expect, r.Verdict, r.Outcome,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s / %s\t%.2f (%.2f)\t%.2f\t%s / %s\t%.1f–%.1f\t%s\n", label(r), r.Expect, r.Verdict, r.Outcome,
 			ex, bd, u, uw, vi, optS(ca), optS(cd), r.LoadAvg.Start, r.LoadAvg.Max, why)
 	}
 	_ = tw.Flush() // a table for the terminal; a failed write there has no one to tell
 	if line := movesWithin(results); line != "" {
 		fmt.Fprintln(w, line)
+	}
+}
+
+// labels names each run in the tables: its scenario, and its seed too
+// when some scenario ran at more than one (chaos -seeds).
+func labels(results []*Result) func(*Result) string {
+	seeds := map[string]map[uint64]bool{}
+	multi := false
+	for _, r := range results {
+		if seeds[r.Scenario] == nil {
+			seeds[r.Scenario] = map[uint64]bool{}
+		}
+		seeds[r.Scenario][r.Seed] = true
+		multi = multi || len(seeds[r.Scenario]) > 1
+	}
+	return func(r *Result) string {
+		if multi {
+			return fmt.Sprintf("%s seed %d", r.Scenario, r.Seed)
+		}
+		return r.Scenario
 	}
 }
 
@@ -186,6 +207,7 @@ func PrintSummary(w io.Writer, results []*Result) {
 // harness's figure for the three-refresh target, counted the same way in
 // every run. Empty when no run had a shift.
 func movesWithin(results []*Result) string {
+	label := labels(results)
 	n, ok := 0, 0
 	var miss []string
 	for _, r := range results {
@@ -198,7 +220,7 @@ func movesWithin(results []*Result) string {
 				ok++
 				continue
 			}
-			miss = append(miss, fmt.Sprintf("%s %s: %s", r.Scenario, c.Subject, c.Value))
+			miss = append(miss, fmt.Sprintf("%s %s: %s", label(r), c.Subject, c.Value))
 		}
 	}
 	if n == 0 {
@@ -270,6 +292,7 @@ func endS(f FaultResult) string {
 // PrintSideBySide writes the real run beside the simulator's, per
 // scenario.
 func PrintSideBySide(w io.Writer, results []*Result) {
+	label := labels(results)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\treal excess / bound\treal verdict\tsim overshoot / bound\tsim verdict\treal util vs ideal\tsim util\treal converge s (admit)\tsim converge s\tsim did not run")
 	for _, r := range results {
@@ -302,7 +325,7 @@ func PrintSideBySide(w io.Writer, results []*Result) {
 		if len(r.Sim.NotRun) > 0 {
 			notRun = strings.Join(r.Sim.NotRun, ", ")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.3f\t%.3f\t%s\t%s\t%s\n", r.Scenario, rex, r.Verdict, sex, sv, vi,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.3f\t%.3f\t%s\t%s\t%s\n", label(r), rex, r.Verdict, sex, sv, vi,
 			r.Sim.Utilization, optS(cd), optS(r.Sim.ConvergenceS), notRun)
 	}
 	_ = tw.Flush() // a table for the terminal; a failed write there has no one to tell

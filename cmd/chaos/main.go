@@ -7,6 +7,7 @@
 //	chaos chaos/scenarios/short                # the short form (make chaos-short)
 //	chaos -run 'redis' -keep chaos/scenarios   # some, keeping logs and histories
 //	chaos -run '^healthy$' -keep -trace-lease chaos/scenarios  # every lease message in the processes' logs
+//	chaos -sim=false -seeds 1,2,3 -run '^coordinator-slow$' chaos/scenarios  # one file at three seeds
 //	chaos -judge /tmp/allot-chaos-…/healthy    # judge a kept run again
 //
 // The exit status is 1 when any run's verdict differs from the one its
@@ -24,6 +25,9 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -55,6 +59,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	quiet := fs.Bool("q", false, "no progress lines")
 	judge := fs.Bool("judge", false, "judge again runs kept with -keep: the arguments are their directories")
 	seed := fs.Uint64("seed", 0, "the arrivals' seed for every file, the simulator's beside it too (default: each file's first seed)")
+	seedList := fs.String("seeds", "", "run every file once at each of these seeds (comma-separated, e.g. 1,2,3), in place of -seed; the summary counts the moves over every run")
 	traceLease := fs.Bool("trace-lease", false, "the coordinators and the speaking agents log every lease message with its keys (-log-level debug); with -keep, in coordinator-N.log and <region>-N.log")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: chaos [flags] scenario.yaml|dir ...\n")
@@ -83,6 +88,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return chaos.WriteJSON(*jsonOut, results)
 		}
 		return nil
+	}
+	seeds := []uint64{*seed}
+	if *seedList != "" {
+		if *seed != 0 {
+			return errors.New("chaos: -seed and -seeds: give one of them")
+		}
+		var err error
+		if seeds, err = parseSeeds(*seedList); err != nil {
+			return err
+		}
 	}
 	var re *regexp.Regexp
 	if *pattern != "" {
@@ -142,31 +157,37 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var results []*chaos.Result
 	failed := false
 	for _, sc := range scs {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		opts := chaos.Options{Dir: filepath.Join(base, sc.Name()), Keep: *keep, Bins: bins, Seed: *seed, Logf: logf, TraceLease: *traceLease}
-		res, err := chaos.Run(ctx, sc, opts)
-		if err != nil {
+		for _, sd := range seeds {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			fmt.Fprintf(stderr, "%s: %v\n", sc.Name(), err)
-			failed = true
-			continue
-		}
-		if !*keep {
-			res.Dir = ""
-			_ = os.RemoveAll(opts.Dir) // a run directory left behind costs only disk
-		}
-		if *withSim {
-			logf("%s: the simulator on the same file", sc.Name())
-			res.Sim = chaos.RunSim(sc, res.Seed)
-		}
-		chaos.PrintDetail(stdout, res)
-		results = append(results, res)
-		if res.Outcome != "as expected" {
-			failed = true
+			name := sc.Name()
+			if len(seeds) > 1 {
+				name = fmt.Sprintf("%s-seed%d", name, sd)
+			}
+			opts := chaos.Options{Dir: filepath.Join(base, name), Keep: *keep, Bins: bins, Seed: sd, Logf: logf, TraceLease: *traceLease}
+			res, err := chaos.Run(ctx, sc, opts)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				fmt.Fprintf(stderr, "%s: %v\n", name, err)
+				failed = true
+				continue
+			}
+			if !*keep {
+				res.Dir = ""
+				_ = os.RemoveAll(opts.Dir) // a run directory left behind costs only disk
+			}
+			if *withSim {
+				logf("%s: the simulator on the same file", name)
+				res.Sim = chaos.RunSim(sc, res.Seed)
+			}
+			chaos.PrintDetail(stdout, res)
+			results = append(results, res)
+			if res.Outcome != "as expected" {
+				failed = true
+			}
 		}
 	}
 	fmt.Fprintln(stdout)
@@ -184,4 +205,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errUnexpected
 	}
 	return nil
+}
+
+// parseSeeds reads -seeds: positive seeds, comma-separated, none twice.
+func parseSeeds(list string) ([]uint64, error) {
+	var out []uint64
+	for _, f := range strings.Split(list, ",") {
+		v, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+		if err != nil || v == 0 {
+			return nil, fmt.Errorf("chaos: -seeds=%q: %q is not a seed (want positive integers, comma-separated)", list, f)
+		}
+		if slices.Contains(out, v) {
+			return nil, fmt.Errorf("chaos: -seeds=%q: seed %d twice", list, v)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }

@@ -26,6 +26,10 @@ func TestRunRefusesBadInvocations(t *testing.T) {
 		{[]string{filepath.Join(dir, "missing.yaml")}, "no such file"},
 		{[]string{"-judge", dir}, "scenario.yaml"},
 		{[]string{"-seed", "x", "../../chaos/scenarios"}, "-seed"},
+		{[]string{"-seeds", "1,x", "../../chaos/scenarios"}, `-seeds="1,x": "x" is not a seed`},
+		{[]string{"-seeds", "1,0", "../../chaos/scenarios"}, `"0" is not a seed`},
+		{[]string{"-seeds", "2,2", "../../chaos/scenarios"}, "seed 2 twice"},
+		{[]string{"-seed", "1", "-seeds", "2,3", "../../chaos/scenarios"}, "give one of them"},
 	} {
 		var out, errb bytes.Buffer
 		err := run(context.Background(), c.args, &out, &errb)
