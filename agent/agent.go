@@ -287,6 +287,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		bg.Go(func() {
 			clock.Every(ctx, a.deps.Clock, hotSampleEvery, a.core.SampleHot)
 		})
+		// The breaker's probe between rounds: while the store is down each
+		// of a round's calls waits out its deadline, so rounds came about
+		// 2 s apart in chaos's redis-cut-emergency and the probe with them,
+		// and the store's return was noticed up to a round late.
+		bg.Go(func() {
+			clock.Every(ctx, a.deps.Clock, probeEvery, func(now time.Time) { a.core.Probe(ctx, now) })
+		})
 	}
 	for {
 		select {
@@ -345,6 +352,11 @@ func (a *Agent) adopt(ctx context.Context, bodies [][]byte) {
 // rounds (Core.SampleHot): a fall of use is read within two windows of the
 // demand estimate (100 ms each) plus this.
 const hotSampleEvery = 20 * time.Millisecond
+
+// probeEvery is how often the agent offers its breaker a probe between
+// rounds (Core.Probe): an open breaker's probe goes within this of its
+// back-off's end. A closed breaker returns at once.
+const probeEvery = 25 * time.Millisecond
 
 // reportLevels stores the agent's report as soon as the core says a key's
 // demand took a new level (Core.Leveled), until ctx ends: at most one

@@ -501,3 +501,46 @@ func TestConfigRefusesNegativeSpeakerDrift(t *testing.T) {
 		t.Fatalf("Validate() = %v, want the speaker's drift refused", err)
 	}
 }
+
+// TestBreakerProbesBetweenRounds: an agent whose rounds are far apart (a
+// dead store makes each of a round's calls wait out its deadline) still
+// probes its store as the breaker's back-off ends, so the breaker closes
+// within the back-off and a probe period of the store answering, not at
+// the next round. In a synctest bubble, on its fake clock.
+func TestBreakerProbesBetweenRounds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := DefaultConfig()
+		cfg.Name, cfg.Core.Region = "solo-0", "solo"
+		cfg.Core.Floors = lease.Split{Regions: []string{"solo"}}
+		cfg.Tick, cfg.SpeakerLease = 10*time.Second, 30*time.Second // the next round is far off
+		a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{}),
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); a.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+		time.Sleep(time.Second) // the fake clock: the first round is over
+		br := a.Core().Breaker()
+		for br.State(time.Now()) == region.BreakerClosed {
+			br.Failure(time.Now()) // calls the store did not answer
+		}
+		opened := time.Now()
+		probes := a.Core().Stats().Probes
+		for br.State(time.Now()) != region.BreakerClosed {
+			if time.Since(opened) > 5*time.Second {
+				t.Fatalf("the breaker still %s %s after it opened, the store answering", br.State(time.Now()), time.Since(opened))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		took := time.Since(opened)
+		if limit := cfg.Core.BreakerBackoff + probeEvery; took > limit {
+			t.Fatalf("closed %s after it opened, want within the back-off and a probe period, %s", took, limit)
+		}
+		if a.Core().Stats().Probes != probes+1 {
+			t.Fatalf("%d probes, want one", a.Core().Stats().Probes-probes)
+		}
+	})
+}

@@ -251,9 +251,15 @@ func (b *Breaker) Failure(now time.Time) bool {
 		if !b.probing {
 			return false // a call that began before the breaker opened
 		}
+		// The next probe is due the back-off after this one began, not
+		// after it failed: a probe that waited out its deadline (up to
+		// MaxTimeout on a store that dropped it) already spent that wait.
+		// From its end, a probe sent just before the store came back kept
+		// the breaker open for the deadline and the back-off, about a
+		// second at the defaults, where one back-off is the promise.
 		b.probing = false
 		b.current = min(2*b.current, b.cfg.MaxBackoff)
-		b.openUntil.Store(end + b.current.Microseconds())
+		b.openUntil.Store(nowUS + b.current.Microseconds())
 		b.opened.Add(1)
 		return true
 	}

@@ -251,6 +251,35 @@ func TestProbeCycle(t *testing.T) {
 	}
 }
 
+// TestProbeThatTimesOutWaitsNoLonger: a probe that waits out its deadline
+// (a store that dropped it) and fails lets the next probe go the back-off
+// after it began, at once here, not a back-off after it failed: the
+// store's return is then noticed within max(back-off, deadline) of it.
+func TestProbeThatTimesOutWaitsNoLonger(t *testing.T) {
+	b := newBreaker(t, func(c *Config) { c.Failures, c.Ratio = 1, 0 })
+	if !b.Failure(t0) {
+		t.Fatal("one failure did not open a breaker of Failures 1")
+	}
+	probe := t0.Add(250 * time.Millisecond)
+	if !b.Allow(probe) {
+		t.Fatal("no probe after the back-off")
+	}
+	d := b.cfg.MaxTimeout // the deadline a dead store raised
+	end := probe.Add(d)
+	if b.TimedOut(end, d) {
+		b.Failure(probe)
+	}
+	// The back-off is now 500 ms, as long as the probe took.
+	if b.State(end) != HalfOpen || !b.Allow(end) {
+		t.Fatalf("no probe at %s, 500 ms after the failed one began: %s",
+			end.Sub(t0), b.State(end))
+	}
+	b.Success(end)
+	if b.State(end) != Closed {
+		t.Fatalf("state %s after a good probe, want closed", b.State(end))
+	}
+}
+
 // TestRatioOverWindow: failures that never come Failures in a row open
 // the breaker once they are at least Ratio of the window's calls, and not
 // before; calls older than the window do not count.

@@ -39,12 +39,16 @@ var (
 	probeLimit = bucket.PerSecond(1)
 )
 
-// probe asks the store whether it answers, when the breaker is not closed
+// Probe asks the store whether it answers, when the breaker is not closed
 // and lets a probe through at now: a ping (bucket.Pinger), else a Peek.
 // The breaker's return to closed therefore never waits on traffic, nor on
 // the path a request takes (a key with no allocation is denied before any
-// store call).
-func (c *Core) probe(ctx context.Context, now time.Time) {
+// store call). Tick calls it; a driver whose rounds a dead store slows
+// (each of their calls waits out its deadline) calls it between them too,
+// so the probe is due the back-off after the last one began, not at the
+// next round. Safe beside Tick and decisions: the breaker lets one probe
+// through at a time, and a closed one costs an atomic load.
+func (c *Core) Probe(ctx context.Context, now time.Time) {
 	if c.breaker.State(now) == BreakerClosed || !c.breaker.Allow(now) {
 		return
 	}

@@ -361,7 +361,7 @@ func (c *Core) Tick(ctx context.Context, now time.Time) { c.TickSampled(ctx, now
 func (c *Core) TickSampled(ctx context.Context, now time.Time, sampled func()) {
 	c.tickMu.Lock()
 	defer c.tickMu.Unlock()
-	c.probe(ctx, now)
+	c.Probe(ctx, now)
 	nowUS := now.UnixMicro()
 	ret := c.tickBuf[:0]
 	for i := range c.shards {
