@@ -428,14 +428,7 @@ func TestLastAgentReleasesTheLease(t *testing.T) {
 		cfg.Name, cfg.Core.Region, cfg.Core.Floors = "solo-0", "solo", spec
 		cfg.Speaker.Budgets, cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Tick = budgets, 400*time.Millisecond, 100*time.Millisecond, 20*time.Millisecond
 		cfg.Tick = 20 * time.Millisecond
-		a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{}), Transport: coord.Transport("solo"),
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan struct{})
-		go func() { defer close(done); a.Run(ctx) }()
+		_, stop := runOnMemory(t, cfg, coord.Transport("solo"))
 		status := func() lease.RegionStatus {
 			for _, r := range coord.Regions() {
 				if r.Region == "solo" {
@@ -451,8 +444,7 @@ func TestLastAgentReleasesTheLease(t *testing.T) {
 		if status().Released {
 			t.Fatal("released before the agent stopped")
 		}
-		cancel()
-		<-done
+		stop()
 		synctest.Wait()
 		if !status().Released {
 			t.Fatal("the region's release did not reach the coordinator")
@@ -513,15 +505,8 @@ func TestBreakerProbesBetweenRounds(t *testing.T) {
 		cfg.Name, cfg.Core.Region = "solo-0", "solo"
 		cfg.Core.Floors = lease.Split{Regions: []string{"solo"}}
 		cfg.Tick, cfg.SpeakerLease = 10*time.Second, 30*time.Second // the next round is far off
-		a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{}),
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan struct{})
-		go func() { defer close(done); a.Run(ctx) }()
-		defer func() { cancel(); <-done }()
+		a, stop := runOnMemory(t, cfg, nil)
+		defer stop()
 		time.Sleep(time.Second) // the fake clock: the first round is over
 		br := a.Core().Breaker()
 		for br.State(time.Now()) == region.BreakerClosed {
@@ -543,4 +528,19 @@ func TestBreakerProbesBetweenRounds(t *testing.T) {
 			t.Fatalf("%d probes, want one", a.Core().Stats().Probes-probes)
 		}
 	})
+}
+
+// runOnMemory makes an agent of cfg on an in-memory store, with tr as its
+// coordinator transport (nil: none), and runs it until stop returns.
+func runOnMemory(t *testing.T, cfg Config, tr lease.Transport) (a *Agent, stop func()) {
+	t.Helper()
+	a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{}), Transport: tr,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	return a, func() { cancel(); <-done }
 }
