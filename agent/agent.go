@@ -287,12 +287,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		bg.Go(func() {
 			clock.Every(ctx, a.deps.Clock, hotSampleEvery, a.core.SampleHot)
 		})
-		// The breaker's probe between rounds: while the store is down each
-		// of a round's calls waits out its deadline, so rounds came about
-		// 2 s apart in chaos's redis-cut-emergency and the probe with them,
-		// and the store's return was noticed up to a round late.
+		// The breaker's probe, and the word of a cut, between rounds: while
+		// the store is down each of a round's calls waits out its deadline,
+		// so rounds came about 2 s apart in chaos's redis-cut-emergency, and
+		// the store's return was noticed, and a cut announced, up to a
+		// round late.
 		bg.Go(func() {
-			clock.Every(ctx, a.deps.Clock, probeEvery, func(now time.Time) { a.core.Probe(ctx, now) })
+			clock.Every(ctx, a.deps.Clock, probeEvery, func(now time.Time) { a.betweenRounds(ctx, now) })
 		})
 	}
 	for {
@@ -354,9 +355,23 @@ func (a *Agent) adopt(ctx context.Context, bodies [][]byte) {
 const hotSampleEvery = 20 * time.Millisecond
 
 // probeEvery is how often the agent offers its breaker a probe between
-// rounds (Core.Probe): an open breaker's probe goes within this of its
-// back-off's end. A closed breaker returns at once.
+// rounds (Core.Probe) and announces its cut if it changed: an open
+// breaker's probe goes within this of its back-off's end, and the word of
+// a breaker that opened or closed leaves within this of it. A closed
+// breaker returns at once, and an unchanged cut is not sent again.
 const probeEvery = 25 * time.Millisecond
+
+// betweenRounds offers the breaker a probe at now and announces whether
+// the agent is cut from the store, as the round does at its start: the
+// other agents take a cut agent's share out of the regional bucket only
+// once they hear of it, and until then its emergency buckets spend on top
+// of what they spend.
+func (a *Agent) betweenRounds(ctx context.Context, now time.Time) {
+	a.core.Probe(ctx, now)
+	if an, ok := a.deps.Membership.(Announcer); ok {
+		an.SetCut(a.core.Breaker().State(now) != region.BreakerClosed)
+	}
+}
 
 // reportLevels stores the agent's report as soon as the core says a key's
 // demand took a new level (Core.Leveled), until ctx ends: at most one

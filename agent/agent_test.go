@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -428,7 +430,7 @@ func TestLastAgentReleasesTheLease(t *testing.T) {
 		cfg.Name, cfg.Core.Region, cfg.Core.Floors = "solo-0", "solo", spec
 		cfg.Speaker.Budgets, cfg.Speaker.Refresh, cfg.Speaker.Drift, cfg.Speaker.Tick = budgets, 400*time.Millisecond, 100*time.Millisecond, 20*time.Millisecond
 		cfg.Tick = 20 * time.Millisecond
-		_, stop := runOnMemory(t, cfg, coord.Transport("solo"))
+		_, stop := runOnMemory(t, cfg, Deps{Transport: coord.Transport("solo")})
 		status := func() lease.RegionStatus {
 			for _, r := range coord.Regions() {
 				if r.Region == "solo" {
@@ -501,18 +503,12 @@ func TestConfigRefusesNegativeSpeakerDrift(t *testing.T) {
 // the next round. In a synctest bubble, on its fake clock.
 func TestBreakerProbesBetweenRounds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := DefaultConfig()
-		cfg.Name, cfg.Core.Region = "solo-0", "solo"
-		cfg.Core.Floors = lease.Split{Regions: []string{"solo"}}
-		cfg.Tick, cfg.SpeakerLease = 10*time.Second, 30*time.Second // the next round is far off
-		a, stop := runOnMemory(t, cfg, nil)
+		cfg := slowRounds()
+		a, stop := runOnMemory(t, cfg, Deps{})
 		defer stop()
 		time.Sleep(time.Second) // the fake clock: the first round is over
 		br := a.Core().Breaker()
-		for br.State(time.Now()) == region.BreakerClosed {
-			br.Failure(time.Now()) // calls the store did not answer
-		}
-		opened := time.Now()
+		opened := openBreaker(br)
 		probes := a.Core().Stats().Probes
 		for br.State(time.Now()) != region.BreakerClosed {
 			if time.Since(opened) > 5*time.Second {
@@ -530,12 +526,84 @@ func TestBreakerProbesBetweenRounds(t *testing.T) {
 	})
 }
 
-// runOnMemory makes an agent of cfg on an in-memory store, with tr as its
-// coordinator transport (nil: none), and runs it until stop returns.
-func runOnMemory(t *testing.T, cfg Config, tr lease.Transport) (a *Agent, stop func()) {
+// slowRounds is an agent's configuration whose rounds come 10 s apart, as
+// a dead store's deadlines stretch them, the first at the start.
+func slowRounds() Config {
+	cfg := DefaultConfig()
+	cfg.Name, cfg.Core.Region = "solo-0", "solo"
+	cfg.Core.Floors = lease.Split{Regions: []string{"solo"}}
+	cfg.Tick, cfg.SpeakerLease = 10*time.Second, 30*time.Second
+	return cfg
+}
+
+// openBreaker opens br with failures (calls the store did not answer) at
+// the clock's now, and returns when.
+func openBreaker(br *region.Breaker) time.Time {
+	for br.State(time.Now()) == region.BreakerClosed {
+		br.Failure(time.Now())
+	}
+	return time.Now()
+}
+
+// cutLog is a StaticMembership that records when this agent's announced
+// cut changed.
+type cutLog struct {
+	*StaticMembership
+	mu      sync.Mutex
+	cut     bool
+	changes []time.Time
+}
+
+func (m *cutLog) SetCut(cut bool) {
+	m.mu.Lock()
+	if cut != m.cut {
+		m.cut = cut
+		m.changes = append(m.changes, time.Now())
+	}
+	m.mu.Unlock()
+	m.StaticMembership.SetCut(cut)
+}
+
+func (m *cutLog) last() (bool, []time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cut, slices.Clone(m.changes)
+}
+
+// TestCutAnnouncedBetweenRounds: an agent whose breaker opens between two
+// rounds far apart (a dead store makes each of a round's calls wait out
+// its deadline) announces its cut within a probe period, not at the next
+// round, so the other agents stop spending its share; and announces that
+// it is back as its probe closes the breaker. In a synctest bubble, on its
+// fake clock.
+func TestCutAnnouncedBetweenRounds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := slowRounds()
+		ms := &cutLog{StaticMembership: NewStaticMembership("solo-0", "solo-1")}
+		a, stop := runOnMemory(t, cfg, Deps{Membership: ms})
+		defer stop()
+		time.Sleep(time.Second) // the fake clock: the first round is over
+		opened := openBreaker(a.Core().Breaker())
+		time.Sleep(2 * cfg.Core.BreakerBackoff) // the probe closes it again
+		cut, changes := ms.last()
+		if cut || len(changes) != 2 {
+			t.Fatalf("announced cut=%v, changes at %v, want a cut and its end", cut, changes)
+		}
+		if d := changes[0].Sub(opened); d > probeEvery {
+			t.Fatalf("the cut announced %s after the breaker opened, want within %s", d, probeEvery)
+		}
+		if d := changes[1].Sub(opened); d > cfg.Core.BreakerBackoff+probeEvery {
+			t.Fatalf("the cut's end announced %s after the breaker opened, want within its back-off and %s", d, probeEvery)
+		}
+	})
+}
+
+// runOnMemory makes an agent of cfg with deps on an in-memory store (and
+// a silent logger, seed 1), and runs it until stop returns.
+func runOnMemory(t *testing.T, cfg Config, deps Deps) (a *Agent, stop func()) {
 	t.Helper()
-	a, err := New(cfg, Deps{Store: bucket.NewMemory(bucket.MemoryOptions{}), Transport: tr,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Seed: 1})
+	deps.Store, deps.Logger, deps.Seed = bucket.NewMemory(bucket.MemoryOptions{}), slog.New(slog.NewTextHandler(io.Discard, nil)), 1
+	a, err := New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
