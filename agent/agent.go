@@ -368,9 +368,18 @@ const probeEvery = 25 * time.Millisecond
 // of what they spend.
 func (a *Agent) betweenRounds(ctx context.Context, now time.Time) {
 	a.core.Probe(ctx, now)
+	a.sayCut(now)
+}
+
+// sayCut announces whether the agent is cut from the store at now (its
+// breaker not closed), where its membership carries the word, and
+// returns it.
+func (a *Agent) sayCut(now time.Time) bool {
+	cut := a.core.Breaker().State(now) != region.BreakerClosed
 	if an, ok := a.deps.Membership.(Announcer); ok {
-		an.SetCut(a.core.Breaker().State(now) != region.BreakerClosed)
+		an.SetCut(cut)
 	}
+	return cut
 }
 
 // reportLevels stores the agent's report as soon as the core says a key's
@@ -412,10 +421,9 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	a.core.SetLive(len(members))
 	// An agent that cannot reach the store says so (its emergency buckets
 	// decide), and the others take its share out of the regional bucket.
-	cutSelf := a.core.Breaker().State(now) != region.BreakerClosed
+	cutSelf := a.sayCut(now)
 	var cut []string
 	if an, ok := a.deps.Membership.(Announcer); ok {
-		an.SetCut(cutSelf)
 		cut = an.Cut()
 	}
 	a.core.SetPeersCut(len(cut))

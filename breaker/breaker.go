@@ -246,7 +246,6 @@ func (b *Breaker) Failure(now time.Time) bool {
 	nowUS := now.UnixMicro()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	end := max(nowUS, b.lastEnd.Load())
 	if b.openUntil.Load() != 0 {
 		if !b.probing {
 			return false // a call that began before the breaker opened
@@ -270,6 +269,9 @@ func (b *Breaker) Failure(now time.Time) bool {
 		return false
 	}
 	b.run.Store(0)
+	// Opened from when the failure was reported (its call's end), not from
+	// when the call began, which may be a deadline ago.
+	end := max(nowUS, b.lastEnd.Load())
 	for i := range b.window {
 		b.window[i].ok.Store(0)
 		b.window[i].bad.Store(0)

@@ -176,7 +176,7 @@ func PrintSummary(w io.Writer, results []*Result) {
 			ex, bd, u, uw, vi, optS(ca), optS(cd), r.LoadAvg.Start, r.LoadAvg.Max, why)
 	}
 	_ = tw.Flush() // a table for the terminal; a failed write there has no one to tell
-	if line := movesWithin(results); line != "" {
+	if line := movesWithin(results, label); line != "" {
 		fmt.Fprintln(w, line)
 	}
 }
@@ -205,9 +205,8 @@ func labels(results []*Result) func(*Result) string {
 // of its fair share by allocation inside the scenario's convergence limit
 // (its convergence checks, enforced or not), and names the others: the
 // harness's figure for the three-refresh target, counted the same way in
-// every run. Empty when no run had a shift.
-func movesWithin(results []*Result) string {
-	label := labels(results)
+// every run, each run named by label. Empty when no run had a shift.
+func movesWithin(results []*Result, label func(*Result) string) string {
 	n, ok := 0, 0
 	var miss []string
 	for _, r := range results {
