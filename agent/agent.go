@@ -338,10 +338,10 @@ func (a *Agent) adopt(ctx context.Context, bodies [][]byte) {
 			return
 		}
 	}
-	if t == nil || !a.view.Set(t) {
+	now := a.deps.Clock.Now()
+	if t == nil || !a.view.SetAt(t, now) {
 		return
 	}
-	now := a.deps.Clock.Now()
 	rep := region.ReportOf(a.cfg.Name, now, a.core.Demand(now))
 	rep.Pub, rep.Speaker = t.Pub, t.Speaker
 	if err := a.putReport(ctx, rep); err != nil {
@@ -489,7 +489,7 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 		if t, err := a.deps.Shared.LoadTable(ctx); err != nil {
 			a.noteErr(err)
 			ok = false
-		} else if t != nil && a.view.Set(t) {
+		} else if t != nil && a.view.SetAt(t, a.deps.Clock.Now()) {
 			// A table no notice brought (none announced, or one lost):
 			// the report says so at once, as it did when it came last.
 			rep.Pub, rep.Speaker = t.Pub, t.Speaker
@@ -831,7 +831,10 @@ type Status struct {
 	LeaseLive bool
 	LeaseEnd  time.Time
 	Table     *region.Table
-	Breaker   region.BreakerState
+	// Adopted is when the agent began deciding with Table (its clock),
+	// zero if not known.
+	Adopted time.Time
+	Breaker region.BreakerState
 	// LastError is the last error met with the shared state (or in
 	// starting the speaker), nil if none; LastErrorAt is when, and
 	// LastErrorCurrent is false once a later round reached the shared
@@ -844,14 +847,14 @@ type Status struct {
 // Status reports the agent's state at its clock's now.
 func (a *Agent) Status() Status {
 	now := a.deps.Clock.Now()
-	t := a.view.Table()
+	t, adopted := a.view.Installed()
 	a.mu.Lock()
 	st := Status{Region: a.Region(), Agent: a.cfg.Name, Members: slices.Clone(a.members), Speaking: a.speaking && now.Before(a.fenceTill),
 		Table: t, Breaker: a.core.Breaker().State(now), LastError: a.lastError, LastErrorAt: a.lastErrorAt,
 		LastErrorCurrent: a.lastError != nil && !a.recovered}
 	a.mu.Unlock()
 	if t != nil {
-		st.LeaseLive, st.LeaseEnd = t.Live(now), t.LeaseEnd
+		st.LeaseLive, st.LeaseEnd, st.Adopted = t.Live(now), t.LeaseEnd, adopted
 	}
 	return st
 }

@@ -598,6 +598,37 @@ func TestCutAnnouncedBetweenRounds(t *testing.T) {
 	})
 }
 
+// TestStatusSaysWhenTheTableWasAdopted: an agent that does not speak says
+// when it began deciding with its table — one its round read, and one a
+// notice brought between rounds — by its clock.
+func TestStatusSaysWhenTheTableWasAdopted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sh := NewMemShared()
+		publish := func(pub uint64) {
+			t.Helper()
+			tb := &region.Table{Region: "solo", Speaker: "solo-1", Pub: pub, LeaseEnd: time.Now().Add(time.Hour),
+				Entries: []lease.Entry{{Key: bucket.Key{Rule: "api", Subject: "t"}, Count: 100 * bucket.Tokens(pub), Burst: 10}}}
+			if ok, err := sh.PublishTable(t.Context(), tb, Fence{}); !ok || err != nil {
+				t.Fatalf("publish %d: %v %v", pub, ok, err)
+			}
+		}
+		publish(1)
+		start := time.Now()
+		a, stop := runOnMemory(t, slowRounds(), Deps{Shared: sh, Membership: NewStaticMembership("solo-0", "solo-1")})
+		defer stop()
+		synctest.Wait()
+		if st := a.Status(); st.Table == nil || st.Table.Pub != 1 || !st.Adopted.Equal(start) {
+			t.Fatalf("after the first round: table %+v adopted at %v, want pub 1 at the start", st.Table, st.Adopted.Sub(start))
+		}
+		time.Sleep(3 * time.Second) // rounds are 10 s apart
+		publish(2)
+		synctest.Wait()
+		if st := a.Status(); st.Table == nil || st.Table.Pub != 2 || !st.Adopted.Equal(start.Add(3*time.Second)) {
+			t.Fatalf("after a notice: table %+v adopted at %v, want pub 2 at 3s", st.Table, st.Adopted.Sub(start))
+		}
+	})
+}
+
 // runOnMemory makes an agent of cfg with deps on an in-memory store (and
 // a silent logger, seed 1), and runs it until stop returns.
 func runOnMemory(t *testing.T, cfg Config, deps Deps) (a *Agent, stop func()) {

@@ -741,7 +741,7 @@ func (c *LeaseClient) carry(ctx context.Context) []lease.Message {
 				// The region's store is unreachable, or took it: this
 				// agent decides with it either way. A table refused as
 				// not the lease holder's is not this region's table.
-				c.deps.View.Set(t)
+				c.deps.View.SetAt(t, c.deps.Clock.Now())
 			}
 			if trace {
 				c.tracePublished(ctx, t, ok, began)

@@ -420,6 +420,15 @@ func (a *analysis) budget(rule sim.RuleSpec) lease.Budget {
 // lease lives, else the floor. The largest view among the agents counts.
 // ok is false when no agent of the region answered.
 func (a *analysis) allocation(rd Round, ri int, k budgetKey) (rate, burst float64, ok bool) {
+	rate, burst, _, ok = a.allocationSince(rd, ri, k)
+	return rate, burst, ok
+}
+
+// allocationSince is allocation, and when the first of the agents that
+// hold it from an entry adopted the table it is in, by their /status (0
+// when none says, or it is the floor): the allocation was in force by
+// then, perhaps earlier (an older table may have held the same entry).
+func (a *analysis) allocationSince(rd Round, ri int, k budgetKey) (rate, burst float64, adopted time.Duration, ok bool) {
 	rule := a.sc.Sim.Rules[k.rule]
 	b := a.budget(rule)
 	name := rule.Name + "/" + keyName(int(k.key))
@@ -431,17 +440,21 @@ func (a *analysis) allocation(rd Round, ri int, k budgetKey) (rate, burst float6
 		}
 		f := b.Floor(region)
 		count, bu := float64(f.Count), float64(f.Burst)
+		var at time.Duration
 		if e, has := s.Entries[name]; has && s.LeaseLive {
-			count, bu = float64(e[0]), float64(e[1])
+			count, bu, at = float64(e[0]), float64(e[1]), s.Adopted
 		}
-		if count > best {
-			best, burst = count, bu
+		switch {
+		case count > best:
+			best, burst, adopted = count, bu, at
+		case count == best && at > 0 && (adopted == 0 || at < adopted):
+			adopted = at
 		}
 	}
 	if best < 0 {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
-	return best / rule.Period.Seconds(), burst, true
+	return best / rule.Period.Seconds(), burst, adopted, true
 }
 
 // allocBefore is the region's allocation at the last round before t.
@@ -519,39 +532,54 @@ func (a *analysis) fairShare(ri int, k budgetKey, t time.Duration) float64 {
 // moment, say) is not a recovery.
 const sustain = time.Second
 
-// reachShare returns the first round at or after from (and before until)
-// from which region ri's allocation of k stays at least 95% of its fair
-// share (or its fair share less the fraction margin and then slack, or
-// capAt, when lower) for sustain (or until until) — with every answering
-// agent's breaker closed too when closed is set, since a region whose
-// breaker is open admits nothing of its share — and the largest ratio of
-// allocation to fair share seen.
+// reachShare returns when, at or after from (and before until), region
+// ri's allocation of k came to stay at least 95% of its fair share (or its
+// fair share less the fraction margin and then slack, or capAt, when
+// lower) for sustain (or until until) — with every answering agent's
+// breaker closed too when closed is set, since a region whose breaker is
+// open admits nothing of its share — and the largest ratio of allocation
+// to fair share seen. The time is the first round that finds it so, or,
+// when the agents say when they adopted the table that brought it and
+// that was after the round before (whose breakers, when closed is set,
+// were closed already), that adoption: a round finds a move done up to a
+// sampling period after it was.
 func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration, closed bool, capAt, slack, margin float64) (time.Duration, float64, bool) {
 	peak := 0.0
 	start, in := time.Duration(0), false
+	prev, prevClosed := time.Duration(-1), false
 	for _, rd := range a.rounds {
+		shut := true
+		for _, s := range rd.Agents[ri] {
+			if s.Up && s.Breaker != "closed" {
+				shut = false
+			}
+		}
+		before, beforeClosed := prev, prevClosed
+		prev, prevClosed = rd.T, shut
 		if rd.T < from || rd.T > until {
 			continue
 		}
-		alloc, _, ok := a.allocation(rd, ri, k)
+		alloc, _, adopted, ok := a.allocationSince(rd, ri, k)
 		fair := a.fairShare(ri, k, rd.T)
 		if !ok || fair <= 0 {
 			continue
 		}
 		peak = math.Max(peak, alloc/fair)
-		good := alloc >= math.Min(math.Min(0.95*fair, fair*(1-margin)-slack), capAt)
-		if closed {
-			for _, s := range rd.Agents[ri] {
-				if s.Up && s.Breaker != "closed" {
-					good = false
-				}
-			}
+		enough := func(fair float64) bool {
+			return alloc >= math.Min(math.Min(0.95*fair, fair*(1-margin)-slack), capAt)
 		}
+		good := enough(fair) && (!closed || shut)
 		switch {
 		case !good:
 			in = false
 		case !in:
 			start, in = rd.T, true
+			// The adoption times the move when it explains it: after the
+			// round before, and enough against the fair share then (a
+			// stream that starts or stops between the rounds moves it).
+			if at := max(adopted, from); adopted > before && before >= 0 && adopted <= rd.T && (!closed || beforeClosed) && enough(a.fairShare(ri, k, at)) {
+				start = at
+			}
 		}
 		if in && rd.T-start >= sustain {
 			return start, peak, true

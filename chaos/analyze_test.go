@@ -196,6 +196,91 @@ func TestAnalyzeCatchesAStuckRegion(t *testing.T) {
 	}
 }
 
+// TestAnalyzeTimesAMoveByItsAdoption: b back at its share from the round
+// at 21 s, its agents saying they adopted the table at 20.93 s, after the
+// round before (20.8 s): recovery 0.93 s, not the round's 1.00 s. An
+// adoption the round before had already seen without the share, one no
+// agent states, and one while the round before found a breaker open
+// (whose closing the samples do not time) leave the round's time.
+func TestAnalyzeTimesAMoveByItsAdoption(t *testing.T) {
+	sc := parseAnalyze(t, "closed")
+	hist := steady(50, 0)
+	for _, tc := range []struct {
+		name       string
+		adopted    time.Duration
+		openBefore bool
+		want       string
+	}{
+		{"adopted between the rounds", 20930 * time.Millisecond, false, "0.93s"},
+		{"adopted before the round before", 20700 * time.Millisecond, false, "1.00s"},
+		{"adoption not stated", 0, false, "1.00s"},
+		{"breaker open the round before", 20930 * time.Millisecond, true, "1.00s"},
+	} {
+		back := func(t time.Duration) (int64, string, int) {
+			switch {
+			case t >= 10*time.Second && t < 21*time.Second:
+				br := "open"
+				if t >= 20*time.Second && !tc.openBefore {
+					br = "closed"
+				}
+				return 0, br, 1
+			}
+			return 50, "closed", 1
+		}
+		rds := rounds(back)
+		for i := range rds {
+			if rds[i].T >= 21*time.Second {
+				for ai := range rds[i].Agents[1] {
+					rds[i].Agents[1][ai].Adopted = tc.adopted
+				}
+			}
+		}
+		res := Analyze(sc, hist, rds, cutRecord(sc), 200*time.Millisecond)
+		if c := check(res, "recovery"); c == nil || !c.Pass || c.Value != tc.want {
+			t.Errorf("%s: recovery %+v, want %s", tc.name, c, tc.want)
+		}
+	}
+}
+
+// TestAnalyzeAdoptionMustExplainTheMove: b comes back at 50 a second
+// with a table adopted at 20.93 s, but a stream of a's starting at
+// 20.95 s is what brings b's fair share down to 50 (70 before it): the
+// adoption does not explain the move, and the round at 21 s times it.
+func TestAnalyzeAdoptionMustExplainTheMove(t *testing.T) {
+	base := strings.Replace(analyzeBase, "%s", "closed", 1)
+	base = strings.Replace(base, `  - {region: a, rule: api, rate: 50}
+  - {region: b, rule: api, rate: 50}`, `  - {region: a, rule: api, rate: 30}
+  - {region: b, rule: api, rate: 90}
+  - {region: a, rule: api, rate: 30, start: 20950ms}`, 1)
+	sc, err := Parse([]byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := func(t time.Duration) (int64, string, int) {
+		switch {
+		case t >= 10*time.Second && t < 20*time.Second:
+			return 0, "open", 1
+		case t >= 20*time.Second && t < 21*time.Second:
+			return 0, "closed", 1
+		case t >= 21*time.Second:
+			return 50, "closed", 1
+		}
+		return 70, "closed", 1
+	}
+	rds := rounds(back)
+	for i := range rds {
+		if rds[i].T >= 21*time.Second {
+			for ai := range rds[i].Agents[1] {
+				rds[i].Agents[1][ai].Adopted = 20930 * time.Millisecond
+			}
+		}
+	}
+	res := Analyze(sc, steady(30, 0), rds, cutRecord(sc), 200*time.Millisecond)
+	if c := check(res, "recovery"); c == nil || !c.Pass || c.Value != "1.00s" {
+		t.Fatalf("recovery %+v, want 1.00s (the fair share fell at 20.95 s)", c)
+	}
+}
+
 // TestAnalyzeCatchesTwoSpeakers: two agents of b seen speaking for more
 // than 200 ms fail the check; for 200 ms or less (a handover caught
 // mid-way) they do not — at the harness's sampling period, and at the

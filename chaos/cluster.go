@@ -665,6 +665,9 @@ type AgentStatus struct {
 	Breaker   string   `json:"breaker"`
 	Table     *struct {
 		Speaker string `json:"speaker"`
+		// Adopted is when the agent began deciding with the table, nil
+		// when it does not say.
+		Adopted *time.Time `json:"adopted"`
 		Entries []struct {
 			Rule    string `json:"rule"`
 			Subject string `json:"subject"`

@@ -23,6 +23,9 @@ type AgentSample struct {
 	// Entries are the region's coordinator entries the agent uses, by
 	// "rule/subject", with their bursts.
 	Entries map[string][2]int64 `json:"entries,omitempty"`
+	// Adopted is when the agent began deciding with the table that holds
+	// Entries, from the run's start (0: not known, or before the start).
+	Adopted time.Duration `json:"adopted_ns,omitempty"`
 	// Emergency and FailOpen count admissions on those paths so far (every
 	// rule); BreakerOpened the breaker's openings so far.
 	Emergency     int64 `json:"emergency,omitempty"`
@@ -92,7 +95,7 @@ func (p *Probe) sample(ctx context.Context, t0 time.Time) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r.Agents[ri][ai] = p.agent(sctx, a)
+				r.Agents[ri][ai] = p.agent(sctx, a, t0)
 			}()
 		}
 	}
@@ -115,7 +118,7 @@ func (p *Probe) sample(ctx context.Context, t0 time.Time) {
 	p.mu.Unlock()
 }
 
-func (p *Probe) agent(ctx context.Context, a *Agent) AgentSample {
+func (p *Probe) agent(ctx context.Context, a *Agent, t0 time.Time) AgentSample {
 	st, err := p.c.Status(ctx, a)
 	if err != nil {
 		return AgentSample{}
@@ -125,6 +128,11 @@ func (p *Probe) agent(ctx context.Context, a *Agent) AgentSample {
 		s.Entries = map[string][2]int64{}
 		for _, e := range st.Table.Entries {
 			s.Entries[e.Rule+"/"+e.Subject] = [2]int64{e.Count, e.Burst}
+		}
+		// The processes share the harness's clock (no skew is given to
+		// real processes).
+		if at := st.Table.Adopted; at != nil && at.After(t0) {
+			s.Adopted = at.Sub(t0)
 		}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.HTTP+"/metrics", nil)

@@ -232,6 +232,15 @@ type TableView struct {
 	floors *floors
 	cur    atomic.Pointer[Table]
 	epoch  atomic.Uint64
+	// installed is when the current table was installed, when its
+	// installer said (SetAt); stored after the swap, so a reader between
+	// the two finds it naming the old table and reads no time.
+	installed atomic.Pointer[installedAt]
+}
+
+type installedAt struct {
+	t  *Table
+	at time.Time
 }
 
 var _ Allocations = (*TableView)(nil)
@@ -244,7 +253,12 @@ func NewTableView(region string, split lease.Split) *TableView {
 // Set installs t if it supersedes the current table and reports whether it
 // did. The epoch moves unless t only renews old (extends): a renewal, the
 // common case, then leaves every cached allocation in place.
-func (v *TableView) Set(t *Table) bool {
+func (v *TableView) Set(t *Table) bool { return v.SetAt(t, time.Time{}) }
+
+// SetAt is Set, and records now (the installer's clock) as when t was
+// installed, which Installed reports: when this view began deciding with
+// it.
+func (v *TableView) SetAt(t *Table, now time.Time) bool {
 	for {
 		old := v.cur.Load()
 		if old != nil && !t.Newer(old) {
@@ -259,6 +273,9 @@ func (v *TableView) Set(t *Table) bool {
 			// again (Allocation), so no answer from old's lapse outlives old.
 			if !t.extends(old) {
 				v.epoch.Add(1)
+			}
+			if !now.IsZero() {
+				v.installed.Store(&installedAt{t: t, at: now})
 			}
 			return true
 		}
@@ -278,6 +295,17 @@ func (t *Table) extends(old *Table) bool {
 
 // Table returns the current table, nil if none.
 func (v *TableView) Table() *Table { return v.cur.Load() }
+
+// Installed returns the current table and when it was installed, as SetAt
+// was told; the time is zero when the table came by Set, or when it is read
+// between the swap and the record.
+func (v *TableView) Installed() (*Table, time.Time) {
+	t := v.cur.Load()
+	if in := v.installed.Load(); in != nil && in.t == t {
+		return t, in.at
+	}
+	return t, time.Time{}
+}
 
 // Speaker is the agent that published the current table, empty when there
 // is none: what SpeakerOf keeps speaking while it lives.

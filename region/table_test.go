@@ -81,3 +81,34 @@ func TestTableFloorsCapTheAgentsFloor(t *testing.T) {
 		t.Fatal("the epoch did not move when the floors changed")
 	}
 }
+
+// TestTableViewSaysWhenItAdopted: SetAt records when the view began
+// deciding with a table; a table it does not take (not newer) leaves the
+// record, and one installed by Set (no time given) reads no time rather
+// than the time of the table before it.
+func TestTableViewSaysWhenItAdopted(t *testing.T) {
+	v := NewTableView("a", lease.Split{Regions: []string{"a"}})
+	if tb, at := v.Installed(); tb != nil || !at.IsZero() {
+		t.Fatalf("empty view: %v at %v", tb, at)
+	}
+	t1 := &Table{Region: "a", Pub: 1, LeaseEnd: t0.Add(time.Minute)}
+	if !v.SetAt(t1, t0.Add(time.Second)) {
+		t.Fatal("the first table not taken")
+	}
+	if tb, at := v.Installed(); tb != t1 || !at.Equal(t0.Add(time.Second)) {
+		t.Fatalf("after SetAt: %v at %v, want pub 1 at t0+1s", tb, at.Sub(t0))
+	}
+	if v.SetAt(&Table{Region: "a", Pub: 1, LeaseEnd: t0.Add(time.Minute)}, t0.Add(2*time.Second)) {
+		t.Fatal("a table no newer taken")
+	}
+	if _, at := v.Installed(); !at.Equal(t0.Add(time.Second)) {
+		t.Fatalf("a table not taken moved the adoption to %v", at.Sub(t0))
+	}
+	t2 := &Table{Region: "a", Pub: 2, LeaseEnd: t0.Add(time.Minute)}
+	if !v.Set(t2) {
+		t.Fatal("a newer table not taken")
+	}
+	if tb, at := v.Installed(); tb != t2 || !at.IsZero() {
+		t.Fatalf("after Set: %v at %v, want pub 2 and no time", tb, at.Sub(t0))
+	}
+}

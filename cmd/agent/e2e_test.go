@@ -131,6 +131,8 @@ type agentStatus struct {
 	Speaking  bool     `json:"speaking"`
 	LeaseLive bool     `json:"lease_live"`
 	Table     *struct {
+		Written time.Time  `json:"written"`
+		Adopted *time.Time `json:"adopted"`
 		Entries []struct {
 			Rule    string `json:"rule"`
 			Subject string `json:"subject"`
@@ -285,6 +287,19 @@ func TestEndToEndRealProcesses(t *testing.T) {
 		}
 		return true
 	})
+	// Every agent says when it adopted the table it decides with: after
+	// the speaking agent wrote it, and not later than now.
+	for _, r := range regions {
+		for _, a := range agents[r] {
+			st, err := a.status()
+			if err != nil || st.Table == nil || st.Table.Adopted == nil {
+				t.Fatalf("%s: status without the table's adoption: %+v, %v", a.name, st, err)
+			}
+			if at := *st.Table.Adopted; at.Before(st.Table.Written) || at.After(time.Now()) {
+				t.Fatalf("%s: table written %s, adopted %s, read at %s", a.name, st.Table.Written, at, time.Now())
+			}
+		}
+	}
 	// The coordinator learns for one TTL before granting increases. It
 	// starts learning when it starts leading, which on a loaded machine
 	// can be well after the process was started: ask it.

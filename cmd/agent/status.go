@@ -98,11 +98,14 @@ type statusJSON struct {
 
 // tableJSON is the region's allocation table as the agent uses it.
 type tableJSON struct {
-	Pub     uint64      `json:"pub"`
-	Term    uint64      `json:"term"`
-	Version uint64      `json:"version"`
-	Speaker string      `json:"speaker"`
-	Written time.Time   `json:"written"`
+	Pub     uint64    `json:"pub"`
+	Term    uint64    `json:"term"`
+	Version uint64    `json:"version"`
+	Speaker string    `json:"speaker"`
+	Written time.Time `json:"written"`
+	// Adopted is when this agent began deciding with the table (its
+	// clock); null when not known.
+	Adopted *time.Time  `json:"adopted"`
 	Entries []entryJSON `json:"entries"`
 }
 
@@ -162,6 +165,10 @@ func statusOf(st agent.Status, stats region.Stats, rulesVersion string, info map
 		end := t.LeaseEnd
 		out.LeaseEnd = &end
 		out.Table = &tableJSON{Pub: t.Pub, Term: t.Term, Version: t.Version, Speaker: t.Speaker, Written: t.Written, Entries: []entryJSON{}}
+		if !st.Adopted.IsZero() {
+			at := st.Adopted
+			out.Table.Adopted = &at
+		}
 		for _, e := range t.Entries {
 			out.Table.Entries = append(out.Table.Entries, entryJSON{Rule: e.Key.Rule, Subject: e.Key.Subject, Count: int64(e.Count), Burst: int64(e.Burst)})
 		}
