@@ -544,18 +544,12 @@ const sustain = time.Second
 // were closed already), that adoption: a round finds a move done up to a
 // sampling period after it was.
 func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration, closed bool, capAt, slack, margin float64) (time.Duration, float64, bool) {
+	enough := func(alloc, fair float64) bool {
+		return alloc >= math.Min(math.Min(0.95*fair, fair*(1-margin)-slack), capAt)
+	}
 	peak := 0.0
 	start, in := time.Duration(0), false
-	prev, prevClosed := time.Duration(-1), false
-	for _, rd := range a.rounds {
-		shut := true
-		for _, s := range rd.Agents[ri] {
-			if s.Up && s.Breaker != "closed" {
-				shut = false
-			}
-		}
-		before, beforeClosed := prev, prevClosed
-		prev, prevClosed = rd.T, shut
+	for i, rd := range a.rounds {
 		if rd.T < from || rd.T > until {
 			continue
 		}
@@ -565,20 +559,20 @@ func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration, cl
 			continue
 		}
 		peak = math.Max(peak, alloc/fair)
-		enough := func(fair float64) bool {
-			return alloc >= math.Min(math.Min(0.95*fair, fair*(1-margin)-slack), capAt)
-		}
-		good := enough(fair) && (!closed || shut)
 		switch {
-		case !good:
+		case !enough(alloc, fair) || (closed && !breakersClosed(rd, ri)):
 			in = false
 		case !in:
 			start, in = rd.T, true
 			// The adoption times the move when it explains it: after the
-			// round before, and enough against the fair share then (a
-			// stream that starts or stops between the rounds moves it).
-			if at := max(adopted, from); adopted > before && before >= 0 && adopted <= rd.T && (!closed || beforeClosed) && enough(a.fairShare(ri, k, at)) {
-				start = at
+			// round before (whose breakers were closed already, when they
+			// count), and enough against the fair share then (a stream
+			// that starts or stops between the rounds moves it).
+			if i > 0 {
+				prev, at := a.rounds[i-1], max(adopted, from)
+				if adopted > prev.T && adopted <= rd.T && (!closed || breakersClosed(prev, ri)) && enough(alloc, a.fairShare(ri, k, at)) {
+					start = at
+				}
 			}
 		}
 		if in && rd.T-start >= sustain {
@@ -589,6 +583,17 @@ func (a *analysis) reachShare(ri int, k budgetKey, from, until time.Duration, cl
 		return start, peak, true // held until the end of the phase
 	}
 	return 0, peak, false
+}
+
+// breakersClosed reports whether every answering agent of region ri had
+// its breaker closed at rd.
+func breakersClosed(rd Round, ri int) bool {
+	for _, s := range rd.Agents[ri] {
+		if s.Up && s.Breaker != "closed" {
+			return false
+		}
+	}
+	return true
 }
 
 // hottest is the key of rule with the largest demand in region ri at t.
