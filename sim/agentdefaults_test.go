@@ -68,3 +68,21 @@ func TestNoticeBodyMaxIsTheAgents(t *testing.T) {
 		t.Fatal("a report of 2,256 long keys fits a notice")
 	}
 }
+
+// TestBreakerDefaultsAreTheAgents: a scenario that sets no breaker runs
+// the agent's (region.DefaultConfig): its failures, back-off and longest
+// back-off.
+func TestBreakerDefaultsAreTheAgents(t *testing.T) {
+	sc, err := ParseScenario([]byte("name: b\nduration: 1s\nregions: [{name: a}]\nrules: [{name: r, count: 10, period: 1s}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := region.DefaultConfig()
+	got := region.DefaultConfig()
+	got.BreakerFailures, got.BreakerBackoff = 0, 0
+	setBreaker(&got, sc.Agent)
+	if got.BreakerFailures != want.BreakerFailures || got.BreakerBackoff != want.BreakerBackoff || got.BreakerMaxBackoff != want.BreakerMaxBackoff {
+		t.Fatalf("breaker failures %d, back-off %s up to %s; the agent's %d, %s up to %s",
+			got.BreakerFailures, got.BreakerBackoff, got.BreakerMaxBackoff, want.BreakerFailures, want.BreakerBackoff, want.BreakerMaxBackoff)
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/allot-dev/allot/breaker"
 	"github.com/allot-dev/allot/lease"
 )
 
@@ -135,7 +136,9 @@ type AgentSpec struct {
 	// rule's failure policy.
 	Timeout time.Duration `yaml:"timeout"`
 	// BreakerFailures consecutive failures open the circuit breaker for
-	// BreakerBackoff, during which the agent decides locally at once.
+	// BreakerBackoff, during which the agent decides locally at once;
+	// each failed probe doubles it up to the agent's BreakerMaxBackoff.
+	// Not given, they are the agent's (region.DefaultConfig): 5 and 250 ms.
 	BreakerFailures int           `yaml:"breaker_failures"`
 	BreakerBackoff  time.Duration `yaml:"breaker_backoff"`
 	// BatchWindow is how much of the agent's local demand a hot-key batch
@@ -429,7 +432,7 @@ func (sc *Scenario) setDefaults() {
 		a.BreakerFailures = 5
 	}
 	if a.BreakerBackoff == 0 {
-		a.BreakerBackoff = time.Second
+		a.BreakerBackoff = breaker.DefaultConfig().Backoff // the agent's
 	}
 	if a.BatchWindow == 0 {
 		a.BatchWindow = 20 * time.Millisecond // a few tens of ms of demand
