@@ -471,6 +471,23 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 			<-polled
 		}
 	})
+	// While the breaker is open the report's fate tells the core
+	// (Core.Elsewhere): taken after one that was not, the store is back,
+	// so the breaker probes now rather than at the end of its back-off,
+	// and the report, which carried no demand for the rules that fail
+	// closed, is stored again with it. Left to the back-off (up to
+	// 500 ms), the speaker lent the region's share away meanwhile.
+	if cutSelf {
+		now := a.deps.Clock.Now()
+		if a.core.Elsewhere(ctx, now, ok) && ok {
+			a.sayCut(now)
+			rep = a.report(now)
+			if err := a.putReport(ctx, rep); err != nil {
+				a.noteErr(err)
+				ok = false
+			}
+		}
+	}
 	if n := a.core.Breaker().Opened(); n != a.opened {
 		// Why a breaker opened is what tells an outage from a slow store.
 		a.opened = n

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -524,6 +525,104 @@ func TestBreakerProbesBetweenRounds(t *testing.T) {
 			t.Fatalf("%d probes, want one", a.Core().Stats().Probes-probes)
 		}
 	})
+}
+
+// TestRoundThatFindsTheStoreBackProbesAtOnce: with the breaker open (its
+// back-off 30 s), a round whose report the store does not take, then one
+// whose report it takes: the breaker probes at that round, not at the end
+// of its back-off, and the round stores its report again once it is
+// closed (the first carried no demand for the rules that fail closed).
+// Without the failed report first, it waits out the back-off. In a
+// synctest bubble, on its fake clock; rounds 10 s apart.
+func TestRoundThatFindsTheStoreBackProbesAtOnce(t *testing.T) {
+	for _, failFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("failFirst=%v", failFirst), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := slowRounds()
+				cfg.Core.BreakerBackoff, cfg.Core.BreakerMaxBackoff = 30*time.Second, 30*time.Second
+				log := &reportLog{MemShared: NewMemShared()}
+				a, stop := runOnMemory(t, cfg, Deps{Shared: log})
+				defer stop()
+				br := a.Core().Breaker()
+				log.mu.Lock()
+				log.br, log.fail = br, failFirst
+				log.mu.Unlock()
+				time.Sleep(cfg.Tick - 100*time.Millisecond) // the next round in 100 ms
+				openBreaker(br)
+				time.Sleep(time.Second) // the round at 10 s
+				log.mu.Lock()
+				log.fail = false
+				log.mu.Unlock()
+				before := log.count()
+				time.Sleep(cfg.Tick) // the round at 20 s
+				closed := br.State(time.Now()) == region.BreakerClosed
+				states := log.since(before)
+				if !failFirst {
+					if closed {
+						t.Fatal("the breaker closed at a round whose report the store took, with no report it did not take before: no return seen")
+					}
+					return
+				}
+				if !closed {
+					t.Fatalf("the breaker still %s after the round that found the store back", br.State(time.Now()))
+				}
+				if len(states) != 2 || states[0] == region.BreakerClosed || states[1] != region.BreakerClosed {
+					t.Fatalf("the round stored reports with the breaker %v, want one open, then one closed", states)
+				}
+			})
+		})
+	}
+}
+
+// reportLog is a MemShared that records the state of br (the agent's
+// breaker) as each report is stored, and fails to store reports while
+// fail is set.
+type reportLog struct {
+	*MemShared
+	mu     sync.Mutex
+	br     *region.Breaker
+	fail   bool
+	states []region.BreakerState
+}
+
+var errNotTaken = errors.New("test: the store did not take the report")
+
+func (l *reportLog) note() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fail {
+		return errNotTaken
+	}
+	if l.br != nil {
+		l.states = append(l.states, l.br.State(time.Now()))
+	}
+	return nil
+}
+
+func (l *reportLog) Adopt(ctx context.Context, r region.DemandReport) error {
+	if err := l.note(); err != nil {
+		return err
+	}
+	return l.MemShared.Adopt(ctx, r)
+}
+
+func (l *reportLog) PutDemand(ctx context.Context, r region.DemandReport) error {
+	if err := l.note(); err != nil {
+		return err
+	}
+	return l.MemShared.PutDemand(ctx, r)
+}
+
+func (l *reportLog) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.states)
+}
+
+func (l *reportLog) since(i int) []region.BreakerState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.states[i:])
 }
 
 // slowRounds is an agent's configuration whose rounds come 10 s apart, as

@@ -29,7 +29,9 @@
 //     breaker; a failed probe opens it again for twice the back-off, up to
 //     MaxBackoff. Probes do not depend on traffic: a driver that pings the
 //     store when Allow lets it notices a store's return within MaxBackoff
-//     plus its tick.
+//     plus its tick. A driver that hears from the store another way (the
+//     agent's shared state) tells Elsewhere, and the probe goes at once
+//     when that way saw the store come back.
 //
 // The package has no third-party import, so region's deterministic core
 // and the simulator run it as it is.
@@ -136,6 +138,14 @@ type slot struct {
 	ok, bad atomic.Int64
 }
 
+// What the other path to the store saw since the breaker last closed
+// (Breaker.Elsewhere).
+const (
+	elsewhereNone     = iota // nothing yet
+	elsewhereFailed          // a call that got no answer
+	elsewhereAnswered        // an answer: the back-off ended, or not, once
+)
+
 // Breaker is a circuit breaker with deadlines that follow the store's
 // latency; see the package documentation for the model. The zero value
 // is not usable: use New. Breaker is safe for concurrent use; Allow,
@@ -162,6 +172,9 @@ type Breaker struct {
 	mu      sync.Mutex
 	current time.Duration // current back-off
 	probing bool
+	// elsewhere is what the other path to the store (Elsewhere) saw
+	// since the breaker last closed.
+	elsewhere uint8
 	// The deadline's estimator (requires mu): smoothed latency and its
 	// variation, ns (srtt 0: no sample yet), and the floor a timeout
 	// raised the deadline to until the next answer.
@@ -223,9 +236,43 @@ func (b *Breaker) Success(now time.Time) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.probing, b.current = false, b.cfg.Backoff
+	b.probing, b.current, b.elsewhere = false, b.cfg.Backoff, elsewhereNone
 	b.openUntil.Store(0)
 	b.since.Store(0)
+}
+
+// Elsewhere records the outcome of a call begun at now that another path
+// made to the same store (the agent's shared state on the regional Redis):
+// answered or not. While the breaker is open, the first answer after a
+// failure of that path ends the back-off at now, so that the next Allow
+// makes its caller the probe: that path saw the store go and come back,
+// before the back-off would tell. It closes nothing: only a probe under
+// this breaker's deadline does, and a failed one backs off from its start
+// as any other. Only the first answer since the breaker opened counts,
+// and only after a failure: a store failing some of its calls answers the
+// other path now and then, and a probe at each answer closed the breaker
+// on a lucky one over and over (the simulator's redis-slow-partial opened
+// it four times as often, and its agents' emergency buckets admitted
+// beyond the peers' share). A closed breaker is left as it is.
+func (b *Breaker) Elsewhere(now time.Time, answered bool) {
+	if b.openUntil.Load() == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.openUntil.Load() == 0 || b.elsewhere == elsewhereAnswered:
+	case !answered:
+		b.elsewhere = elsewhereFailed
+	case b.elsewhere == elsewhereFailed:
+		b.elsewhere = elsewhereAnswered
+		nowUS := max(now.UnixMicro(), 1) // 0 says closed
+		if !b.probing && nowUS < b.openUntil.Load() {
+			b.openUntil.Store(nowUS)
+		}
+	default:
+		b.elsewhere = elsewhereAnswered // an answer with no failure before it: no return
+	}
 }
 
 // Cancel records a call that got no verdict on the store (the caller gave

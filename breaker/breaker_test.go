@@ -280,6 +280,62 @@ func TestProbeThatTimesOutWaitsNoLonger(t *testing.T) {
 	}
 }
 
+// TestElsewhereProbesOnAReturn: the other path's first answer after one
+// of its failures, within an opening, lets the probe go before the
+// back-off ends; it closes nothing by itself, acts once per opening, not
+// on an answer with no failure before it, and a failed probe backs off as
+// any other. A closed breaker is left alone.
+func TestElsewhereProbesOnAReturn(t *testing.T) {
+	b := newBreaker(t, func(c *Config) { c.Failures, c.Ratio = 1, 0 })
+	b.Elsewhere(t0, false)
+	b.Elsewhere(t0, true)
+	if b.State(t0) != Closed || b.Opened() != 0 {
+		t.Fatalf("Elsewhere on a closed breaker: %s, opened %d", b.State(t0), b.Opened())
+	}
+	b.Failure(t0)
+	at := t0.Add(50 * time.Millisecond) // within the 250 ms back-off
+	b.Elsewhere(at, true)               // no failure before it: says nothing of a return
+	if b.Allow(at) {
+		t.Fatal("a probe on an answer with no failure of the other path before it")
+	}
+	b.Elsewhere(at, false)
+	b.Elsewhere(at, true) // the first answer was that one: no more this opening
+	if b.Allow(at) {
+		t.Fatal("a probe on a second answer within one opening")
+	}
+	end := t0.Add(250 * time.Millisecond)
+	if !b.Allow(end) {
+		t.Fatal("no probe at the end of the back-off")
+	}
+	b.Success(end)
+
+	// Opened again: a failure, then an answer, is a return.
+	b.Failure(end)
+	ret := end.Add(100 * time.Millisecond)
+	b.Elsewhere(end, false)
+	if b.Allow(ret) {
+		t.Fatal("a probe before the back-off, the other path only failing")
+	}
+	b.Elsewhere(ret, true)
+	if b.State(ret) != HalfOpen {
+		t.Fatalf("state %s after the return, want half-open (Elsewhere closes nothing)", b.State(ret))
+	}
+	if !b.Allow(ret) {
+		t.Fatal("no probe at once on the other path's return")
+	}
+	b.Failure(ret)
+	// The failed probe doubles the back-off from its start: 500 ms, and
+	// the other path's next return within the opening changes nothing.
+	b.Elsewhere(ret, false)
+	b.Elsewhere(ret.Add(100*time.Millisecond), true)
+	if next := ret.Add(499 * time.Millisecond); b.Allow(next) {
+		t.Fatalf("a probe %s after a failed one, within its 500 ms back-off", next.Sub(ret))
+	}
+	if !b.Allow(ret.Add(500 * time.Millisecond)) {
+		t.Fatal("no probe at the end of the doubled back-off")
+	}
+}
+
 // TestRatioOverWindow: failures that never come Failures in a row open
 // the breaker once they are at least Ratio of the window's calls, and not
 // before; calls older than the window do not count.

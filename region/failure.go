@@ -69,6 +69,25 @@ func (c *Core) Probe(ctx context.Context, now time.Time) {
 	}
 }
 
+// Elsewhere tells the core the outcome of another call begun at now to
+// its store's server (the agent's shared state: its report, on the same
+// regional Redis), answered or not. An answer after that path failed while
+// the breaker was open says the store is back: the breaker probes at once
+// instead of at the end of its back-off (Breaker.Elsewhere, then Probe).
+// Meanwhile the agent reported no demand for the rules that fail closed,
+// and its speaker lent their share away. It reports whether the breaker is
+// closed after; only the probe, under the breaker's deadline, closes it.
+func (c *Core) Elsewhere(ctx context.Context, now time.Time, answered bool) bool {
+	if c.breaker.State(now) == BreakerClosed {
+		return true
+	}
+	c.breaker.Elsewhere(now, answered)
+	if answered {
+		c.Probe(ctx, now)
+	}
+	return c.breaker.State(now) == BreakerClosed
+}
+
 // LastError returns the last store error seen, nil if none.
 func (c *Core) LastError() error {
 	if p := c.lastErr.Load(); p != nil {

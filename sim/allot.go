@@ -380,6 +380,7 @@ func (s *simStore) Peek(_ context.Context, key bucket.Key, l bucket.Limit) (buck
 func (a *allot) tick(w *world, r, ai int, t Micros) {
 	ag := a.agents[r][ai]
 	now := w.regions[r].agent.at(t)
+	cut := ag.core.Breaker().State(now) != region.BreakerClosed
 	ag.core.Tick(a.ctx, now)
 	a.announce(r, ai, now)
 	rp := a.plane.regions[r]
@@ -388,7 +389,14 @@ func (a *allot) tick(w *world, r, ai int, t Micros) {
 			ag.view.Set(tb)
 		}
 	}
-	a.report(w, r, ai, t, now, false)
+	// The report's fate while the breaker is open tells the core
+	// (Core.Elsewhere): taken after one that was not, the store is back,
+	// the agent probes at once and, closed, stores its report again, with
+	// the demand the first left out.
+	if stored := a.report(w, r, ai, t, now, false); cut && ag.core.Elsewhere(a.ctx, now, stored) && stored {
+		a.announce(r, ai, now)
+		a.report(w, r, ai, t, now, false)
+	}
 	// A level the round's sampling took is stored again, marked, as the
 	// agent's reportLevels does just after its round (unless it stored one
 	// within half a tick). Drained here, as it was, it reached the Speaker

@@ -52,6 +52,11 @@ func (p *leasePlane) reachShared(w *world, r, i int, t Micros) bool {
 	if loss := w.net.loss + w.net.extraRedis; loss > 0 && p.rng.Float64() < loss {
 		return false
 	}
+	// A redis_slow link fails the shared state's calls as it fails the
+	// store's; its delay stays well under their one-second timeout.
+	if sl := p.a.agents[r][i].store.slow; sl != nil && sl.loss > 0 && p.rng.Float64() < sl.loss {
+		return false
+	}
 	return p.a.redis[r].up(t + w.net.lat[r][r])
 }
 

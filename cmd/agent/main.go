@@ -143,7 +143,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (options
 	fs.StringVar(&o.failoverEmpty, "failover-empty", "", "rules (comma-separated, or *) whose buckets start empty after a detected Redis failover")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error; debug also logs the speaking agent's lease messages and table publications")
 	fs.IntVar(&o.breakerFailures, "breaker-failures", cc.BreakerFailures, "Redis failures that open the circuit breaker: in a row, or within a second when they are at least half its calls")
-	fs.DurationVar(&o.breakerBackoff, "breaker-backoff", cc.BreakerBackoff, "how long the breaker stays open before a probe")
+	fs.DurationVar(&o.breakerBackoff, "breaker-backoff", cc.BreakerBackoff, "how long the breaker stays open before a probe (less when the agent's round report finds Redis back)")
 	fs.DurationVar(&o.batchWindow, "batch-window", cc.BatchWindow, "local demand one token batch covers")
 	fs.Float64Var(&o.batchFraction, "batch-max-fraction", cc.BatchMaxFraction, "largest batch, as a fraction of the region's burst")
 	fs.IntVar(&o.heapFloorMiB, "heap-floor-mib", defaultHeapFloorMiB, "MiB the heap may grow over its live size before a garbage collection (GOGC's percent when that is more; 0: GOGC alone)")
