@@ -478,10 +478,10 @@ func (a *Agent) tick(ctx context.Context, lastPoll *time.Time) {
 	// closed, is stored again with it. Left to the back-off (up to
 	// 500 ms), the speaker lent the region's share away meanwhile.
 	if cutSelf {
-		now := a.deps.Clock.Now()
-		if a.core.Elsewhere(ctx, now, ok) && ok {
-			a.sayCut(now)
-			rep = a.report(now)
+		at := a.deps.Clock.Now()
+		if a.core.Elsewhere(ctx, at, ok) && ok {
+			a.sayCut(at)
+			rep = a.report(at)
 			if err := a.putReport(ctx, rep); err != nil {
 				a.noteErr(err)
 				ok = false

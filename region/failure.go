@@ -78,12 +78,9 @@ func (c *Core) Probe(ctx context.Context, now time.Time) {
 // and its speaker lent their share away. It reports whether the breaker is
 // closed after; only the probe, under the breaker's deadline, closes it.
 func (c *Core) Elsewhere(ctx context.Context, now time.Time, answered bool) bool {
-	if c.breaker.State(now) == BreakerClosed {
-		return true
-	}
-	c.breaker.Elsewhere(now, answered)
+	c.breaker.Elsewhere(now, answered) // nothing on a closed breaker
 	if answered {
-		c.Probe(ctx, now)
+		c.Probe(ctx, now) // nothing unless the breaker lets a probe through
 	}
 	return c.breaker.State(now) == BreakerClosed
 }

@@ -428,11 +428,12 @@ func (sc *Scenario) setDefaults() {
 	if a.Timeout == 0 {
 		a.Timeout = 50 * time.Millisecond
 	}
+	bc := breaker.DefaultConfig() // the agent's: region.DefaultConfig takes its breaker from it
 	if a.BreakerFailures == 0 {
-		a.BreakerFailures = 5
+		a.BreakerFailures = bc.Failures
 	}
 	if a.BreakerBackoff == 0 {
-		a.BreakerBackoff = breaker.DefaultConfig().Backoff // the agent's
+		a.BreakerBackoff = bc.Backoff
 	}
 	if a.BatchWindow == 0 {
 		a.BatchWindow = 20 * time.Millisecond // a few tens of ms of demand
