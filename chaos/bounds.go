@@ -63,10 +63,14 @@ func faultTerm(s *sim.Scenario, f Fault, rule sim.RuleSpec, alloc, allocBurst fl
 	case sim.PolicyOpen:
 		return Term{Tokens: math.Inf(1), Formula: "unbounded: fail open"}
 	case sim.PolicyEmergency:
-		d := outage + s.Agent.Timeout
+		// The design's term (sim.EmergencyTail): after the store answers
+		// again the agents decide by the policy until their breakers'
+		// next probe, a call in flight at most its longest deadline.
+		deadline, backoff := sim.EmergencyTail(s.Agent, outage)
+		d := outage + deadline + backoff
 		t = Term{Tokens: allocBurst + alloc*d.Seconds(),
-			Formula: fmt.Sprintf("emergency: region burst %.0f + allocation %.0f/s × (outage %.1fs + timeout %s)",
-				allocBurst, alloc, outage.Seconds(), s.Agent.Timeout)}
+			Formula: fmt.Sprintf("emergency: region burst %.0f + allocation %.0f/s × (outage %.1fs + longest deadline %s + breaker back-off %s)",
+				allocBurst, alloc, outage.Seconds(), deadline, backoff)}
 	}
 	// A Redis that comes back without its writes (a restart, or a replica
 	// promoted) also gives back what it lost.

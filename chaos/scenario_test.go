@@ -109,8 +109,10 @@ func TestBoundTerms(t *testing.T) {
 	}
 	cut := Fault{Kind: sim.FaultRedisCut, Region: "a"}
 	rule.Policy = sim.PolicyEmergency
-	if tm := faultTerm(s, cut, rule, 60, 12, 10*time.Second); math.Abs(tm.Tokens-(12+60*(10+0.05))) > 1e-9 {
-		t.Fatalf("emergency term %+v, want 12 + 60×10.05", tm)
+	// The agent's breaker: 100 ms deadlines up to 500 ms, a 250 ms
+	// back-off doubling to 500 ms, which 10 s of failed probes reach.
+	if tm := faultTerm(s, cut, rule, 60, 12, 10*time.Second); math.Abs(tm.Tokens-(12+60*(10+0.5+0.5))) > 1e-9 {
+		t.Fatalf("emergency term %+v, want 12 + 60×(10 + 0.5 + 0.5)", tm)
 	}
 	rule.Policy = sim.PolicyClosed
 	if tm := faultTerm(s, cut, rule, 60, 12, 10*time.Second); tm.Tokens != 0 {

@@ -70,8 +70,8 @@ func TestNoticeBodyMaxIsTheAgents(t *testing.T) {
 }
 
 // TestBreakerDefaultsAreTheAgents: a scenario that sets no breaker runs
-// the agent's (region.DefaultConfig): its failures, back-off and longest
-// back-off.
+// the agent's (region.DefaultConfig): its deadline and longest deadline,
+// failures, back-off and longest back-off.
 func TestBreakerDefaultsAreTheAgents(t *testing.T) {
 	sc, err := ParseScenario([]byte("name: b\nduration: 1s\nregions: [{name: a}]\nrules: [{name: r, count: 10, period: 1s}]\n"))
 	if err != nil {
@@ -79,10 +79,14 @@ func TestBreakerDefaultsAreTheAgents(t *testing.T) {
 	}
 	want := region.DefaultConfig()
 	got := region.DefaultConfig()
-	got.BreakerFailures, got.BreakerBackoff = 0, 0
+	got.BreakerFailures, got.BreakerBackoff, got.Timeout = 0, 0, 0
 	setBreaker(&got, sc.Agent)
 	if got.BreakerFailures != want.BreakerFailures || got.BreakerBackoff != want.BreakerBackoff || got.BreakerMaxBackoff != want.BreakerMaxBackoff {
 		t.Fatalf("breaker failures %d, back-off %s up to %s; the agent's %d, %s up to %s",
 			got.BreakerFailures, got.BreakerBackoff, got.BreakerMaxBackoff, want.BreakerFailures, want.BreakerBackoff, want.BreakerMaxBackoff)
+	}
+	if got.Timeout != want.Timeout || got.MaxTimeout != want.MaxTimeout || sc.Agent.Timeout != want.Timeout {
+		t.Fatalf("deadline %s up to %s (charged %s); the agent's %s up to %s",
+			got.Timeout, got.MaxTimeout, sc.Agent.Timeout, want.Timeout, want.MaxTimeout)
 	}
 }

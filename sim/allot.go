@@ -71,10 +71,15 @@ type agentRT struct {
 	levelNext Micros
 }
 
-// setBreaker gives cfg the scenario's breaker settings: the agents' cores
-// and the store-backed baselines' agents (storeFaults) open, back off and
-// probe alike.
+// setBreaker gives cfg the scenario's breaker settings as the agent's
+// flags do (cmd/agent: -redis-timeout, -breaker-failures,
+// -breaker-backoff): the agents' cores and the store-backed baselines'
+// agents (storeFaults) time out, open, back off and probe alike. The
+// longest deadline and back-off stay the agent's unless the scenario's
+// first ones are longer.
 func setBreaker(cfg *region.Config, ag AgentSpec) {
+	cfg.Timeout = ag.Timeout
+	cfg.MaxTimeout = max(cfg.MaxTimeout, ag.Timeout)
 	cfg.BreakerFailures, cfg.BreakerBackoff = ag.BreakerFailures, ag.BreakerBackoff
 	cfg.BreakerMaxBackoff = max(cfg.BreakerMaxBackoff, ag.BreakerBackoff)
 }

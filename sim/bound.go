@@ -7,6 +7,7 @@ import (
 
 	"github.com/allot-dev/allot/bucket"
 	"github.com/allot-dev/allot/lease"
+	"github.com/allot-dev/allot/region"
 )
 
 // The bound a run of allot is judged against is the sum, per rule, of one
@@ -212,9 +213,8 @@ func (a *allot) faultTerm(w *world, i, ri int) term {
 // Redis for outage (fault i): 0 when the rule fails closed, unbounded when
 // it fails open, and under the emergency policy what the cut agents'
 // emergency buckets can admit beyond the regional bucket: each holds the
-// allocation ÷ live agents, started full, refilling for the outage, the
-// agent's timeout and the circuit breaker's back-off in force when the
-// store answers again (breakerTail).
+// allocation ÷ live agents, started full, refilling for the outage and
+// its tail (EmergencyTail).
 func (a *allot) outageTerm(w *world, ri, i, r, cut int, outage time.Duration, what string) term {
 	switch w.rules[ri].spec.Policy {
 	case PolicyClosed:
@@ -225,17 +225,27 @@ func (a *allot) outageTerm(w *world, ri, i, r, cut int, outage time.Duration, wh
 	l := a.starts[i].alloc[r][ri]
 	live := a.minLive(w, r, w.sc.Faults[i].At, outage)
 	share := math.Min(1, float64(cut)/float64(max(live, 1)))
-	tail := breakerTail(outage, w.sc.Agent.BreakerBackoff, max(region15s, w.sc.Agent.BreakerBackoff))
-	d := outage + w.sc.Agent.Timeout + tail
+	deadline, tail := EmergencyTail(w.sc.Agent, outage)
+	d := outage + deadline + tail
 	return term{tokens: share * (float64(l.burst) + l.rate*d.Seconds()),
-		formula: fmt.Sprintf("%s, emergency: %d of %d live agents × (burst %d + allocation %.3f/s at the fault's start × (outage %s + timeout %s + breaker back-off %s))",
-			what, cut, live, l.burst, l.rate, outage, w.sc.Agent.Timeout, tail)}
+		formula: fmt.Sprintf("%s, emergency: %d of %d live agents × (burst %d + allocation %.3f/s at the fault's start × (outage %s + longest deadline %s + breaker back-off %s))",
+			what, cut, live, l.burst, l.rate, outage, deadline, tail)}
 }
 
-// region15s is the longest back-off the breaker had before package
-// breaker lowered region.DefaultConfig's BreakerMaxBackoff to 500 ms; the
-// term keeps it, which only overstates the tail.
-const region15s = 15 * time.Second
+// EmergencyTail bounds how long after a store outage (or a loss window)
+// of length d ends an agent running ag's settings still decides by the
+// rule's policy: the call in flight at its end waits out its deadline, at
+// most the agent's longest (region.Config.MaxTimeout), and the circuit
+// breaker probes next at most the back-off its failed probes within d
+// reached (breakerTail, up to BreakerMaxBackoff) after the last began.
+// These are what the simulator's agents run (setBreaker) and what
+// cmd/agent's flags set; the chaos harness's emergency term reads them
+// too.
+func EmergencyTail(ag AgentSpec, d time.Duration) (deadline, backoff time.Duration) {
+	c := region.DefaultConfig()
+	setBreaker(&c, ag)
+	return c.MaxTimeout, breakerTail(d, c.BreakerBackoff, c.BreakerMaxBackoff)
+}
 
 // lossTerm is a loss fault's term: lease messages lost only delay acks and
 // renewals (0); agents' calls to Redis lost fall to the rule's policy, in
@@ -252,8 +262,8 @@ func (a *allot) lossTerm(w *world, ri int, fs *faultStart, d time.Duration, link
 	case PolicyOpen:
 		return term{unbounded: true, formula: what + ": failed store calls fail open"}
 	}
-	tail := breakerTail(d, w.sc.Agent.BreakerBackoff, max(region15s, w.sc.Agent.BreakerBackoff))
-	win := d + w.sc.Agent.Timeout + tail
+	deadline, tail := EmergencyTail(w.sc.Agent, d)
+	win := d + deadline + tail
 	var tokens, rate float64
 	var burst bucket.Tokens
 	if fs == nil {
@@ -268,8 +278,8 @@ func (a *allot) lossTerm(w *world, ri int, fs *faultStart, d time.Duration, link
 			tokens += float64(l.burst) + l.rate*win.Seconds()
 		}
 	}
-	return term{tokens: tokens, formula: fmt.Sprintf("%s, emergency in every region: Σ (burst + allocation at the fault's start) = %d + %.3f/s × (%s + timeout %s + breaker back-off %s)",
-		what, burst, rate, d, w.sc.Agent.Timeout, tail)}
+	return term{tokens: tokens, formula: fmt.Sprintf("%s, emergency in every region: Σ (burst + allocation at the fault's start) = %d + %.3f/s × (%s + longest deadline %s + breaker back-off %s)",
+		what, burst, rate, d, deadline, tail)}
 }
 
 // breakerTail bounds how long an agent's circuit breaker stays open after

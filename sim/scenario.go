@@ -132,8 +132,10 @@ type RedisSpec struct {
 
 // AgentSpec configures the agents' decision path.
 type AgentSpec struct {
-	// Timeout is how long an agent waits for Redis before applying the
-	// rule's failure policy.
+	// Timeout is how long an agent first waits for Redis before applying
+	// the rule's failure policy (the agent's -redis-timeout); slow answers
+	// raise the deadline up to the agent's longest (500 ms, or Timeout
+	// when longer). Not given, it is the agent's: 100 ms.
 	Timeout time.Duration `yaml:"timeout"`
 	// BreakerFailures consecutive failures open the circuit breaker for
 	// BreakerBackoff, during which the agent decides locally at once;
@@ -425,10 +427,10 @@ func (sc *Scenario) setDefaults() {
 		r.OnFailover = "keep"
 	}
 	a := &sc.Agent
-	if a.Timeout == 0 {
-		a.Timeout = 50 * time.Millisecond
-	}
 	bc := breaker.DefaultConfig() // the agent's: region.DefaultConfig takes its breaker from it
+	if a.Timeout == 0 {
+		a.Timeout = bc.Timeout
+	}
 	if a.BreakerFailures == 0 {
 		a.BreakerFailures = bc.Failures
 	}

@@ -1,0 +1,62 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+)
+
+// TestEmergencyTermRunsTheAgentsBreaker: a Redis cut's emergency term
+// lets the cut agents' buckets refill for the outage, the longest
+// deadline and the back-off the agents' breaker reaches — the agent's
+// (500 ms each) when the scenario sets none, the scenario's first ones
+// when longer — not a back-off the agents never run.
+func TestEmergencyTermRunsTheAgentsBreaker(t *testing.T) {
+	for _, c := range []struct {
+		agent              string
+		deadline, back, in string
+		extra              float64 // seconds after the 10 s outage
+	}{
+		{"", "500ms", "500ms", "agent's", 1.0},
+		{"agent: {timeout: 800ms, breaker_backoff: 2s}\n", "800ms", "2s", "scenario's", 2.8},
+	} {
+		sc, err := ParseScenario([]byte("name: b\nduration: 14s\nregions: [{name: a, agents: 2}]\n" + c.agent +
+			"rules: [{name: r, count: 100, period: 1s, burst: 100, policy: emergency}]\n" +
+			"traffic: [{region: a, rule: r, rate: 200}]\n" +
+			"faults: [{kind: redis_cut, region: a, at: 2s, for: 10s}]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := Run(sc, 1, Options{Systems: []string{"allot"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var found bool
+		for _, s := range res.Systems[0].Rules[0].BoundTerms {
+			if !strings.Contains(s, "redis cut in") {
+				continue
+			}
+			found = true
+			want := fmt.Sprintf("(outage 10s + longest deadline %s + breaker back-off %s)", c.deadline, c.back)
+			if !strings.Contains(s, want) {
+				t.Errorf("the %s breaker: term %q, want its window %s", c.in, s, want)
+			}
+			var tokens, rate float64
+			var cut, live, burst int
+			i := strings.Index(s, " emergency: ")
+			if _, err := fmt.Sscanf(s[:strings.Index(s, ":")], "%g", &tokens); err != nil || i < 0 {
+				t.Fatalf("term %q: %v", s, err)
+			}
+			if _, err := fmt.Sscanf(s[i:], " emergency: %d of %d live agents × (burst %d + allocation %g/s", &cut, &live, &burst, &rate); err != nil {
+				t.Fatalf("term %q: %v", s, err)
+			}
+			if want := float64(cut) / float64(live) * (float64(burst) + rate*(10+c.extra)); rate <= 0 || math.Abs(tokens-want) > 0.01 {
+				t.Errorf("the %s breaker: term %.3f tokens, want %d/%d × (%d + %.3f × %.1f s) = %.3f", c.in, tokens, cut, live, burst, rate, 10+c.extra, want)
+			}
+		}
+		if !found {
+			t.Fatalf("no Redis cut term among %q", res.Systems[0].Rules[0].BoundTerms)
+		}
+	}
+}
