@@ -60,3 +60,31 @@ func TestEmergencyTermRunsTheAgentsBreaker(t *testing.T) {
 		}
 	}
 }
+
+// TestLossTermRunsTheAgentsBreaker: a loss on the Redis links is an
+// outage everywhere for the emergency policy, with the same tail as a
+// cut: the agents' longest deadline and the back-off their breaker
+// reaches.
+func TestLossTermRunsTheAgentsBreaker(t *testing.T) {
+	sc, err := ParseScenario([]byte("name: b\nduration: 14s\nregions: [{name: a}]\n" +
+		"rules: [{name: r, count: 100, period: 1s, burst: 100, policy: emergency}]\n" +
+		"traffic: [{region: a, rule: r, rate: 200}]\n" +
+		"faults: [{kind: loss, at: 2s, for: 10s, loss: 0.5, links: redis}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(sc, 1, Options{Systems: []string{"allot"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	terms := res.Systems[0].Rules[0].BoundTerms
+	for _, s := range terms {
+		if strings.Contains(s, "loss 0.5 on redis links") {
+			if !strings.Contains(s, "× (10s + longest deadline 500ms + breaker back-off 500ms)") {
+				t.Fatalf("loss term %q, want the window 10 s + 500 ms + 500 ms", s)
+			}
+			return
+		}
+	}
+	t.Fatalf("no loss term among %q", terms)
+}
