@@ -260,18 +260,20 @@ func (b *Breaker) Elsewhere(now time.Time, answered bool) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch {
-	case b.openUntil.Load() == 0 || b.elsewhere == elsewhereAnswered:
-	case !answered:
+	if b.openUntil.Load() == 0 || b.elsewhere == elsewhereAnswered {
+		return // closed meanwhile, or this opening's answer already counted
+	}
+	if !answered {
 		b.elsewhere = elsewhereFailed
-	case b.elsewhere == elsewhereFailed:
-		b.elsewhere = elsewhereAnswered
-		nowUS := max(now.UnixMicro(), 1) // 0 says closed
-		if !b.probing && nowUS < b.openUntil.Load() {
-			b.openUntil.Store(nowUS)
-		}
-	default:
-		b.elsewhere = elsewhereAnswered // an answer with no failure before it: no return
+		return
+	}
+	// Only an answer after a failure is a return; either way this
+	// opening's answer has now been counted.
+	failedBefore := b.elsewhere == elsewhereFailed
+	b.elsewhere = elsewhereAnswered
+	nowUS := max(now.UnixMicro(), 1) // 0 says closed
+	if failedBefore && !b.probing && nowUS < b.openUntil.Load() {
+		b.openUntil.Store(nowUS)
 	}
 }
 
